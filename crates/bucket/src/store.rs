@@ -1,0 +1,463 @@
+//! The [`Bucket`]: one workspace's view of an object store, keys relative to its prefix.
+
+use std::ops::Range;
+use std::path::{Path as FsPath, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use object_store::path::Path;
+use object_store::{
+    Attributes, ClientOptions, GetOptions, GetRange, ObjectStore, ObjectStoreExt, PutMode,
+    PutMultipartOptions, PutOptions, PutPayload, RetryConfig, WriteMultipart,
+};
+use tokio::io::AsyncReadExt;
+
+use crate::{BucketError, BucketSpec, PosixMeta, Result, Scheme};
+
+/// Size from which files are uploaded with multipart, bytes (S3 API: parts ≥ 5 MiB).
+pub const MULTIPART_THRESHOLD: u64 = 16 << 20;
+/// Default multipart part size, bytes. Grows for huge files to stay under 10,000 parts.
+pub const PART_SIZE: u64 = 16 << 20;
+/// Parts uploaded concurrently per file.
+pub const PART_CONCURRENCY: usize = 4;
+
+/// Metadata of one object as listed or fetched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectInfo {
+    /// Key relative to the workspace prefix (no trailing `/`).
+    pub key: String,
+    /// Size, bytes.
+    pub size: u64,
+    /// ETag (S3 API), if the store gives one.
+    pub etag: Option<String>,
+    /// Last-modified time, ns since the epoch.
+    pub mtime_ns: i64,
+    /// POSIX attributes from user metadata (only from `head`; listings carry none).
+    pub posix: Option<PosixMeta>,
+}
+
+/// Children of one directory prefix.
+#[derive(Clone, Debug, Default)]
+pub struct Listing {
+    /// Objects directly under the prefix (name = last key segment).
+    pub files: Vec<(String, ObjectInfo)>,
+    /// Sub-prefixes (directories), by name.
+    pub dirs: Vec<String>,
+}
+
+/// Result of an upload.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutInfo {
+    /// ETag of the new object.
+    pub etag: Option<String>,
+    /// Bytes written.
+    pub size: u64,
+}
+
+/// A bucket (or a prefix of one) opened through `object_store`.
+#[derive(Clone)]
+pub struct Bucket {
+    store: Arc<dyn ObjectStore>,
+    spec: BucketSpec,
+    /// For `file://`: the root directory (markers are real directories there).
+    local_root: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Bucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Bucket").field("url", &self.spec.url).finish()
+    }
+}
+
+fn store_err(e: object_store::Error) -> BucketError {
+    BucketError::from_store(e)
+}
+
+impl Bucket {
+    /// Opens the bucket named by `spec`. Builds the client only; use [`Bucket::check`] to
+    /// test reachability and credentials. For `file://`, creates the directory when
+    /// `create_local` is set. Errors: [`BucketError::Config`].
+    pub fn open(spec: &BucketSpec, create_local: bool) -> Result<Bucket> {
+        let client = ClientOptions::new()
+            .with_connect_timeout(Duration::from_secs(5))
+            .with_timeout(Duration::from_secs(120))
+            .with_allow_http(true);
+        let retry = RetryConfig {
+            max_retries: 2,
+            retry_timeout: Duration::from_secs(15),
+            ..Default::default()
+        };
+        let cfg = |e: object_store::Error| BucketError::Config(e.to_string());
+        let (store, local_root): (Arc<dyn ObjectStore>, Option<PathBuf>) = match spec.scheme {
+            Some(Scheme::S3) => {
+                let mut b = object_store::aws::AmazonS3Builder::from_env()
+                    .with_bucket_name(&spec.bucket)
+                    .with_client_options(client)
+                    .with_retry(retry);
+                let endpoint = spec
+                    .endpoint
+                    .clone()
+                    .or_else(|| std::env::var("AWS_ENDPOINT_URL_S3").ok())
+                    .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+                    .or_else(|| std::env::var("AWS_ENDPOINT").ok());
+                if let Some(ep) = endpoint {
+                    b = b
+                        .with_endpoint(ep.trim_end_matches('/'))
+                        .with_virtual_hosted_style_request(false);
+                }
+                let region = spec
+                    .region
+                    .clone()
+                    .or_else(|| std::env::var("AWS_REGION").ok())
+                    .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+                    .unwrap_or_else(|| "us-east-1".into());
+                b = b.with_region(region);
+                if let Some(k) = &spec.access_key {
+                    b = b.with_access_key_id(k);
+                }
+                if let Some(s) = &spec.secret_key {
+                    b = b.with_secret_access_key(s);
+                }
+                (Arc::new(b.build().map_err(cfg)?), None)
+            }
+            Some(Scheme::Gcs) => {
+                let b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+                    .with_bucket_name(&spec.bucket)
+                    .with_client_options(client)
+                    .with_retry(retry);
+                (Arc::new(b.build().map_err(cfg)?), None)
+            }
+            Some(Scheme::Azure) => {
+                let b = object_store::azure::MicrosoftAzureBuilder::from_env()
+                    .with_container_name(&spec.bucket)
+                    .with_client_options(client)
+                    .with_retry(retry);
+                (Arc::new(b.build().map_err(cfg)?), None)
+            }
+            Some(Scheme::Local) => {
+                let root = PathBuf::from(&spec.bucket);
+                if create_local {
+                    std::fs::create_dir_all(&root).map_err(|e| {
+                        BucketError::Config(format!(
+                            "cannot create bucket directory {}: {e}",
+                            root.display()
+                        ))
+                    })?;
+                }
+                if !root.is_dir() {
+                    return Err(BucketError::Config(format!(
+                        "bucket directory {} does not exist; create it or run `deskfs format` again",
+                        root.display()
+                    )));
+                }
+                let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
+                    .map_err(cfg)?;
+                (Arc::new(fs), Some(root))
+            }
+            None => return Err(BucketError::Config("no bucket scheme".into())),
+        };
+        Ok(Bucket {
+            store,
+            spec: spec.clone(),
+            local_root,
+        })
+    }
+
+    /// The spec this bucket was opened with.
+    pub fn spec(&self) -> &BucketSpec {
+        &self.spec
+    }
+
+    /// Whether objects carry user metadata (false for `file://`).
+    pub fn supports_metadata(&self) -> bool {
+        self.local_root.is_none()
+    }
+
+    /// The object_store path of a key relative to the prefix. Keys must be valid object
+    /// keys (UTF-8, no empty/`.`/`..` segment, no control character); the VFS escapes the
+    /// others. Errors: [`BucketError::Config`] on an invalid key.
+    pub fn path(&self, key: &str) -> Result<Path> {
+        let full = if self.spec.prefix.is_empty() {
+            key.to_string()
+        } else if key.is_empty() {
+            self.spec.prefix.clone()
+        } else {
+            format!("{}/{}", self.spec.prefix, key)
+        };
+        Path::parse(&full).map_err(|e| BucketError::Config(format!("invalid key {key:?}: {e}")))
+    }
+
+    fn rel_key(&self, p: &Path) -> String {
+        let s = p.as_ref();
+        if self.spec.prefix.is_empty() {
+            s.to_string()
+        } else {
+            s.strip_prefix(&self.spec.prefix)
+                .map(|r| r.trim_start_matches('/').to_string())
+                .unwrap_or_else(|| s.to_string())
+        }
+    }
+
+    /// Checks that the bucket answers and the credentials work (a one-page listing of the
+    /// prefix). Errors: [`BucketError::Auth`], [`BucketError::Unreachable`],
+    /// [`BucketError::Config`] (no such bucket).
+    pub async fn check(&self) -> Result<()> {
+        let p = self.path(crate::RESERVED_DIR)?;
+        let mut s = self.store.list(Some(&p));
+        if let Some(r) = s.next().await {
+            r.map_err(store_err)?;
+        }
+        Ok(())
+    }
+
+    /// Writes a small object in one PUT. `meta` is stored as user metadata when the store
+    /// supports it.
+    pub async fn put_bytes(&self, key: &str, data: Bytes, meta: Option<&PosixMeta>) -> Result<PutInfo> {
+        let size = data.len() as u64;
+        let opts = PutOptions {
+            mode: PutMode::Overwrite,
+            attributes: self.attrs(meta),
+            ..Default::default()
+        };
+        let r = self
+            .store
+            .put_opts(&self.path(key)?, PutPayload::from(data), opts)
+            .await
+            .map_err(store_err)?;
+        Ok(PutInfo { etag: r.e_tag, size })
+    }
+
+    fn attrs(&self, meta: Option<&PosixMeta>) -> Attributes {
+        match meta {
+            Some(m) if self.supports_metadata() => m.to_attributes(),
+            _ => Attributes::new(),
+        }
+    }
+
+    /// Uploads the local file `src` as the object `key`: one PUT below
+    /// [`MULTIPART_THRESHOLD`], else a multipart upload with [`PART_CONCURRENCY`] parts in
+    /// flight. The object appears atomically when complete (S3 API semantics).
+    pub async fn put_file(&self, key: &str, src: &FsPath, meta: Option<&PosixMeta>) -> Result<PutInfo> {
+        let mut f = tokio::fs::File::open(src).await?;
+        let len = f.metadata().await?.len();
+        if len < MULTIPART_THRESHOLD {
+            let mut buf = Vec::with_capacity(len as usize);
+            f.read_to_end(&mut buf).await?;
+            return self.put_bytes(key, Bytes::from(buf), meta).await;
+        }
+        let part = PART_SIZE.max(len.div_ceil(9_000).div_ceil(1 << 20) << 20) as usize;
+        let opts = PutMultipartOptions {
+            attributes: self.attrs(meta),
+            ..Default::default()
+        };
+        let upload = self
+            .store
+            .put_multipart_opts(&self.path(key)?, opts)
+            .await
+            .map_err(store_err)?;
+        let mut w = WriteMultipart::new_with_chunk_size(upload, part);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut sent = 0u64;
+        loop {
+            let n = f.read(&mut buf).await?;
+            if n == 0 {
+                break;
+            }
+            if let Err(e) = w.wait_for_capacity(PART_CONCURRENCY).await {
+                return Err(store_err(e));
+            }
+            w.write(&buf[..n]);
+            sent += n as u64;
+        }
+        let r = w.finish().await.map_err(store_err)?;
+        Ok(PutInfo { etag: r.e_tag, size: sent })
+    }
+
+    /// Writes the directory marker of `dir_key`: the empty object `dir_key/` on object
+    /// stores (s3fs convention), a real directory for `file://`.
+    pub async fn put_dir_marker(&self, dir_key: &str, meta: Option<&PosixMeta>) -> Result<PutInfo> {
+        if let Some(root) = &self.local_root {
+            std::fs::create_dir_all(root.join(dir_key))?;
+            return Ok(PutInfo { etag: None, size: 0 });
+        }
+        let p = self.path(dir_key)?.clone().join("");
+        let opts = PutOptions {
+            attributes: self.attrs(meta),
+            ..Default::default()
+        };
+        let r = self
+            .store
+            .put_opts(&p, PutPayload::default(), opts)
+            .await
+            .map_err(store_err)?;
+        Ok(PutInfo { etag: r.e_tag, size: 0 })
+    }
+
+    /// Removes the directory marker of `dir_key` (for `file://`: the directory, once empty;
+    /// a non-empty one is left and reported as [`BucketError::Other`] so it is retried).
+    pub async fn delete_dir_marker(&self, dir_key: &str) -> Result<()> {
+        if let Some(root) = &self.local_root {
+            return match std::fs::remove_dir(root.join(dir_key)) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Err(BucketError::Other(
+                    format!("directory {dir_key} not empty yet in the bucket"),
+                )),
+                Err(e) => Err(e.into()),
+            };
+        }
+        let p = self.path(dir_key)?.clone().join("");
+        match self.store.delete(&p).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(store_err(e)),
+        }
+    }
+
+    /// Deletes the object `key`; a missing object is not an error.
+    pub async fn delete(&self, key: &str) -> Result<()> {
+        match self.store.delete(&self.path(key)?).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(store_err(e)),
+        }
+        if let Some(root) = &self.local_root {
+            // Keep the bucket directory free of parents emptied by the delete; stop at the
+            // first one that still holds something (a directory the namespace still has
+            // keeps its own marker and is recreated by the uploader if needed).
+            let mut cur = root.join(key);
+            while let Some(parent) = cur.parent().map(|p| p.to_path_buf()) {
+                if parent == *root || !parent.starts_with(root) {
+                    break;
+                }
+                if std::fs::remove_dir(&parent).is_err() {
+                    break;
+                }
+                cur = parent;
+            }
+        }
+        Ok(())
+    }
+
+    /// Server-side copy of `from` to `to` (metadata copied with it).
+    pub async fn copy(&self, from: &str, to: &str) -> Result<()> {
+        self.store
+            .copy(&self.path(from)?, &self.path(to)?)
+            .await
+            .map_err(store_err)
+    }
+
+    /// Reads `range` (bytes) of `key`. With `etag`, fails with [`BucketError::Changed`]
+    /// when the object no longer has that ETag (so a read never mixes two versions).
+    pub async fn get_range(&self, key: &str, range: Range<u64>, etag: Option<&str>) -> Result<Bytes> {
+        if range.start >= range.end {
+            return Ok(Bytes::new());
+        }
+        let opts = GetOptions {
+            range: Some(GetRange::Bounded(range)),
+            if_match: if self.local_root.is_some() { None } else { etag.map(str::to_string) },
+            ..Default::default()
+        };
+        let r = self
+            .store
+            .get_opts(&self.path(key)?, opts)
+            .await
+            .map_err(store_err)?;
+        r.bytes().await.map_err(store_err)
+    }
+
+    /// Metadata of `key`, or `None` if it does not exist.
+    pub async fn head(&self, key: &str) -> Result<Option<ObjectInfo>> {
+        let opts = GetOptions {
+            head: true,
+            ..Default::default()
+        };
+        match self.store.get_opts(&self.path(key)?, opts).await {
+            Ok(r) => {
+                let mtime_ns = to_ns_meta(&r.meta);
+                Ok(Some(ObjectInfo {
+                    key: key.to_string(),
+                    size: r.meta.size,
+                    etag: r.meta.e_tag.clone(),
+                    mtime_ns,
+                    posix: PosixMeta::from_attributes(&r.attributes, mtime_ns),
+                }))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(store_err(e)),
+        }
+    }
+
+    /// Lists the direct children of directory `dir_key` ("" = the workspace root).
+    /// Pagination of large listings is done by the store client (S3 continuation tokens).
+    /// The directory's own marker is not reported.
+    pub async fn list_dir(&self, dir_key: &str) -> Result<Listing> {
+        let base = self.path(dir_key)?;
+        let r = self
+            .store
+            .list_with_delimiter(if base.as_ref().is_empty() { None } else { Some(&base) })
+            .await
+            .map_err(store_err)?;
+        let base_s = self.rel_key(&base);
+        let name_of = |rel: &str| -> Option<String> {
+            let tail = if base_s.is_empty() {
+                rel
+            } else {
+                rel.strip_prefix(&base_s)?.strip_prefix('/')?
+            };
+            if tail.is_empty() || tail.contains('/') {
+                None
+            } else {
+                Some(tail.to_string())
+            }
+        };
+        let mut out = Listing::default();
+        for d in r.common_prefixes {
+            if let Some(n) = name_of(&self.rel_key(&d)) {
+                out.dirs.push(n);
+            }
+        }
+        for o in r.objects {
+            let rel = self.rel_key(&o.location);
+            if let Some(n) = name_of(&rel) {
+                let mtime_ns = to_ns_meta(&o);
+                out.files.push((
+                    n,
+                    ObjectInfo {
+                        key: rel,
+                        size: o.size,
+                        etag: o.e_tag,
+                        mtime_ns,
+                        posix: None,
+                    },
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every object under `dir_key/` recursively (used by fsck and tests).
+    pub async fn list_all(&self, dir_key: &str) -> Result<Vec<ObjectInfo>> {
+        let base = self.path(dir_key)?;
+        let mut s = self
+            .store
+            .list(if base.as_ref().is_empty() { None } else { Some(&base) });
+        let mut out = Vec::new();
+        while let Some(o) = s.next().await {
+            let o = o.map_err(store_err)?;
+            let mtime_ns = to_ns_meta(&o);
+            out.push(ObjectInfo {
+                key: self.rel_key(&o.location),
+                size: o.size,
+                etag: o.e_tag,
+                mtime_ns,
+                posix: None,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn to_ns_meta(m: &object_store::ObjectMeta) -> i64 {
+    m.last_modified.timestamp_nanos_opt().unwrap_or(0)
+}

@@ -1,0 +1,212 @@
+//! The local disk cache of deskfs, in one directory (`--cache-dir`):
+//!
+//! * `staging/<ino>` — the **staging file** of an inode: its full content while it has
+//!   local writes (the local journal: never evicted while dirty) and, after upload, a clean
+//!   full copy that is evictable.
+//! * `blocks/<xx>/<ino>.<version>.<index>` — the **block cache**: fixed-size blocks
+//!   (default 1 MiB) of bucket objects fetched by ranged GETs, LRU-evicted to stay under
+//!   the size cap.
+//!
+//! This crate knows nothing about the bucket or the metadata engine: the VFS decides which
+//! staging file is clean before asking for its eviction.
+
+mod blocks;
+mod lru;
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::path::{Path, PathBuf};
+
+pub use blocks::BlockKey;
+use lru::Lru;
+
+/// Default block size, bytes (1 MiB).
+pub const DEFAULT_BLOCK_SIZE: u64 = 1 << 20;
+
+/// Cache errors (all I/O on the cache directory; the VFS maps them to `EIO`, or `ENOSPC`
+/// when the disk is full).
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    /// I/O on a cache file.
+    #[error("cache I/O error on {path}: {source}")]
+    Io {
+        /// File involved.
+        path: PathBuf,
+        /// Underlying error.
+        source: io::Error,
+    },
+}
+
+impl CacheError {
+    fn io(path: &Path, source: io::Error) -> CacheError {
+        CacheError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// The raw OS errno, if any.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        match self {
+            CacheError::Io { source, .. } => source.raw_os_error(),
+        }
+    }
+}
+
+/// Result alias of the cache.
+pub type Result<T, E = CacheError> = std::result::Result<T, E>;
+
+/// Sizes for `deskfs status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Bytes held by the block cache.
+    pub block_bytes: u64,
+    /// Number of cached blocks.
+    pub blocks: u64,
+    /// Bytes of clean (evictable) staging files tracked.
+    pub clean_staging_bytes: u64,
+    /// Size cap for evictable data, bytes.
+    pub capacity: u64,
+}
+
+/// The cache directory.
+pub struct Cache {
+    root: PathBuf,
+    staging: PathBuf,
+    blocks: PathBuf,
+    block_size: u64,
+    capacity: u64,
+    lru: std::sync::Mutex<Lru>,
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache").field("root", &self.root).finish()
+    }
+}
+
+impl Cache {
+    /// Opens (creating if needed) the cache at `root` with an evictable-data cap of
+    /// `capacity` bytes and blocks of `block_size` bytes. Existing blocks are indexed.
+    pub fn open(root: &Path, capacity: u64, block_size: u64) -> Result<Cache> {
+        let staging = root.join("staging");
+        let blocks = root.join("blocks");
+        for d in [root, &staging, &blocks] {
+            std::fs::create_dir_all(d).map_err(|e| CacheError::io(d, e))?;
+        }
+        let cache = Cache {
+            root: root.to_path_buf(),
+            staging,
+            blocks,
+            block_size,
+            capacity,
+            lru: std::sync::Mutex::new(Lru::default()),
+        };
+        cache.index_blocks()?;
+        Ok(cache)
+    }
+
+    /// The cache directory.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Block size, bytes.
+    pub fn block_size(&self) -> u64 {
+        self.block_size
+    }
+
+    /// Path of the staging file of `ino`.
+    pub fn staging_path(&self, ino: u64) -> PathBuf {
+        self.staging.join(ino.to_string())
+    }
+
+    /// Opens the staging file of `ino` for read/write, creating it (empty) if `create`.
+    /// Errors: `NotFound` inside [`CacheError::Io`] when absent and not `create`.
+    pub fn open_staging(&self, ino: u64, create: bool) -> Result<File> {
+        let p = self.staging_path(ino);
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false)
+            .open(&p)
+            .map_err(|e| CacheError::io(&p, e))
+    }
+
+    /// Whether `ino` has a staging file.
+    pub fn has_staging(&self, ino: u64) -> bool {
+        self.staging_path(ino).exists()
+    }
+
+    /// Deletes the staging file of `ino` (no error if absent) and forgets it in the LRU.
+    pub fn remove_staging(&self, ino: u64) -> Result<()> {
+        self.lru_lock().forget_staging(ino);
+        let p = self.staging_path(ino);
+        match std::fs::remove_file(&p) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(CacheError::io(&p, e)),
+        }
+    }
+
+    /// Inode numbers that have a staging file (for recovery after a restart).
+    pub fn staging_inodes(&self) -> Result<Vec<u64>> {
+        let rd = std::fs::read_dir(&self.staging).map_err(|e| CacheError::io(&self.staging, e))?;
+        let mut v = Vec::new();
+        for e in rd.flatten() {
+            if let Some(ino) = e.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) {
+                v.push(ino);
+            }
+        }
+        Ok(v)
+    }
+
+    /// Records that the staging file of `ino` (`bytes` long) is clean and may be evicted.
+    pub fn staging_clean(&self, ino: u64, bytes: u64) {
+        self.lru_lock().touch_staging(ino, bytes);
+    }
+
+    /// Records that the staging file of `ino` is dirty (never evicted) or in use.
+    pub fn staging_dirty(&self, ino: u64) {
+        self.lru_lock().forget_staging(ino);
+    }
+
+    /// Marks a clean staging file as recently used.
+    pub fn touch_staging(&self, ino: u64) {
+        self.lru_lock().refresh_staging(ino);
+    }
+
+    /// When evictable data exceeds the cap: clean staging files (least recently used
+    /// first) the VFS should try to evict. Blocks are evicted here directly.
+    pub fn over_capacity(&self) -> Vec<u64> {
+        let evicted = {
+            let mut lru = self.lru_lock();
+            lru.evict_blocks(self.capacity)
+        };
+        for k in evicted {
+            let _ = std::fs::remove_file(self.block_path(&k));
+        }
+        let lru = self.lru_lock();
+        lru.staging_victims(self.capacity)
+    }
+
+    /// Sizes for status.
+    pub fn stats(&self) -> CacheStats {
+        let lru = self.lru_lock();
+        CacheStats {
+            block_bytes: lru.block_bytes,
+            blocks: lru.block_count() as u64,
+            clean_staging_bytes: lru.staging_bytes,
+            capacity: self.capacity,
+        }
+    }
+
+    fn lru_lock(&self) -> std::sync::MutexGuard<'_, Lru> {
+        // A poisoned LRU only means a panic elsewhere; its data stays usable.
+        self.lru.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,518 @@
+//! The `fuser::Filesystem` implementation: each kernel request becomes one call on the
+//! VFS core, and its result becomes the reply. No policy lives here.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use deskfs_vfs::{Attr, Ctx, SetAttr, Vfs, VfsError};
+use fuser::{
+    AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
+    ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+
+use crate::convert::{
+    file_attr, file_type, is_dot_or_dotdot, placeholder_attr, set_time, xattr_answer, XattrAnswer,
+};
+
+/// Largest read/write request and readahead window asked of the kernel, bytes.
+const MAX_IO: u32 = 1 << 20;
+
+/// Generation number of every inode (deskfs inode numbers are not exported over NFS).
+const GENERATION: Generation = Generation(0);
+
+/// A mounted deskfs as fuser sees it: the VFS plus the kernel cache lifetimes.
+pub(crate) struct DeskFs {
+    vfs: Arc<Vfs>,
+    attr_ttl: Duration,
+    entry_ttl: Duration,
+}
+
+impl DeskFs {
+    /// Wraps `vfs`; the kernel may cache attributes for `attr_ttl` and name → inode
+    /// mappings for `entry_ttl`.
+    pub(crate) fn new(vfs: Arc<Vfs>, attr_ttl: Duration, entry_ttl: Duration) -> DeskFs {
+        DeskFs {
+            vfs,
+            attr_ttl,
+            entry_ttl,
+        }
+    }
+
+    /// The TTL for replies that carry one lifetime for both the entry and its attributes
+    /// (`create`, `readdirplus`): the shorter of the two.
+    fn single_ttl(&self) -> Duration {
+        self.attr_ttl.min(self.entry_ttl)
+    }
+
+    /// Replies to an entry-creating request (lookup, mknod, mkdir, symlink, link).
+    fn reply_entry(&self, op: &'static str, result: Result<Attr, VfsError>, reply: ReplyEntry) {
+        match result {
+            Ok(attr) => reply.entry_with_ttls(
+                &self.attr_ttl,
+                &self.entry_ttl,
+                &file_attr(&attr),
+                GENERATION,
+            ),
+            Err(e) => reply.error(errno(op, &e)),
+        }
+    }
+}
+
+/// The caller identity of a request.
+fn ctx(req: &Request) -> Ctx {
+    Ctx {
+        uid: req.uid(),
+        gid: req.gid(),
+        pid: req.pid(),
+    }
+}
+
+/// The errno to reply with for `e`, logged: `EIO` means something below the VFS failed
+/// (warn); other errnos are ordinary answers (debug).
+fn errno(op: &'static str, e: &VfsError) -> Errno {
+    let code = e.errno();
+    if code == libc::EIO {
+        tracing::warn!(op, error = %e, "request failed with EIO");
+    } else {
+        tracing::debug!(op, errno = code, error = %e, "request failed");
+    }
+    Errno::from_i32(code)
+}
+
+/// Replies `ok` or the error's errno.
+fn reply_empty(op: &'static str, result: Result<(), VfsError>, reply: ReplyEmpty) {
+    match result {
+        Ok(()) => reply.ok(),
+        Err(e) => reply.error(errno(op, &e)),
+    }
+}
+
+/// Replies to `getxattr`/`listxattr` per the FUSE size protocol.
+fn reply_xattr(op: &'static str, result: Result<Vec<u8>, VfsError>, size: u32, reply: ReplyXattr) {
+    let value = match result {
+        Ok(value) => value,
+        Err(e) => return reply.error(errno(op, &e)),
+    };
+    match xattr_answer(&value, size) {
+        XattrAnswer::Size(len) => reply.size(len),
+        XattrAnswer::Data(data) => reply.data(data),
+        XattrAnswer::Error(code) => reply.error(Errno::from_i32(code)),
+    }
+}
+
+/// `FOPEN_KEEP_CACHE` when the VFS says the kernel's cached pages are still valid.
+fn fopen_flags(keep_cache: bool) -> FopenFlags {
+    if keep_cache {
+        FopenFlags::FOPEN_KEEP_CACHE
+    } else {
+        FopenFlags::empty()
+    }
+}
+
+impl Filesystem for DeskFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> io::Result<()> {
+        // Ask for 1 MiB requests; where the kernel caps lower, take its cap.
+        if let Err(nearest) = config.set_max_write(MAX_IO) {
+            tracing::debug!(nearest, "max_write capped");
+            let _ = config.set_max_write(nearest);
+        }
+        if let Err(nearest) = config.set_max_readahead(MAX_IO) {
+            tracing::debug!(nearest, "max_readahead capped by the kernel");
+            let _ = config.set_max_readahead(nearest);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let result = self.vfs.lookup(&ctx(req), parent.0, name.as_bytes());
+        self.reply_entry("lookup", result, reply);
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        self.vfs.forget(ino.0, nlookup);
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.vfs.getattr(ino.0) {
+            Ok(attr) => reply.attr(&self.attr_ttl, &file_attr(&attr)),
+            Err(e) => reply.error(errno("getattr", &e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        // ctime is only sent with the writeback cache (not enabled); the others are macOS.
+        let set = SetAttr {
+            mode,
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            fh: fh.map(|fh| fh.0),
+        };
+        match self.vfs.setattr(&ctx(req), ino.0, &set) {
+            Ok(attr) => reply.attr(&self.attr_ttl, &file_attr(&attr)),
+            Err(e) => reply.error(errno("setattr", &e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.vfs.readlink(ino.0) {
+            Ok(target) => reply.data(&target),
+            Err(e) => reply.error(errno("readlink", &e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let result = self
+            .vfs
+            .mknod(&ctx(req), parent.0, name.as_bytes(), mode, umask, rdev);
+        self.reply_entry("mknod", result, reply);
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let result = self
+            .vfs
+            .mkdir(&ctx(req), parent.0, name.as_bytes(), mode, umask);
+        self.reply_entry("mkdir", result, reply);
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = self.vfs.unlink(&ctx(req), parent.0, name.as_bytes());
+        reply_empty("unlink", result, reply);
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = self.vfs.rmdir(&ctx(req), parent.0, name.as_bytes());
+        reply_empty("rmdir", result, reply);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let result = self.vfs.symlink(
+            &ctx(req),
+            parent.0,
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+        );
+        self.reply_entry("symlink", result, reply);
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let result = self.vfs.rename(
+            &ctx(req),
+            parent.0,
+            name.as_bytes(),
+            newparent.0,
+            newname.as_bytes(),
+            flags.bits(),
+        );
+        reply_empty("rename", result, reply);
+    }
+
+    fn link(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        let result = self
+            .vfs
+            .link(&ctx(req), ino.0, newparent.0, newname.as_bytes());
+        self.reply_entry("link", result, reply);
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        match self.vfs.open(&ctx(req), ino.0, flags.0) {
+            Ok(o) => reply.opened(FileHandle(o.fh), fopen_flags(o.keep_cache)),
+            Err(e) => reply.error(errno("open", &e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        match self.vfs.read(ino.0, fh.0, offset, size) {
+            Ok(data) => reply.data(&data),
+            Err(e) => reply.error(errno("read", &e)),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        match self.vfs.write(ino.0, fh.0, offset, data) {
+            Ok(written) => reply.written(written),
+            Err(e) => reply.error(errno("write", &e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty("flush", self.vfs.flush(ino.0, fh.0), reply);
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        // A release that carries FUSE_RELEASE_FLUSH stands for a flush followed by the
+        // release. Errors of a release never reach close(2), but the handle must be freed.
+        if flush {
+            if let Err(e) = self.vfs.flush(ino.0, fh.0) {
+                errno("release(flush)", &e);
+            }
+        }
+        reply_empty("release", self.vfs.release(ino.0, fh.0), reply);
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty("fsync", self.vfs.fsync(ino.0, fh.0, datasync), reply);
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.vfs.opendir(ino.0) {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(errno("opendir", &e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let entries = match self.vfs.readdir(ino.0, fh.0, offset, false) {
+            Ok(entries) => entries,
+            Err(e) => return reply.error(errno("readdir", &e)),
+        };
+        for e in &entries {
+            let name = OsStr::from_bytes(&e.name);
+            if reply.add(INodeNo(e.ino), e.offset, file_type(e.kind), name) {
+                break; // buffer full: the kernel asks again from the last offset sent
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let entries = match self.vfs.readdir(ino.0, fh.0, offset, true) {
+            Ok(entries) => entries,
+            Err(e) => return reply.error(errno("readdirplus", &e)),
+        };
+        let ttl = self.single_ttl();
+        let mut sent = 0;
+        for e in &entries {
+            let attr = match &e.attr {
+                Some(a) => file_attr(a),
+                None => placeholder_attr(e.ino, e.kind),
+            };
+            let name = OsStr::from_bytes(&e.name);
+            if reply.add(INodeNo(e.ino), e.offset, name, &ttl, &attr, GENERATION) {
+                break;
+            }
+            sent += 1;
+        }
+        // The kernel counts one lookup per entry it receives (except `.` and `..`); the
+        // VFS counted one per entry it returned with attributes. Give back the difference.
+        for e in &entries[sent..] {
+            if e.attr.is_some() && !is_dot_or_dotdot(&e.name) {
+                self.vfs.forget(e.ino, 1);
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty("releasedir", self.vfs.releasedir(ino.0, fh.0), reply);
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty("fsyncdir", self.vfs.fsyncdir(ino.0), reply);
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.vfs.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
+            ),
+            Err(e) => reply.error(errno("statfs", &e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        // `position` is macOS-only (resource forks); Linux always sends 0.
+        let result = self.vfs.setxattr(ino.0, name.as_bytes(), value, flags);
+        reply_empty("setxattr", result, reply);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let result = self.vfs.getxattr(ino.0, name.as_bytes());
+        reply_xattr("getxattr", result, size, reply);
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        reply_xattr("listxattr", self.vfs.listxattr(ino.0), size, reply);
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let result = self.vfs.removexattr(ino.0, name.as_bytes());
+        reply_empty("removexattr", result, reply);
+    }
+
+    fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let result = self.vfs.access(&ctx(req), ino.0, mask.bits());
+        reply_empty("access", result, reply);
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let result = self
+            .vfs
+            .create(&ctx(req), parent.0, name.as_bytes(), mode, umask, flags);
+        match result {
+            Ok((attr, o)) => reply.created(
+                &self.single_ttl(),
+                &file_attr(&attr),
+                GENERATION,
+                FileHandle(o.fh),
+                fopen_flags(o.keep_cache),
+            ),
+            Err(e) => reply.error(errno("create", &e)),
+        }
+    }
+}

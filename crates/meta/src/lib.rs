@@ -1,0 +1,160 @@
+//! Metadata engines for deskfs.
+//!
+//! The namespace — inodes, dentries, xattrs, and the bookkeeping that links the namespace to
+//! the bucket (which objects exist, which paths still have to be synced) — lives in a
+//! transactional database. This crate defines the [`MetaEngine`] / [`MetaTxn`] traits and the
+//! embedded SQLite backend ([`sqlite::SqliteEngine`]).
+//!
+//! Engines only *store and transact*: they never decide POSIX rules (errno, nlink, rename
+//! cases). Those live once, above the engines, in the VFS core (`deskfs-vfs`).
+
+pub mod error;
+pub mod sqlite;
+pub mod types;
+
+pub use error::MetaError;
+pub use types::*;
+
+/// Result alias for metadata operations.
+pub type Result<T, E = MetaError> = std::result::Result<T, E>;
+
+/// One open metadata database.
+///
+/// Every namespace change runs inside [`MetaEngine::txn`]: either all its writes commit, or
+/// none do. Commits are crash-safe against a `kill -9` of the process as soon as `txn`
+/// returns; they become durable against power loss after [`MetaEngine::make_durable`].
+pub trait MetaEngine: Send + Sync {
+    /// Runs `f` inside one write transaction and commits it when `f` returns `Ok`.
+    ///
+    /// `f` may be called more than once when the database is busy (another mount holds the
+    /// write lock past the busy timeout), so it must not have side effects outside the
+    /// transaction. An `Err` from `f` rolls the transaction back and is returned as is.
+    fn txn(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()>;
+
+    /// Runs `f` against a consistent read snapshot (no write lock taken).
+    fn read(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()>;
+
+    /// Makes every transaction committed so far durable on stable storage (an fsync point,
+    /// used by `fsync(2)`/`fsyncdir(2)`). Errors: [`MetaError::Io`] / [`MetaError::Db`].
+    fn make_durable(&self) -> Result<()>;
+
+    /// Short description for logs and `deskfs status`, e.g. `sqlite:/path/meta.db`.
+    fn describe(&self) -> String;
+}
+
+/// Runs `f` in a write transaction and returns its value (convenience over [`MetaEngine::txn`]).
+pub fn txn<T>(
+    engine: &dyn MetaEngine,
+    mut f: impl FnMut(&mut dyn MetaTxn) -> Result<T>,
+) -> Result<T> {
+    let mut out = None;
+    engine.txn(&mut |t| {
+        out = Some(f(t)?);
+        Ok(())
+    })?;
+    out.ok_or_else(|| MetaError::Internal("transaction produced no value".into()))
+}
+
+/// Runs `f` on a read snapshot and returns its value (convenience over [`MetaEngine::read`]).
+pub fn read<T>(
+    engine: &dyn MetaEngine,
+    mut f: impl FnMut(&mut dyn MetaTxn) -> Result<T>,
+) -> Result<T> {
+    let mut out = None;
+    engine.read(&mut |t| {
+        out = Some(f(t)?);
+        Ok(())
+    })?;
+    out.ok_or_else(|| MetaError::Internal("read produced no value".into()))
+}
+
+/// The operations one transaction offers. All names are raw bytes (POSIX names need not be
+/// UTF-8); inode numbers are `u64` with [`ROOT_INO`] = 1.
+pub trait MetaTxn {
+    // ---- inodes ----
+    /// The inode row, or `None` when `ino` does not exist.
+    fn get_inode(&mut self, ino: Ino) -> Result<Option<InodeRow>>;
+    /// Inserts a new inode (the `ino` field of `row` is ignored) and returns its number.
+    /// Numbers are never reused within one database.
+    fn insert_inode(&mut self, row: &InodeRow) -> Result<Ino>;
+    /// Overwrites every column of an existing inode. [`MetaError::NotFound`] if absent.
+    fn update_inode(&mut self, row: &InodeRow) -> Result<()>;
+    /// Deletes an inode and its xattrs. Dentries must already be gone.
+    fn delete_inode(&mut self, ino: Ino) -> Result<()>;
+    /// Inodes with `nlink == 0` (orphans left by a crash or by open-unlinked files).
+    fn orphan_inodes(&mut self) -> Result<Vec<Ino>>;
+    /// Inodes whose data is dirty (local content not yet in the bucket).
+    fn dirty_inodes(&mut self) -> Result<Vec<InodeRow>>;
+
+    // ---- dentries ----
+    /// Looks `name` up in directory `parent`.
+    fn lookup(&mut self, parent: Ino, name: &[u8]) -> Result<Option<Dentry>>;
+    /// Adds the entry `parent/name -> ino`. [`MetaError::Conflict`] if the name exists.
+    fn insert_dentry(&mut self, parent: Ino, name: &[u8], ino: Ino) -> Result<()>;
+    /// Removes the entry `parent/name` (no-op if absent).
+    fn delete_dentry(&mut self, parent: Ino, name: &[u8]) -> Result<()>;
+    /// Moves an entry, keeping its cookie (readdir offset) stable. The target must be free.
+    fn move_dentry(&mut self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8])
+        -> Result<()>;
+    /// Points an existing entry at another inode (used by RENAME_EXCHANGE).
+    fn repoint_dentry(&mut self, parent: Ino, name: &[u8], ino: Ino) -> Result<()>;
+    /// Up to `limit` entries of `parent` whose cookie is greater than `after`, in cookie order,
+    /// each with its inode row.
+    fn list_dir(&mut self, parent: Ino, after: u64, limit: usize)
+        -> Result<Vec<(Dentry, InodeRow)>>;
+    /// Whether directory `parent` has any entry.
+    fn has_children(&mut self, parent: Ino) -> Result<bool>;
+    /// Every `(parent, name)` that names `ino` (several for hard links).
+    fn names_of(&mut self, ino: Ino) -> Result<Vec<(Ino, Vec<u8>)>>;
+
+    // ---- xattrs ----
+    /// The value of xattr `name`, or `None`.
+    fn get_xattr(&mut self, ino: Ino, name: &[u8]) -> Result<Option<Vec<u8>>>;
+    /// Sets (creates or replaces) xattr `name`.
+    fn set_xattr(&mut self, ino: Ino, name: &[u8], value: &[u8]) -> Result<()>;
+    /// Removes xattr `name`; returns whether it existed.
+    fn remove_xattr(&mut self, ino: Ino, name: &[u8]) -> Result<bool>;
+    /// All xattr names of `ino`, sorted.
+    fn list_xattrs(&mut self, ino: Ino) -> Result<Vec<Vec<u8>>>;
+
+    // ---- bucket sync state: what the bucket holds ----
+    /// The object recorded at workspace path `path` (bytes, `/`-separated, no leading `/`).
+    fn get_object(&mut self, path: &[u8]) -> Result<Option<ObjectRow>>;
+    /// Records (inserts or replaces) the object at `row.path`.
+    fn put_object(&mut self, row: &ObjectRow) -> Result<()>;
+    /// Forgets the object at `path`.
+    fn delete_object(&mut self, path: &[u8]) -> Result<()>;
+    /// Objects whose path is strictly under directory path `dir` (`dir` empty = everything).
+    fn objects_under(&mut self, dir: &[u8], limit: usize) -> Result<Vec<ObjectRow>>;
+    /// Some object holding content version `data_version` of inode `ino` (a copy source).
+    fn object_with_content(&mut self, ino: Ino, data_version: u64) -> Result<Option<ObjectRow>>;
+
+    // ---- bucket sync state: what still has to reach the bucket ----
+    /// Marks `path` (and with `recursive`, everything under it) as needing reconciliation
+    /// with the bucket, not before `not_before_ns` (coalescing delay). Returns the sequence
+    /// number given to this mark (monotonic; used by sync barriers).
+    fn mark_pending(&mut self, path: &[u8], recursive: bool, not_before_ns: i64) -> Result<u64>;
+    /// Up to `limit` pending paths due at `now_ns`, oldest due first.
+    fn due_pending(&mut self, now_ns: i64, limit: usize) -> Result<Vec<PendingRow>>;
+    /// Removes a pending row if it was not re-marked since `gen` was read.
+    fn finish_pending(&mut self, path: &[u8], gen: u64) -> Result<()>;
+    /// Records a failed attempt and when to retry.
+    fn fail_pending(&mut self, path: &[u8], gen: u64, error: &str, retry_at_ns: i64)
+        -> Result<()>;
+    /// Postpones a pending row without counting an attempt (e.g. file still being written).
+    fn defer_pending(&mut self, path: &[u8], gen: u64, retry_at_ns: i64) -> Result<()>;
+    /// Counts and the oldest sequence number of pending work.
+    fn pending_stats(&mut self) -> Result<PendingStats>;
+    /// Whether any pending row has `seq <= upto`.
+    fn pending_upto(&mut self, upto: u64) -> Result<bool>;
+    /// The most recent failures (path, attempts, error), newest first.
+    fn failed_pending(&mut self, limit: usize) -> Result<Vec<PendingRow>>;
+
+    // ---- workspace records and counters ----
+    /// Reads a workspace-level setting.
+    fn get_kv(&mut self, key: &str) -> Result<Option<String>>;
+    /// Writes a workspace-level setting.
+    fn set_kv(&mut self, key: &str, value: &str) -> Result<()>;
+    /// Totals for statfs/status.
+    fn usage(&mut self) -> Result<Usage>;
+}

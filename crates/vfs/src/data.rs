@@ -1,0 +1,539 @@
+//! File content: open/create, read, write, flush/release, fsync, truncate; the staging
+//! file (local journal), remote reads through the block cache with readahead, and
+//! materialising a remote file locally before its first write.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use deskfs_cache::BlockKey;
+use deskfs_meta::{Ino, InodeRow, Kind, Local};
+use futures::future::{BoxFuture, FutureExt, Shared};
+
+use crate::handles::{Handle, InodeState};
+use crate::types::{Attr, Ctx, Opened};
+use crate::{now_ns, poisoned, Result, Vfs, VfsError};
+
+/// Largest file size, bytes (ext4 with 4 KiB blocks: 16 TiB).
+pub const MAX_FILE_SIZE: u64 = 16 << 40;
+/// Range size of whole-file downloads, bytes.
+const DOWNLOAD_CHUNK: u64 = 8 << 20;
+
+type BlockFuture = Shared<BoxFuture<'static, std::result::Result<Bytes, String>>>;
+
+/// Block fetches in flight, shared so that a reader and the readahead never fetch the
+/// same block twice.
+#[derive(Default, Clone)]
+pub(crate) struct Inflight {
+    map: Arc<Mutex<HashMap<BlockKey, BlockFuture>>>,
+}
+
+fn io_err(msg: impl Into<String>) -> VfsError {
+    VfsError::Io(std::io::Error::other(msg.into()))
+}
+
+impl Vfs {
+    /// The in-memory state of `ino`, created (and loaded from the metadata engine) if
+    /// absent. Calls `f` with the state locked. The state is dropped afterwards when no
+    /// handle holds it and nothing is uncommitted.
+    pub(crate) fn with_state<T>(&self, ino: Ino, f: impl FnOnce(&mut InodeState) -> T) -> Result<T> {
+        let st = self.state_arc(ino);
+        let mut s = st.lock().map_err(|_| poisoned())?;
+        if !s.loaded {
+            self.load_state(ino, &mut s)?;
+        }
+        let out = f(&mut s);
+        self.maybe_detach(ino, &st, &mut s);
+        Ok(out)
+    }
+
+    pub(crate) fn state_arc(&self, ino: Ino) -> Arc<Mutex<InodeState>> {
+        let mut m = self.inodes.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(ino).or_default().clone()
+    }
+
+    fn load_state(&self, ino: Ino, s: &mut InodeState) -> Result<()> {
+        let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        s.size = row.size;
+        s.mtime_ns = row.mtime_ns;
+        s.ctime_ns = row.ctime_ns;
+        s.loaded = true;
+        Ok(())
+    }
+
+    /// Removes an idle state from the table (caller holds the state's lock).
+    fn maybe_detach(&self, ino: Ino, st: &Arc<Mutex<InodeState>>, s: &mut InodeState) {
+        if s.open_count == 0 && !s.uncommitted {
+            let mut m = self.inodes.lock().unwrap_or_else(|p| p.into_inner());
+            if m.get(&ino).is_some_and(|cur| Arc::ptr_eq(cur, st)) {
+                m.remove(&ino);
+            }
+            s.staging = None;
+            s.loaded = false;
+        }
+    }
+
+    fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
+        self.handles
+            .lock()
+            .map_err(|_| poisoned())?
+            .get(&fh)
+            .cloned()
+            .ok_or(VfsError::BadHandle)
+    }
+
+    fn new_handle(&self, ino: Ino, flags: i32) -> Result<u64> {
+        let acc = flags & libc::O_ACCMODE;
+        let h = Arc::new(Handle {
+            ino,
+            write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
+            append: flags & libc::O_APPEND != 0,
+            dir: false,
+            last_read_end: AtomicU64::new(u64::MAX),
+        });
+        let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
+        self.handles.lock().map_err(|_| poisoned())?.insert(fh, h);
+        Ok(fh)
+    }
+
+    /// `open`: a handle on an existing inode; `O_TRUNC` truncates (without fetching the old
+    /// content). Errors: `ENOENT`, `EISDIR` (write on a directory).
+    pub fn open(&self, _ctx: &Ctx, ino: Ino, flags: i32) -> Result<Opened> {
+        let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let acc = flags & libc::O_ACCMODE;
+        if row.kind == Kind::Dir && acc != libc::O_RDONLY {
+            return Err(VfsError::IsDir);
+        }
+        let st = self.state_arc(ino);
+        {
+            let mut s = st.lock().map_err(|_| poisoned())?;
+            if !s.loaded {
+                self.load_state(ino, &mut s)?;
+            }
+            s.open_count += 1;
+            if flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY && row.kind == Kind::File {
+                if let Err(e) = self.truncate_locked(ino, &mut s, 0) {
+                    s.open_count -= 1;
+                    self.maybe_detach(ino, &st, &mut s);
+                    return Err(e);
+                }
+            }
+        }
+        let fh = self.new_handle(ino, flags)?;
+        Ok(Opened { fh, keep_cache: false })
+    }
+
+    /// `create`: a new regular file, opened. Errors: `EEXIST`, `ENOENT`, `ENOTDIR`,
+    /// `ENAMETOOLONG`.
+    pub fn create(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32, umask: u32, flags: i32) -> Result<(Attr, Opened)> {
+        let row = self.create_node(ctx, parent, name, Kind::File, mode & !umask & 0o7777, 0, None)?;
+        // The staging file exists from birth: the empty content is local.
+        self.cache.open_staging(row.ino, true)?;
+        let st = self.state_arc(row.ino);
+        {
+            let mut s = st.lock().map_err(|_| poisoned())?;
+            if !s.loaded {
+                self.load_state(row.ino, &mut s)?;
+            }
+            s.open_count += 1;
+        }
+        let fh = self.new_handle(row.ino, flags)?;
+        Ok((crate::attr_of(&row), Opened { fh, keep_cache: false }))
+    }
+
+    /// Makes the content of `ino` local in its staging file (download when needed; not when
+    /// the caller is about to truncate to 0). Caller holds the state lock.
+    fn ensure_local(&self, ino: Ino, s: &mut InodeState, truncating_to: Option<u64>) -> Result<Arc<File>> {
+        if let Some(f) = &s.staging {
+            return Ok(f.clone());
+        }
+        let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        if row.local == Local::Full {
+            match self.cache.open_staging(ino, false) {
+                Ok(f) => {
+                    let f = Arc::new(f);
+                    s.staging = Some(f.clone());
+                    return Ok(f);
+                }
+                Err(e) => {
+                    tracing::error!(ino, error = %e, "staging file missing for a local inode");
+                    if row.dirty {
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+        if row.size == 0 || truncating_to == Some(0) {
+            let f = self.cache.open_staging(ino, true)?;
+            f.set_len(0)?;
+        } else {
+            self.download_full(&row)?;
+        }
+        deskfs_meta::txn(&*self.meta, |t| {
+            if let Some(mut r) = t.get_inode(ino)? {
+                if r.local != Local::Full {
+                    r.local = Local::Full;
+                    t.update_inode(&r)?;
+                }
+            }
+            Ok(())
+        })?;
+        let f = Arc::new(self.cache.open_staging(ino, false)?);
+        s.staging = Some(f.clone());
+        Ok(f)
+    }
+
+    /// Downloads the whole content of `row` (its current version) into its staging file,
+    /// fsyncing it before it is recorded as local.
+    pub(crate) fn download_full(&self, row: &InodeRow) -> Result<()> {
+        let src = deskfs_meta::read(&*self.meta, |t| t.object_with_content(row.ino, row.data_version))?;
+        let Some(src) = src else {
+            return Err(io_err(format!(
+                "content of inode {} version {} is neither local nor in the bucket",
+                row.ino, row.data_version
+            )));
+        };
+        let path = self.cache.staging_path(row.ino);
+        let tmp = path.with_extension("part");
+        let f = File::create(&tmp)?;
+        let mut off = 0u64;
+        while off < row.size {
+            let end = (off + DOWNLOAD_CHUNK).min(row.size);
+            let data = self
+                .rt
+                .block_on(self.bucket.get_range(&src.key, off..end, src.etag.as_deref()))?;
+            if data.len() as u64 != end - off {
+                return Err(io_err(format!("short read of {} from the bucket", src.key)));
+            }
+            f.write_all_at(&data, off)?;
+            off = end;
+        }
+        f.set_len(row.size)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
+    }
+
+    /// `read`: up to `size` bytes at `offset` (short at end of file).
+    /// Errors: `EBADF`, `EIO` (content neither cached nor readable from the bucket).
+    pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
+        let h = self.handle(fh)?;
+        let st = self.state_arc(ino);
+        let (staging, cur_size) = {
+            let mut s = st.lock().map_err(|_| poisoned())?;
+            if !s.loaded {
+                self.load_state(ino, &mut s)?;
+            }
+            if s.staging.is_none() {
+                let local = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?
+                    .map(|r| r.local == Local::Full)
+                    .unwrap_or(false);
+                if local {
+                    if let Ok(f) = self.cache.open_staging(ino, false) {
+                        s.staging = Some(Arc::new(f));
+                    }
+                }
+            }
+            (s.staging.clone(), s.size)
+        };
+        if offset >= cur_size {
+            return Ok(Vec::new());
+        }
+        let len = (size as u64).min(cur_size - offset) as usize;
+        if let Some(f) = staging {
+            self.cache.touch_staging(ino);
+            let mut buf = vec![0u8; len];
+            let mut done = 0;
+            while done < len {
+                let n = f.read_at(&mut buf[done..], offset + done as u64)?;
+                if n == 0 {
+                    break; // hole at the end of a sparse file reads as zeros
+                }
+                done += n;
+            }
+            return Ok(buf);
+        }
+        self.read_remote(&h, ino, offset, len)
+    }
+
+    fn read_remote(&self, h: &Handle, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let (row, src) = deskfs_meta::read(&*self.meta, |t| {
+            let row = t.get_inode(ino)?;
+            let src = match &row {
+                Some(r) => t.object_with_content(ino, r.data_version)?,
+                None => None,
+            };
+            Ok((row, src))
+        })?;
+        let row = row.ok_or(VfsError::NotFound)?;
+        let Some(src) = src else {
+            return Err(io_err(format!("inode {ino}: content not in the bucket yet and not local")));
+        };
+        let bs = self.cache.block_size();
+        let end = (offset + len as u64).min(row.size);
+        if offset >= end {
+            return Ok(Vec::new());
+        }
+        let first = offset / bs;
+        let last = (end - 1) / bs;
+        // Sequential reader: fetch ahead.
+        let sequential = h.last_read_end.load(Ordering::Relaxed) == offset || offset == 0;
+        if sequential && self.cfg.readahead_blocks > 0 {
+            let max_idx = (row.size - 1) / bs;
+            for idx in (last + 1)..=(last + self.cfg.readahead_blocks).min(max_idx) {
+                let k = BlockKey { ino, version: row.data_version, index: idx };
+                if self.cache.has_block(&k) {
+                    continue;
+                }
+                let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
+                self.rt.spawn(fut.map(|_| ()));
+            }
+        }
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        for idx in first..=last {
+            let k = BlockKey { ino, version: row.data_version, index: idx };
+            let data = match self.cache.read_block(&k)? {
+                Some(d) => Bytes::from(d),
+                None => {
+                    let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
+                    self.rt.block_on(fut).map_err(io_err)?
+                }
+            };
+            let bstart = idx * bs;
+            let from = offset.max(bstart) - bstart;
+            let to = (end.min(bstart + data.len() as u64)).saturating_sub(bstart);
+            if from < to {
+                out.extend_from_slice(&data[from as usize..to as usize]);
+            }
+        }
+        h.last_read_end.store(end, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    fn block_future(&self, k: BlockKey, key: &str, etag: Option<String>, size: u64) -> BlockFuture {
+        let mut map = self.fetches.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = map.get(&k) {
+            return f.clone();
+        }
+        let bucket = self.bucket.clone();
+        let cache = self.cache.clone();
+        let inflight = self.fetches.map.clone();
+        let key = key.to_string();
+        let bs = cache.block_size();
+        let fut = async move {
+            let start = k.index * bs;
+            let end = (start + bs).min(size);
+            let res = bucket.get_range(&key, start..end, etag.as_deref()).await;
+            let out = match res {
+                Ok(data) if data.len() as u64 == end - start => {
+                    let c = cache.clone();
+                    let d = data.clone();
+                    let _ = tokio::task::spawn_blocking(move || c.write_block(&k, &d)).await;
+                    Ok(data)
+                }
+                Ok(data) => Err(format!("short read of {key}: {} of {} bytes", data.len(), end - start)),
+                Err(e) => Err(e.to_string()),
+            };
+            inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+            out
+        }
+        .boxed()
+        .shared();
+        map.insert(k, fut.clone());
+        fut
+    }
+
+    /// `write`: `data` at `offset` (at the end of file for `O_APPEND` handles, atomically
+    /// with respect to other writers of this mount). Returns bytes written.
+    /// Errors: `EBADF` (not open for writing), `EFBIG`, `ENOSPC`, `EIO`.
+    pub fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
+        let h = self.handle(fh)?;
+        if !h.write {
+            return Err(VfsError::BadHandle);
+        }
+        let st = self.state_arc(ino);
+        let mut s = st.lock().map_err(|_| poisoned())?;
+        if !s.loaded {
+            self.load_state(ino, &mut s)?;
+        }
+        let f = self.ensure_local(ino, &mut s, None)?;
+        let off = if h.append { s.size } else { offset };
+        let end = off
+            .checked_add(data.len() as u64)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or(VfsError::FileTooBig)?;
+        if !s.uncommitted {
+            self.begin_dirty(ino)?;
+        }
+        f.write_all_at(data, off)?;
+        let now = now_ns();
+        s.size = s.size.max(end);
+        s.mtime_ns = now;
+        s.ctime_ns = now;
+        if !s.uncommitted {
+            s.uncommitted = true;
+            s.dirty_since_ns = now;
+        }
+        s.write_gen += 1;
+        Ok(data.len() as u32)
+    }
+
+    /// Records in the metadata engine that the staging file is about to diverge from the
+    /// bucket, so a crash before the next commit still uploads what reached the staging
+    /// file (recovery re-reads its length).
+    fn begin_dirty(&self, ino: Ino) -> Result<()> {
+        deskfs_meta::txn(&*self.meta, |t| {
+            if let Some(mut r) = t.get_inode(ino)? {
+                if !r.dirty {
+                    r.dirty = true;
+                    t.update_inode(&r)?;
+                }
+            }
+            Ok(())
+        })?;
+        self.cache.staging_dirty(ino);
+        Ok(())
+    }
+
+    /// Commits uncommitted writes of a locked state: size, mtime and a new content
+    /// version go to the metadata engine in one transaction that also marks every path of
+    /// the inode pending. With `durable`, the staging file is fdatasync'ed first and the
+    /// commit is made durable (fsync semantics).
+    pub(crate) fn commit_locked(&self, ino: Ino, s: &mut InodeState, durable: bool) -> Result<()> {
+        if durable {
+            if let Some(f) = &s.staging {
+                f.sync_data()?;
+            }
+        }
+        if s.uncommitted {
+            let (size, mtime, ctime) = (s.size, s.mtime_ns, s.ctime_ns);
+            deskfs_meta::txn(&*self.meta, |t| {
+                let Some(mut r) = t.get_inode(ino)? else {
+                    return Ok(());
+                };
+                r.size = size;
+                r.mtime_ns = mtime;
+                r.ctime_ns = ctime.max(r.ctime_ns);
+                r.data_version += 1;
+                r.dirty = true;
+                r.local = Local::Full;
+                t.update_inode(&r)?;
+                for (parent, name) in t.names_of(ino)? {
+                    self.mark_name(t, parent, &name, false)?;
+                }
+                Ok(())
+            })?;
+            s.uncommitted = false;
+            self.cache.drop_blocks(ino);
+            self.uploader.kick();
+        }
+        if durable {
+            self.meta.make_durable()?;
+        }
+        Ok(())
+    }
+
+    /// `flush` (every `close` of a descriptor): commits the file's writes so that they
+    /// survive a crash of the daemon and are uploaded.
+    pub fn flush(&self, ino: Ino, _fh: u64) -> Result<()> {
+        let st = self.state_arc(ino);
+        let mut s = st.lock().map_err(|_| poisoned())?;
+        let r = self.commit_locked(ino, &mut s, false);
+        self.maybe_detach(ino, &st, &mut s);
+        r
+    }
+
+    /// `release` (last close of an open file description): commits, then drops the inode
+    /// if it was unlinked while open.
+    pub fn release(&self, ino: Ino, fh: u64) -> Result<()> {
+        let h = self.handles.lock().map_err(|_| poisoned())?.remove(&fh);
+        if h.as_ref().is_some_and(|h| h.dir) {
+            return Ok(());
+        }
+        let st = self.state_arc(ino);
+        let mut s = st.lock().map_err(|_| poisoned())?;
+        let res = self.commit_locked(ino, &mut s, false);
+        s.open_count = s.open_count.saturating_sub(1);
+        let last = s.open_count == 0;
+        let size = s.size;
+        self.maybe_detach(ino, &st, &mut s);
+        drop(s);
+        if last {
+            let purge = deskfs_meta::txn(&*self.meta, |t| {
+                match t.get_inode(ino)? {
+                    Some(r) if r.nlink == 0 => {
+                        if self.is_open(ino) {
+                            return Ok(false);
+                        }
+                        t.delete_inode(ino)?;
+                        Ok(true)
+                    }
+                    Some(r) => {
+                        if r.local == Local::Full && !r.dirty {
+                            self.cache.staging_clean(ino, size);
+                        }
+                        Ok(false)
+                    }
+                    None => Ok(false),
+                }
+            })?;
+            if purge {
+                self.purge_local(ino);
+            }
+        }
+        res
+    }
+
+    /// `fsync`/`fdatasync`: the file's data and metadata are on stable local storage when
+    /// this returns (the upload follows in the background).
+    pub fn fsync(&self, ino: Ino, _fh: u64, _datasync: bool) -> Result<()> {
+        let st = self.state_arc(ino);
+        let mut s = st.lock().map_err(|_| poisoned())?;
+        let r = self.commit_locked(ino, &mut s, true);
+        self.maybe_detach(ino, &st, &mut s);
+        r
+    }
+
+    /// Truncate (or extend with zeros) to `size` bytes and commit.
+    pub(crate) fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
+        let st = self.state_arc(ino);
+        let mut s = st.lock().map_err(|_| poisoned())?;
+        if !s.loaded {
+            self.load_state(ino, &mut s)?;
+        }
+        let r = self.truncate_locked(ino, &mut s, size);
+        self.maybe_detach(ino, &st, &mut s);
+        r
+    }
+
+    fn truncate_locked(&self, ino: Ino, s: &mut InodeState, size: u64) -> Result<()> {
+        let kind = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?
+            .ok_or(VfsError::NotFound)?
+            .kind;
+        match kind {
+            Kind::File => {}
+            Kind::Dir => return Err(VfsError::IsDir),
+            _ => return Err(VfsError::Invalid),
+        }
+        if size > MAX_FILE_SIZE {
+            return Err(VfsError::FileTooBig);
+        }
+        let f = self.ensure_local(ino, s, Some(size))?;
+        if !s.uncommitted {
+            self.begin_dirty(ino)?;
+        }
+        f.set_len(size)?;
+        let now = now_ns();
+        s.size = size;
+        s.mtime_ns = now;
+        s.ctime_ns = now;
+        s.uncommitted = true;
+        s.write_gen += 1;
+        self.commit_locked(ino, s, false)
+    }
+}
+

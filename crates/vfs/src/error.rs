@@ -1,0 +1,121 @@
+//! VFS errors and their errno.
+
+use deskfs_bucket::BucketError;
+use deskfs_cache::CacheError;
+use deskfs_meta::MetaError;
+
+/// An operation failed. [`VfsError::errno`] gives the errno a kernel file system (ext4)
+/// returns in the same case; the FUSE adapter replies with it.
+#[derive(Debug, thiserror::Error)]
+pub enum VfsError {
+    /// `ENOENT`: no such file or directory.
+    #[error("no such file or directory")]
+    NotFound,
+    /// `EEXIST`: the name exists.
+    #[error("file exists")]
+    Exists,
+    /// `ENOTDIR`: a directory was expected.
+    #[error("not a directory")]
+    NotDir,
+    /// `EISDIR`: a non-directory was expected.
+    #[error("is a directory")]
+    IsDir,
+    /// `ENOTEMPTY`: directory not empty.
+    #[error("directory not empty")]
+    NotEmpty,
+    /// `EINVAL`: invalid argument (e.g. rename of a directory into itself).
+    #[error("invalid argument")]
+    Invalid,
+    /// `ENAMETOOLONG`: a name longer than 255 bytes.
+    #[error("file name too long")]
+    NameTooLong,
+    /// `EPERM`: operation not permitted (e.g. hard link to a directory).
+    #[error("operation not permitted")]
+    NotPermitted,
+    /// `EACCES`: permission denied.
+    #[error("permission denied")]
+    Access,
+    /// `EBADF`: unknown or wrongly opened file handle.
+    #[error("bad file handle")]
+    BadHandle,
+    /// `ENODATA`: no such extended attribute.
+    #[error("no such attribute")]
+    NoAttr,
+    /// `ERANGE`: buffer too small / xattr name too long.
+    #[error("result out of range")]
+    Range,
+    /// `E2BIG`: xattr value too large.
+    #[error("argument list too long")]
+    TooBig,
+    /// `EOPNOTSUPP`: not supported (e.g. an unsupported xattr namespace).
+    #[error("operation not supported")]
+    NotSupported,
+    /// `EFBIG`: file too large.
+    #[error("file too large")]
+    FileTooBig,
+    /// `ENOSPC`: the cache disk is full.
+    #[error("no space left on the cache device")]
+    NoSpace,
+    /// `EIO` from the metadata engine.
+    #[error("metadata: {0}")]
+    Meta(MetaError),
+    /// `EIO` from the bucket (a read of data that is not cached while the bucket fails).
+    #[error("bucket: {0}")]
+    Bucket(#[from] BucketError),
+    /// `EIO` (or `ENOSPC`) from the cache directory.
+    #[error("cache: {0}")]
+    Cache(#[from] CacheError),
+    /// `EIO`: other local I/O.
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl VfsError {
+    /// The errno for this error (positive, as in `<errno.h>`).
+    pub fn errno(&self) -> i32 {
+        use VfsError::*;
+        match self {
+            NotFound => libc::ENOENT,
+            Exists => libc::EEXIST,
+            NotDir => libc::ENOTDIR,
+            IsDir => libc::EISDIR,
+            NotEmpty => libc::ENOTEMPTY,
+            Invalid => libc::EINVAL,
+            NameTooLong => libc::ENAMETOOLONG,
+            NotPermitted => libc::EPERM,
+            Access => libc::EACCES,
+            BadHandle => libc::EBADF,
+            NoAttr => libc::ENODATA,
+            Range => libc::ERANGE,
+            TooBig => libc::E2BIG,
+            NotSupported => libc::EOPNOTSUPP,
+            FileTooBig => libc::EFBIG,
+            NoSpace => libc::ENOSPC,
+            Meta(MetaError::NotFound(_)) => libc::ENOENT,
+            Meta(MetaError::Conflict(_)) => libc::EEXIST,
+            Meta(_) => libc::EIO,
+            Bucket(BucketError::NotFound(_)) => libc::EIO,
+            Bucket(_) => libc::EIO,
+            Cache(c) if c.raw_os_error() == Some(libc::ENOSPC) => libc::ENOSPC,
+            Cache(_) => libc::EIO,
+            Io(e) if e.raw_os_error() == Some(libc::ENOSPC) => libc::ENOSPC,
+            Io(_) => libc::EIO,
+        }
+    }
+}
+
+/// Result alias of the VFS.
+pub type Result<T, E = VfsError> = std::result::Result<T, E>;
+
+impl From<MetaError> for VfsError {
+    fn from(e: MetaError) -> Self {
+        VfsError::from_meta(e)
+    }
+}
+
+/// Lets VFS errors cross metadata transaction closures with `?`.
+impl From<VfsError> for MetaError {
+    fn from(e: VfsError) -> Self {
+        e.into_meta()
+    }
+}

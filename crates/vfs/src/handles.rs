@@ -1,0 +1,45 @@
+//! Open file handles and the in-memory state of open inodes.
+
+use std::fs::File;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+/// One open file description (what `open(2)` returned, as the kernel's `fh`).
+#[derive(Debug)]
+pub(crate) struct Handle {
+    pub(crate) ino: u64,
+    /// Opened for writing (O_WRONLY / O_RDWR).
+    pub(crate) write: bool,
+    /// Opened for reading.
+    pub(crate) read: bool,
+    /// O_APPEND: every write goes to the end of the file.
+    pub(crate) append: bool,
+    /// Is a directory handle.
+    pub(crate) dir: bool,
+    /// End offset of the last read (sequential-read detection for readahead).
+    pub(crate) last_read_end: AtomicU64,
+}
+
+/// In-memory state of an inode that is open (or being operated on). Guarded by its own
+/// mutex; the metadata engine stays the truth for everything committed.
+#[derive(Debug, Default)]
+pub(crate) struct InodeState {
+    /// Open handles on this inode in this mount.
+    pub(crate) open_count: u32,
+    /// The staging file, once the content is local.
+    pub(crate) staging: Option<Arc<File>>,
+    /// Writes (or a truncate) not yet committed to the metadata engine.
+    pub(crate) uncommitted: bool,
+    /// Current size including uncommitted writes, bytes (valid when `loaded`).
+    pub(crate) size: u64,
+    /// Current mtime including uncommitted writes, ns.
+    pub(crate) mtime_ns: i64,
+    /// Current ctime including uncommitted writes, ns.
+    pub(crate) ctime_ns: i64,
+    /// `size`/`mtime_ns` were loaded from the metadata engine.
+    pub(crate) loaded: bool,
+    /// Bumped by every write; the uploader compares it around an upload.
+    pub(crate) write_gen: u64,
+    /// Time of the first uncommitted write, ns (bounds upload deferral).
+    pub(crate) dirty_since_ns: i64,
+}

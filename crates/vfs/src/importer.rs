@@ -1,0 +1,248 @@
+//! The importer: lazily lists bucket prefixes into the namespace, so an existing bucket
+//! mounts as-is. A directory is listed on first use and again (by `opendir`) once its
+//! listing is older than the TTL, picking up objects other tools added or changed.
+
+use std::collections::HashMap;
+
+use deskfs_bucket::{ObjectInfo, PosixMeta};
+use deskfs_meta::{Ino, InodeRow, Kind, Local, ObjectRow, ROOT_INO};
+use futures::StreamExt;
+
+use crate::namespace::NAME_MAX;
+use crate::paths::{dir_path, is_escaped, join, key_of, RESERVED};
+use crate::{now_ns, Result, Vfs};
+
+/// HEAD requests in flight while importing a listing.
+const HEAD_CONCURRENCY: usize = 32;
+
+impl Vfs {
+    /// Makes sure directory `dir` reflects the bucket: lists it if it never was, or (with
+    /// `refresh`) if its listing is older than the TTL. A failed first listing is `EIO`; a
+    /// failed refresh keeps serving what is known.
+    pub(crate) fn ensure_listed(&self, dir: Ino, refresh: bool) -> Result<()> {
+        let Some(row) = deskfs_meta::read(&*self.meta, |t| t.get_inode(dir))? else {
+            return Ok(());
+        };
+        if row.kind != Kind::Dir {
+            return Ok(());
+        }
+        let now = now_ns();
+        let ttl = self.cfg.list_ttl.as_nanos() as i64;
+        if row.listed_ns != 0 && (!refresh || now.saturating_sub(row.listed_ns) < ttl) {
+            return Ok(());
+        }
+        let Some(path) = deskfs_meta::read(&*self.meta, |t| Ok(dir_path(t, dir)?))? else {
+            return Ok(());
+        };
+        let prefix_len = self.bucket.spec().prefix.len();
+        let key = if path.is_empty() { String::new() } else { key_of(&path, prefix_len) };
+        if is_escaped(&key) {
+            self.set_listed(dir, now)?;
+            return Ok(());
+        }
+        let listing = match self.rt.block_on(self.bucket.list_dir(&key)) {
+            Ok(l) => l,
+            Err(e) if row.listed_ns != 0 => {
+                tracing::warn!(dir, error = %e, "refreshing a directory listing failed; serving the known entries");
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        };
+        // Which files are new to us (neither known objects nor local names)?
+        let files: Vec<(String, ObjectInfo)> = listing
+            .files
+            .into_iter()
+            .filter(|(n, _)| n.len() <= NAME_MAX && !(dir == ROOT_INO && n.as_bytes() == RESERVED))
+            .collect();
+        let new_names: Vec<String> = deskfs_meta::read(&*self.meta, |t| {
+            let mut v = Vec::new();
+            for (n, _) in &files {
+                let p = join(&path, n.as_bytes());
+                if t.get_object(&p)?.is_none() && t.lookup(dir, n.as_bytes())?.is_none() {
+                    v.push(n.clone());
+                }
+            }
+            Ok(v)
+        })?;
+        // POSIX attributes (and symlink targets) of new objects, fetched concurrently.
+        let mut attrs: HashMap<String, (Option<PosixMeta>, Option<Vec<u8>>)> = HashMap::new();
+        if self.bucket.supports_metadata() && !new_names.is_empty() {
+            let by_name: HashMap<&str, &ObjectInfo> =
+                files.iter().map(|(n, i)| (n.as_str(), i)).collect();
+            let bucket = self.bucket.clone();
+            let jobs: Vec<(String, String, u64)> = new_names
+                .iter()
+                .filter_map(|n| by_name.get(n.as_str()).map(|i| (n.clone(), i.key.clone(), i.size)))
+                .collect();
+            let results: Vec<(String, Option<PosixMeta>, Option<Vec<u8>>)> = self.rt.block_on(
+                futures::stream::iter(jobs)
+                    .map(|(name, key, size)| {
+                        let bucket = bucket.clone();
+                        async move {
+                            let posix = bucket.head(&key).await.ok().flatten().and_then(|h| h.posix);
+                            let target = match posix {
+                                Some(p) if Kind::from_mode(p.mode) == Some(Kind::Symlink) && size < 4096 => {
+                                    bucket.get_range(&key, 0..size, None).await.ok().map(|b| b.to_vec())
+                                }
+                                _ => None,
+                            };
+                            (name, posix, target)
+                        }
+                    })
+                    .buffer_unordered(HEAD_CONCURRENCY)
+                    .collect(),
+            );
+            for (n, p, t) in results {
+                attrs.insert(n, (p, t));
+            }
+        }
+        let mut changed: Vec<Ino> = Vec::new();
+        let cfg = &self.cfg;
+        deskfs_meta::txn(&*self.meta, |t| {
+            changed.clear();
+            let mut new_dirs = 0i64;
+            for (name, info) in &files {
+                let nb = name.as_bytes();
+                let cpath = join(&path, nb);
+                if let Some(obj) = t.get_object(&cpath)? {
+                    // Known object: did another tool replace it?
+                    if obj.etag.is_some() && info.etag.is_some() && obj.etag != info.etag {
+                        if let Some(d) = t.lookup(dir, nb)? {
+                            if let Some(mut r) = t.get_inode(d.ino)? {
+                                if d.ino == obj.ino
+                                    && r.kind == Kind::File
+                                    && !r.dirty
+                                    && r.data_version == obj.data_version
+                                    && !self.is_open(r.ino)
+                                {
+                                    r.size = info.size;
+                                    r.mtime_ns = info.mtime_ns;
+                                    r.ctime_ns = now_ns();
+                                    r.data_version += 1;
+                                    r.local = Local::None;
+                                    t.update_inode(&r)?;
+                                    t.put_object(&ObjectRow {
+                                        etag: info.etag.clone(),
+                                        size: info.size,
+                                        data_version: r.data_version,
+                                        meta_stamp: r.ctime_ns,
+                                        ..obj
+                                    })?;
+                                    changed.push(r.ino);
+                                }
+                            }
+                        }
+                    }
+                    continue;
+                }
+                if t.lookup(dir, nb)?.is_some() {
+                    continue;
+                }
+                let (posix, target) = attrs.get(name).cloned().unwrap_or((None, None));
+                let mode = posix.map(|p| p.mode).unwrap_or(0o100644);
+                let mut kind = Kind::from_mode(mode).unwrap_or(Kind::File);
+                if kind == Kind::Dir || (kind == Kind::Symlink && target.is_none()) {
+                    kind = Kind::File;
+                }
+                let mtime = posix.map(|p| p.mtime_ns).unwrap_or(info.mtime_ns);
+                let row = InodeRow {
+                    ino: 0,
+                    kind,
+                    perm: if posix.is_some() { mode & 0o7777 } else { 0o644 },
+                    uid: posix.map(|p| p.uid).unwrap_or(cfg.default_uid),
+                    gid: posix.map(|p| p.gid).unwrap_or(cfg.default_gid),
+                    rdev: 0,
+                    nlink: 1,
+                    size: if kind == Kind::Symlink { target.as_ref().map(|t| t.len() as u64).unwrap_or(0) } else { info.size },
+                    atime_ns: posix.map(|p| p.atime_ns).unwrap_or(mtime),
+                    mtime_ns: mtime,
+                    ctime_ns: posix.map(|p| p.ctime_ns).unwrap_or(mtime),
+                    btime_ns: mtime,
+                    data_version: 1,
+                    target: if kind == Kind::Symlink { target.clone() } else { None },
+                    local: Local::None,
+                    dirty: false,
+                    listed_ns: 0,
+                };
+                let ino = t.insert_inode(&row)?;
+                t.insert_dentry(dir, nb, ino)?;
+                t.put_object(&ObjectRow {
+                    path: cpath,
+                    key: info.key.clone(),
+                    ino,
+                    kind,
+                    data_version: 1,
+                    meta_stamp: row.ctime_ns,
+                    etag: info.etag.clone(),
+                    size: info.size,
+                })?;
+            }
+            for name in &listing.dirs {
+                let nb = name.as_bytes();
+                if nb.len() > NAME_MAX || (dir == ROOT_INO && nb == RESERVED) {
+                    continue;
+                }
+                let cpath = join(&path, nb);
+                if t.lookup(dir, nb)?.is_some() || t.get_object(&cpath)?.is_some() {
+                    continue;
+                }
+                let now = now_ns();
+                let row = InodeRow {
+                    ino: 0,
+                    kind: Kind::Dir,
+                    perm: 0o755,
+                    uid: cfg.default_uid,
+                    gid: cfg.default_gid,
+                    rdev: 0,
+                    nlink: 2,
+                    size: 0,
+                    atime_ns: now,
+                    mtime_ns: now,
+                    ctime_ns: now,
+                    btime_ns: now,
+                    data_version: 0,
+                    target: None,
+                    local: Local::None,
+                    dirty: false,
+                    listed_ns: 0,
+                };
+                let ino = t.insert_inode(&row)?;
+                t.insert_dentry(dir, nb, ino)?;
+                // Recorded as known so that a local rmdir is not undone by a re-listing.
+                t.put_object(&ObjectRow {
+                    path: cpath.clone(),
+                    key: key_of(&cpath, prefix_len),
+                    ino,
+                    kind: Kind::Dir,
+                    data_version: 0,
+                    meta_stamp: i64::MIN,
+                    etag: None,
+                    size: 0,
+                })?;
+                new_dirs += 1;
+            }
+            if let Some(mut d) = t.get_inode(dir)? {
+                d.nlink += new_dirs as u32;
+                d.listed_ns = now_ns();
+                t.update_inode(&d)?;
+            }
+            Ok(())
+        })?;
+        for ino in changed {
+            self.cache.drop_blocks(ino);
+            let _ = self.cache.remove_staging(ino);
+        }
+        Ok(())
+    }
+
+    fn set_listed(&self, dir: Ino, now: i64) -> Result<()> {
+        deskfs_meta::txn(&*self.meta, |t| {
+            if let Some(mut d) = t.get_inode(dir)? {
+                d.listed_ns = now;
+                t.update_inode(&d)?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+}

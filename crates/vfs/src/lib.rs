@@ -1,0 +1,264 @@
+//! The deskfs VFS core: POSIX semantics over the metadata engine, the local cache and the
+//! bucket. Usable in-process without a kernel mount (tests drive it directly); the FUSE
+//! adapter only translates requests into calls on [`Vfs`].
+//!
+//! Data path: writes go to the inode's **staging file** (the local journal); `close`
+//! (flush/release) commits size, mtime and a new content version to the metadata engine
+//! and marks the inode's paths pending; `fsync` also fdatasyncs the staging file and makes
+//! the metadata commit durable. The [`uploader`] reconciles pending paths with the bucket
+//! in the background. Reads come from the staging file when the content is local, else
+//! from the block cache, filled by ranged GETs with sequential readahead.
+
+pub mod error;
+mod handles;
+mod importer;
+mod namespace;
+pub mod paths;
+mod data;
+mod status;
+pub mod types;
+pub mod uploader;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use deskfs_bucket::Bucket;
+use deskfs_cache::Cache;
+use deskfs_meta::{InodeRow, Local, MetaEngine};
+
+pub use error::{Result, VfsError};
+pub use status::{FailedPath, VfsStatus};
+pub use types::*;
+
+use handles::{Handle, InodeState};
+
+/// Tunables of one mounted workspace.
+#[derive(Clone, Debug)]
+pub struct VfsConfig {
+    /// Delay between a file's last commit (close) and its upload, coalescing rewrites.
+    pub upload_delay: Duration,
+    /// How long a directory listing imported from the bucket stays fresh before `readdir`
+    /// lists the bucket again (changes made by other tools appear after this).
+    pub list_ttl: Duration,
+    /// Blocks fetched ahead of a sequential reader.
+    pub readahead_blocks: u64,
+    /// Concurrent bucket operations of the uploader.
+    pub upload_workers: usize,
+    /// Owner of objects imported from the bucket without POSIX metadata.
+    pub default_uid: u32,
+    /// Group of objects imported from the bucket without POSIX metadata.
+    pub default_gid: u32,
+}
+
+impl Default for VfsConfig {
+    fn default() -> Self {
+        VfsConfig {
+            upload_delay: Duration::from_millis(500),
+            list_ttl: Duration::from_secs(30),
+            readahead_blocks: 8,
+            upload_workers: 8,
+            default_uid: 0,
+            default_gid: 0,
+        }
+    }
+}
+
+/// One workspace, live: the namespace, open files, cache and the background uploader.
+pub struct Vfs {
+    pub(crate) meta: Arc<dyn MetaEngine>,
+    pub(crate) bucket: Bucket,
+    pub(crate) cache: Arc<Cache>,
+    pub(crate) cfg: VfsConfig,
+    pub(crate) rt: tokio::runtime::Handle,
+    /// In-memory state of inodes with open handles (or in the middle of an operation).
+    pub(crate) inodes: Mutex<HashMap<u64, Arc<Mutex<InodeState>>>>,
+    pub(crate) handles: Mutex<HashMap<u64, Arc<Handle>>>,
+    pub(crate) next_fh: AtomicU64,
+    pub(crate) uploader: uploader::UploaderShared,
+    /// Sync barriers currently waiting (the uploader ignores coalescing delays meanwhile).
+    pub(crate) urgent: AtomicUsize,
+    pub(crate) fetches: data::Inflight,
+}
+
+impl std::fmt::Debug for Vfs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Vfs")
+            .field("meta", &self.meta.describe())
+            .field("bucket", &self.bucket)
+            .finish()
+    }
+}
+
+/// Now, ns since the Unix epoch.
+pub fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+pub(crate) fn attr_of(row: &InodeRow) -> Attr {
+    Attr {
+        ino: row.ino,
+        kind: row.kind,
+        perm: row.perm,
+        nlink: row.nlink,
+        uid: row.uid,
+        gid: row.gid,
+        rdev: row.rdev,
+        size: row.size,
+        blocks: row.size.div_ceil(512),
+        atime_ns: row.atime_ns,
+        mtime_ns: row.mtime_ns,
+        ctime_ns: row.ctime_ns,
+        btime_ns: row.btime_ns,
+    }
+}
+
+impl Vfs {
+    /// Opens a workspace for serving: recovers state left by a previous run (orphans from
+    /// open-unlinked files, interrupted downloads, clean staging files to index), then
+    /// starts the background uploader on `rt`, which resumes every pending upload.
+    ///
+    /// Errors: [`VfsError::Meta`] when the database cannot be read,
+    /// [`VfsError::Cache`] when the cache dir cannot be scanned.
+    pub fn new(
+        meta: Arc<dyn MetaEngine>,
+        bucket: Bucket,
+        cache: Arc<Cache>,
+        cfg: VfsConfig,
+        rt: tokio::runtime::Handle,
+    ) -> Result<Arc<Vfs>> {
+        let vfs = Arc::new(Vfs {
+            meta,
+            bucket,
+            cache,
+            cfg,
+            rt,
+            inodes: Mutex::new(HashMap::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            uploader: uploader::UploaderShared::default(),
+            urgent: AtomicUsize::new(0),
+            fetches: data::Inflight::default(),
+        });
+        vfs.recover()?;
+        uploader::start(&vfs);
+        Ok(vfs)
+    }
+
+    fn recover(&self) -> Result<()> {
+        // Orphans: inodes whose last name went away while open, then the process died.
+        let orphans = deskfs_meta::txn(&*self.meta, |t| {
+            let v = t.orphan_inodes()?;
+            for ino in &v {
+                t.delete_inode(*ino)?;
+            }
+            Ok(v)
+        })?;
+        for ino in orphans {
+            self.cache.remove_staging(ino)?;
+            self.cache.drop_blocks(ino);
+        }
+        // Staging files: keep full ones, drop partial downloads, index clean ones.
+        for ino in self.cache.staging_inodes()? {
+            let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?;
+            match row {
+                Some(r) if r.local == Local::Full => {
+                    if !r.dirty {
+                        self.cache.staging_clean(ino, r.size);
+                    }
+                }
+                _ => self.cache.remove_staging(ino)?,
+            }
+        }
+        // Dirty inodes must have their content locally: report any that do not.
+        let dirty = deskfs_meta::read(&*self.meta, |t| t.dirty_inodes())?;
+        for r in dirty {
+            if !self.cache.has_staging(r.ino) && r.size > 0 {
+                tracing::error!(
+                    ino = r.ino,
+                    cache = %self.cache.root().display(),
+                    "dirty inode has no staging file in this cache dir: its unuploaded content is not here (was the workspace mounted with another --cache-dir?)"
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits every open file's writes, then blocks until everything written before the
+    /// call is in the bucket (the `deskfs sync` barrier). Returns `Ok` once no pending
+    /// path older than the barrier remains; while the bucket fails it keeps waiting up to
+    /// `timeout` and then returns [`VfsError::Io`] (`TimedOut`) naming what is stuck.
+    pub fn sync(&self, timeout: Duration) -> Result<()> {
+        self.commit_all()?;
+        let barrier = deskfs_meta::read(&*self.meta, |t| Ok(t.pending_stats()?.last_seq))?;
+        self.urgent.fetch_add(1, Ordering::SeqCst);
+        self.uploader.kick();
+        let start = std::time::Instant::now();
+        let res = loop {
+            let more = deskfs_meta::read(&*self.meta, |t| t.pending_upto(barrier))?;
+            if !more {
+                break Ok(());
+            }
+            if start.elapsed() > timeout {
+                let failing = deskfs_meta::read(&*self.meta, |t| t.failed_pending(1))?;
+                let why = failing
+                    .first()
+                    .and_then(|f| f.last_error.clone())
+                    .unwrap_or_else(|| "uploads still in progress".into());
+                break Err(VfsError::Io(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!("sync timed out: {why}"),
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.urgent.fetch_sub(1, Ordering::SeqCst);
+        res
+    }
+
+    /// Commits all open files' writes (as `close` would) without waiting for uploads.
+    pub fn commit_all(&self) -> Result<()> {
+        let states: Vec<(u64, Arc<Mutex<InodeState>>)> = self
+            .inodes
+            .lock()
+            .map_err(|_| poisoned())?
+            .iter()
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        for (ino, st) in states {
+            let mut st = st.lock().map_err(|_| poisoned())?;
+            self.commit_locked(ino, &mut st, false)?;
+        }
+        Ok(())
+    }
+
+    /// Stops the background uploader after committing open files. With `wait`, first
+    /// waits (up to `timeout`) until every pending upload is done.
+    pub fn shutdown(&self, wait: bool, timeout: Duration) -> Result<()> {
+        self.commit_all()?;
+        let res = if wait { self.sync(timeout) } else { Ok(()) };
+        self.uploader.stop();
+        res
+    }
+
+    /// The metadata engine (for status/fsck tooling).
+    pub fn meta(&self) -> &Arc<dyn MetaEngine> {
+        &self.meta
+    }
+
+    /// The bucket.
+    pub fn bucket(&self) -> &Bucket {
+        &self.bucket
+    }
+}
+
+pub(crate) fn poisoned() -> VfsError {
+    VfsError::Io(std::io::Error::other("internal lock poisoned"))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,122 @@
+//! Workspace paths and their object keys (1 path = 1 object).
+//!
+//! A path is the `/`-joined bytes of the names from the root, without a leading `/`
+//! (the root is the empty path). Its object key is the same text when that is a valid
+//! object key; otherwise (bytes that are not UTF-8, control characters, a key longer than
+//! the S3 limit of 1,024 bytes, or a path under the reserved `.deskfs` name) the object
+//! goes to an escaped key `.deskfs/escaped/<sha256 of the path>` — deskfs never refuses a
+//! name ext4 accepts. The metadata engine records the key of every object.
+
+use deskfs_meta::{Ino, MetaTxn, ROOT_INO};
+use sha2::{Digest, Sha256};
+
+use crate::Result;
+
+/// Longest object key the S3 API accepts, bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// Reserved top-level name (hidden from the mount in the bucket listing).
+pub const RESERVED: &[u8] = b".deskfs";
+
+/// Joins a directory path and a child name.
+pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
+    if dir.is_empty() {
+        return name.to_vec();
+    }
+    let mut p = Vec::with_capacity(dir.len() + 1 + name.len());
+    p.extend_from_slice(dir);
+    p.push(b'/');
+    p.extend_from_slice(name);
+    p
+}
+
+/// The object key of `path`, given the bucket prefix length (to respect [`MAX_KEY_LEN`]).
+/// Directory markers add one byte (`/`), accounted for here.
+pub fn key_of(path: &[u8], prefix_len: usize) -> String {
+    if let Ok(s) = std::str::from_utf8(path) {
+        let plain = !s.is_empty()
+            && prefix_len + 1 + s.len() < MAX_KEY_LEN
+            && !s.split('/').next().is_some_and(|first| first.as_bytes() == RESERVED)
+            && s
+                .split('/')
+                .all(|seg| !seg.is_empty() && seg != "." && seg != ".." && !seg.chars().any(|c| c.is_control()));
+        if plain {
+            return s.to_string();
+        }
+    }
+    let digest = Sha256::digest(path);
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!(".deskfs/escaped/{hex}")
+}
+
+/// Whether `key` is an escaped key (its path cannot be listed from the bucket).
+pub fn is_escaped(key: &str) -> bool {
+    key.starts_with(".deskfs/")
+}
+
+/// The path of directory `ino` (first name of each ancestor). `None` when `ino` is not
+/// reachable from the root (an unlinked directory).
+pub fn dir_path(t: &mut dyn MetaTxn, ino: Ino) -> Result<Option<Vec<u8>>> {
+    let mut names: Vec<Vec<u8>> = Vec::new();
+    let mut cur = ino;
+    let mut guard = 0;
+    while cur != ROOT_INO {
+        let Some((parent, name)) = t.names_of(cur)?.into_iter().next() else {
+            return Ok(None);
+        };
+        names.push(name);
+        cur = parent;
+        guard += 1;
+        if guard > 4096 {
+            return Ok(None);
+        }
+    }
+    names.reverse();
+    Ok(Some(names.join(&b'/')))
+}
+
+/// Every path naming `ino` (one per hard link).
+pub fn paths_of(t: &mut dyn MetaTxn, ino: Ino) -> Result<Vec<Vec<u8>>> {
+    let mut out = Vec::new();
+    for (parent, name) in t.names_of(ino)? {
+        if let Some(dir) = dir_path(t, parent)? {
+            out.push(join(&dir, &name));
+        }
+    }
+    Ok(out)
+}
+
+/// Resolves a path to its inode by walking dentries from the root.
+pub fn resolve(t: &mut dyn MetaTxn, path: &[u8]) -> Result<Option<Ino>> {
+    let mut cur = ROOT_INO;
+    if path.is_empty() {
+        return Ok(Some(cur));
+    }
+    for seg in path.split(|b| *b == b'/') {
+        match t.lookup(cur, seg)? {
+            Some(d) => cur = d.ino,
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(cur))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys() {
+        assert_eq!(key_of(b"a/b.txt", 0), "a/b.txt");
+        assert_eq!(key_of("é/日本".as_bytes(), 0), "é/日本");
+        assert!(is_escaped(&key_of(b"a/\xff", 0)));
+        assert!(is_escaped(&key_of(b"a/b\nc", 0)));
+        assert!(is_escaped(&key_of(b".deskfs/x", 0)));
+        assert!(!is_escaped(&key_of(b"x/.deskfs", 0)));
+        let long = vec![b'a'; 1100];
+        assert!(is_escaped(&key_of(&long, 0)));
+        assert!(is_escaped(&key_of(&[b'a'; 1000], 30)));
+        assert_eq!(join(b"", b"x"), b"x");
+        assert_eq!(join(b"a", b"x"), b"a/x");
+    }
+}

@@ -1,0 +1,517 @@
+//! The uploader: makes the bucket match the namespace, path by path.
+//!
+//! Every namespace change marks the workspace paths it affects as *pending* in the
+//! metadata engine (same transaction), so the work list survives crashes. The uploader
+//! takes due paths (after a short coalescing delay), compares what the namespace says
+//! with what the bucket is recorded to hold, and issues the PUT (multipart for big
+//! files), server-side COPY (renames of content that is not local), marker PUT or DELETE
+//! needed. Failures are retried with exponential backoff (0.5 s doubling, capped at
+//! 60 s); `deskfs status` shows them. Before the last bucket copy of a live file's content
+//! is overwritten or deleted, that content is first made local, so no interleaving of
+//! renames can lose it.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use deskfs_bucket::PosixMeta;
+use deskfs_meta::{Ino, InodeRow, Kind, Local, ObjectRow, PendingRow};
+use futures::stream::FuturesUnordered;
+use futures::StreamExt;
+
+use crate::paths::{join, key_of, resolve};
+use crate::{now_ns, Result, Vfs, VfsError};
+
+/// Longest time a file with uncommitted writes delays its upload, ns.
+const MAX_DEFER_NS: i64 = 30_000_000_000;
+
+/// State shared between the VFS and its uploader task.
+#[derive(Default)]
+pub(crate) struct UploaderShared {
+    notify: tokio::sync::Notify,
+    stop: AtomicBool,
+    stopped: tokio::sync::Notify,
+    running: AtomicBool,
+}
+
+impl UploaderShared {
+    /// Wakes the uploader (new work or a sync barrier).
+    pub(crate) fn kick(&self) {
+        self.notify.notify_one();
+    }
+
+    /// Asks the uploader to stop after its in-flight operations.
+    pub(crate) fn stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+}
+
+enum Outcome {
+    Done,
+    Defer(Duration),
+}
+
+pub(crate) fn start(vfs: &Arc<Vfs>) {
+    let v = vfs.clone();
+    vfs.uploader.running.store(true, Ordering::SeqCst);
+    vfs.rt.spawn(async move {
+        run(v.clone()).await;
+        v.uploader.running.store(false, Ordering::SeqCst);
+        v.uploader.stopped.notify_waiters();
+    });
+}
+
+fn backoff(attempts: u32) -> i64 {
+    let ms = 500u64.saturating_mul(1u64 << attempts.min(7)).min(60_000);
+    ms as i64 * 1_000_000
+}
+
+async fn run(vfs: Arc<Vfs>) {
+    let mut inflight: HashSet<Vec<u8>> = HashSet::new();
+    let mut tasks = FuturesUnordered::new();
+    let mut last_evict = std::time::Instant::now();
+    loop {
+        let stopping = vfs.uploader.stop.load(Ordering::SeqCst);
+        if stopping && tasks.is_empty() {
+            break;
+        }
+        if !stopping && tasks.len() < vfs.cfg.upload_workers {
+            let urgent = vfs.urgent.load(Ordering::SeqCst) > 0;
+            let now = now_ns();
+            let horizon = if urgent { i64::MAX } else { now };
+            let want = vfs.cfg.upload_workers * 4;
+            match deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want)) {
+                Ok(rows) => {
+                    for row in rows {
+                        if tasks.len() >= vfs.cfg.upload_workers {
+                            break;
+                        }
+                        if row.attempts > 0 && row.due_ns > now {
+                            continue; // failing: keep its backoff even under a barrier
+                        }
+                        if !inflight.insert(row.path.clone()) {
+                            continue;
+                        }
+                        let v = vfs.clone();
+                        tasks.push(async move {
+                            let path = row.path.clone();
+                            process(&v, row).await;
+                            path
+                        });
+                    }
+                }
+                Err(e) => tracing::error!(error = %e, "uploader cannot read pending work"),
+            }
+        }
+        if last_evict.elapsed() > Duration::from_secs(2) {
+            last_evict = std::time::Instant::now();
+            let v = vfs.clone();
+            let _ = tokio::task::spawn_blocking(move || v.evict()).await;
+        }
+        tokio::select! {
+            Some(path) = tasks.next(), if !tasks.is_empty() => { inflight.remove(&path); }
+            _ = vfs.uploader.notify.notified() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
+}
+
+async fn process(vfs: &Arc<Vfs>, row: PendingRow) {
+    let res = reconcile(vfs, &row).await;
+    let now = now_ns();
+    let path = row.path.clone();
+    let gen = row.gen;
+    let r = match res {
+        Ok(Outcome::Done) => deskfs_meta::txn(&*vfs.meta, |t| t.finish_pending(&path, gen)),
+        Ok(Outcome::Defer(d)) => deskfs_meta::txn(&*vfs.meta, |t| {
+            t.defer_pending(&path, gen, now + d.as_nanos() as i64)
+        }),
+        Err(e) => {
+            let msg = e.to_string();
+            tracing::warn!(path = %String::from_utf8_lossy(&path), attempts = row.attempts + 1, error = %msg, "upload failed; will retry");
+            let retry = now + backoff(row.attempts);
+            deskfs_meta::txn(&*vfs.meta, |t| t.fail_pending(&path, gen, &msg, retry))
+        }
+    };
+    if let Err(e) = r {
+        tracing::error!(error = %e, "uploader cannot record progress");
+    }
+}
+
+async fn reconcile(vfs: &Arc<Vfs>, row: &PendingRow) -> Result<Outcome> {
+    let mut outcome = Outcome::Done;
+    if row.recursive {
+        // Children first (deepest first), so directory markers go last on delete.
+        let path = row.path.clone();
+        let children: BTreeSet<Vec<u8>> = {
+            let v = vfs.clone();
+            tokio::task::spawn_blocking(move || subtree_paths(&v, &path))
+                .await
+                .map_err(|e| VfsError::Io(std::io::Error::other(e.to_string())))??
+        };
+        for p in children.iter().rev() {
+            if let Outcome::Defer(d) = reconcile_one(vfs, p).await? {
+                outcome = Outcome::Defer(d);
+            }
+        }
+    }
+    if let Outcome::Defer(d) = reconcile_one(vfs, &row.path).await? {
+        outcome = Outcome::Defer(d);
+    }
+    Ok(outcome)
+}
+
+/// Every path strictly under `path`: known objects plus the namespace subtree.
+fn subtree_paths(vfs: &Vfs, path: &[u8]) -> Result<BTreeSet<Vec<u8>>> {
+    let mut out = BTreeSet::new();
+    deskfs_meta::read(&*vfs.meta, |t| {
+        for o in t.objects_under(path, usize::MAX >> 1)? {
+            out.insert(o.path);
+        }
+        if let Some(ino) = resolve(t, path)? {
+            let mut stack: Vec<(Ino, Vec<u8>)> = vec![(ino, path.to_vec())];
+            while let Some((dir, dpath)) = stack.pop() {
+                let mut after = 0;
+                loop {
+                    let rows = t.list_dir(dir, after, 1024)?;
+                    if rows.is_empty() {
+                        break;
+                    }
+                    for (d, r) in rows {
+                        after = d.cookie;
+                        let p = join(&dpath, &d.name);
+                        if r.kind == Kind::Dir {
+                            stack.push((r.ino, p.clone()));
+                        }
+                        out.insert(p);
+                    }
+                }
+            }
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+fn posix_of(r: &InodeRow) -> PosixMeta {
+    PosixMeta {
+        mode: r.kind.ifmt() | r.perm,
+        uid: r.uid,
+        gid: r.gid,
+        mtime_ns: r.mtime_ns,
+        atime_ns: r.atime_ns,
+        ctime_ns: r.ctime_ns,
+    }
+}
+
+struct Snapshot {
+    row: Option<InodeRow>,
+    obj: Option<ObjectRow>,
+    src: Option<ObjectRow>,
+}
+
+async fn blocking<T: Send + 'static>(
+    vfs: &Arc<Vfs>,
+    f: impl FnOnce(&Vfs) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let v = vfs.clone();
+    tokio::task::spawn_blocking(move || f(&v))
+        .await
+        .map_err(|e| VfsError::Io(std::io::Error::other(e.to_string())))?
+}
+
+/// Reconciles one path with the bucket.
+async fn reconcile_one(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Outcome> {
+    let p = path.to_vec();
+    let snap = blocking(vfs, move |v| {
+        Ok(deskfs_meta::read(&*v.meta, |t| {
+            let ino = resolve(t, &p)?;
+            let row = match ino {
+                Some(i) => t.get_inode(i)?,
+                None => None,
+            };
+            let obj = t.get_object(&p)?;
+            let src = match &row {
+                Some(r) if r.kind == Kind::File => t.object_with_content(r.ino, r.data_version)?,
+                _ => None,
+            };
+            Ok(Snapshot { row, obj, src })
+        })?)
+    })
+    .await?;
+    let key = key_of(path, vfs.bucket.spec().prefix.len());
+    let Some(r) = snap.row else {
+        // Nothing at this path any more: remove what the bucket holds there.
+        if let Some(obj) = snap.obj {
+            remove_object(vfs, &obj).await?;
+        }
+        return Ok(Outcome::Done);
+    };
+    if let Some(obj) = &snap.obj {
+        let was_dir = obj.kind == Kind::Dir;
+        if was_dir != (r.kind == Kind::Dir) || obj.key != key {
+            remove_object(vfs, obj).await?;
+        }
+    }
+    let obj = match &snap.obj {
+        Some(o) if (o.kind == Kind::Dir) == (r.kind == Kind::Dir) && o.key == key => Some(o.clone()),
+        _ => None,
+    };
+    let meta = posix_of(&r);
+    match r.kind {
+        Kind::Dir => {
+            if obj.as_ref().is_some_and(|o| o.meta_stamp == r.ctime_ns) {
+                return Ok(Outcome::Done);
+            }
+            let put = vfs.bucket.put_dir_marker(&key, Some(&meta)).await?;
+            record(vfs, path, &key, &r, r.data_version, put.etag, 0).await?;
+            Ok(Outcome::Done)
+        }
+        Kind::File => reconcile_file(vfs, path, &key, r, obj, snap.src).await,
+        Kind::Symlink => {
+            if obj.as_ref().is_some_and(|o| o.ino == r.ino && o.meta_stamp == r.ctime_ns) {
+                return Ok(Outcome::Done);
+            }
+            let body = Bytes::from(r.target.clone().unwrap_or_default());
+            let put = vfs.bucket.put_bytes(&key, body, Some(&meta)).await?;
+            record(vfs, path, &key, &r, r.data_version, put.etag, r.size).await?;
+            Ok(Outcome::Done)
+        }
+        Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev => {
+            if obj.as_ref().is_some_and(|o| o.ino == r.ino && o.meta_stamp == r.ctime_ns) {
+                return Ok(Outcome::Done);
+            }
+            let put = vfs.bucket.put_bytes(&key, Bytes::new(), Some(&meta)).await?;
+            record(vfs, path, &key, &r, r.data_version, put.etag, 0).await?;
+            Ok(Outcome::Done)
+        }
+    }
+}
+
+async fn reconcile_file(
+    vfs: &Arc<Vfs>,
+    path: &[u8],
+    key: &str,
+    r: InodeRow,
+    obj: Option<ObjectRow>,
+    src: Option<ObjectRow>,
+) -> Result<Outcome> {
+    if let Some(o) = &obj {
+        if o.ino == r.ino && o.data_version == r.data_version && o.meta_stamp == r.ctime_ns {
+            if r.dirty {
+                mark_clean(vfs, r.ino, r.data_version, None).await?;
+            }
+            return Ok(Outcome::Done);
+        }
+        if o.ino == r.ino && o.data_version == r.data_version && !vfs.bucket.supports_metadata() {
+            // Only attributes changed and the bucket keeps none: nothing to send.
+            record(vfs, path, key, &r, r.data_version, o.etag.clone(), o.size).await?;
+            return Ok(Outcome::Done);
+        }
+    }
+    // A file still being written: wait for its close (bounded).
+    let st = vfs.inodes.lock().ok().and_then(|m| m.get(&r.ino).cloned());
+    let mut gen0 = None;
+    if let Some(st) = st {
+        if let Ok(s) = st.lock() {
+            if s.uncommitted && now_ns() - s.dirty_since_ns < MAX_DEFER_NS {
+                return Ok(Outcome::Defer(Duration::from_secs(1)));
+            }
+            gen0 = Some(s.write_gen);
+        }
+    }
+    // Overwriting another inode's object: keep that content if it is its last copy.
+    if let Some(o) = &snap_other(&obj, r.ino) {
+        preserve_content(vfs, o).await?;
+    }
+    let meta = posix_of(&r);
+    if r.local == Local::Full && vfs.cache.has_staging(r.ino) {
+        let staging = vfs.cache.staging_path(r.ino);
+        let put = vfs.bucket.put_file(key, &staging, Some(&meta)).await?;
+        // The staging file may have changed while it was read: only a file whose version
+        // and write generation held still is recorded as that version.
+        let gen1 = vfs
+            .inodes
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&r.ino).cloned())
+            .and_then(|st| st.lock().ok().map(|s| s.write_gen));
+        let steady = gen0.is_none() || gen0 == gen1;
+        if !steady {
+            return Ok(Outcome::Defer(Duration::from_millis(200)));
+        }
+        if put.size != r.size {
+            // Truncated or extended since the snapshot: the commit re-marked the path.
+            return Ok(Outcome::Defer(Duration::from_millis(200)));
+        }
+        record(vfs, path, key, &r, r.data_version, put.etag, put.size).await?;
+        mark_clean(vfs, r.ino, r.data_version, Some(put.size)).await?;
+        return Ok(Outcome::Done);
+    }
+    if r.size == 0 {
+        let put = vfs.bucket.put_bytes(key, Bytes::new(), Some(&meta)).await?;
+        record(vfs, path, key, &r, r.data_version, put.etag, 0).await?;
+        mark_clean(vfs, r.ino, r.data_version, Some(0)).await?;
+        return Ok(Outcome::Done);
+    }
+    match src {
+        Some(s) if s.key != key => {
+            vfs.bucket.copy(&s.key, key).await?;
+            let etag = vfs.bucket.head(key).await?.and_then(|h| h.etag);
+            record(vfs, path, key, &r, r.data_version, etag, r.size).await?;
+            Ok(Outcome::Done)
+        }
+        Some(_) => {
+            // Same object, new attributes, content not local: fetch it, then re-upload.
+            let row = r.clone();
+            blocking(vfs, move |v| {
+                v.download_full(&row)?;
+                deskfs_meta::txn(&*v.meta, |t| {
+                    if let Some(mut cur) = t.get_inode(row.ino)? {
+                        if cur.data_version == row.data_version {
+                            cur.local = Local::Full;
+                            t.update_inode(&cur)?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                Ok(())
+            })
+            .await?;
+            Ok(Outcome::Defer(Duration::from_millis(1)))
+        }
+        None => Err(VfsError::Io(std::io::Error::other(format!(
+            "content of inode {} (version {}) is neither local nor in the bucket",
+            r.ino, r.data_version
+        )))),
+    }
+}
+
+fn snap_other(obj: &Option<ObjectRow>, ino: Ino) -> Option<ObjectRow> {
+    obj.as_ref().filter(|o| o.ino != ino && o.kind == Kind::File).cloned()
+}
+
+/// Before the object `o` is overwritten or deleted: if it holds the current content of a
+/// live inode that has no local copy, download that content first.
+async fn preserve_content(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
+    if o.kind != Kind::File || o.ino == 0 {
+        return Ok(());
+    }
+    let o = o.clone();
+    blocking(vfs, move |v| {
+        let row = deskfs_meta::read(&*v.meta, |t| t.get_inode(o.ino))?;
+        let Some(row) = row else { return Ok(()) };
+        let live = row.nlink > 0 || v.is_open(row.ino);
+        if !live || row.local == Local::Full || row.data_version != o.data_version || row.size == 0 {
+            return Ok(());
+        }
+        v.download_full(&row)?;
+        deskfs_meta::txn(&*v.meta, |t| {
+            if let Some(mut cur) = t.get_inode(row.ino)? {
+                if cur.data_version == row.data_version {
+                    cur.local = Local::Full;
+                    t.update_inode(&cur)?;
+                }
+            }
+            Ok(())
+        })?;
+        Ok(())
+    })
+    .await
+}
+
+async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
+    preserve_content(vfs, o).await?;
+    if o.kind == Kind::Dir {
+        vfs.bucket.delete_dir_marker(&o.key).await?;
+    } else {
+        vfs.bucket.delete(&o.key).await?;
+    }
+    let o = o.clone();
+    blocking(vfs, move |v| {
+        deskfs_meta::txn(&*v.meta, |t| {
+            if t.get_object(&o.path)?.is_some_and(|cur| cur.key == o.key && cur.ino == o.ino) {
+                t.delete_object(&o.path)?;
+            }
+            Ok(())
+        })?;
+        Ok(())
+    })
+    .await
+}
+
+async fn record(
+    vfs: &Arc<Vfs>,
+    path: &[u8],
+    key: &str,
+    r: &InodeRow,
+    version: u64,
+    etag: Option<String>,
+    size: u64,
+) -> Result<()> {
+    let row = ObjectRow {
+        path: path.to_vec(),
+        key: key.to_string(),
+        ino: r.ino,
+        kind: r.kind,
+        data_version: version,
+        meta_stamp: r.ctime_ns,
+        etag,
+        size,
+    };
+    blocking(vfs, move |v| {
+        deskfs_meta::txn(&*v.meta, |t| t.put_object(&row))?;
+        Ok(())
+    })
+    .await
+}
+
+async fn mark_clean(vfs: &Arc<Vfs>, ino: Ino, version: u64, size: Option<u64>) -> Result<()> {
+    blocking(vfs, move |v| {
+        let clean = deskfs_meta::txn(&*v.meta, |t| {
+            if let Some(mut cur) = t.get_inode(ino)? {
+                if cur.data_version == version && cur.dirty && size.is_none_or(|s| s == cur.size) {
+                    cur.dirty = false;
+                    t.update_inode(&cur)?;
+                    return Ok(Some(cur.size));
+                }
+            }
+            Ok(None)
+        })?;
+        if let Some(sz) = clean {
+            if !v.is_open(ino) {
+                v.cache.staging_clean(ino, sz);
+            }
+        }
+        Ok(())
+    })
+    .await
+}
+
+impl Vfs {
+    /// Evicts clean staging files when the cache is over its cap (never dirty or open ones).
+    pub(crate) fn evict(&self) {
+        for ino in self.cache.over_capacity() {
+            let evicted = deskfs_meta::txn(&*self.meta, |t| {
+                if let Some(mut r) = t.get_inode(ino)? {
+                    if r.local == Local::Full && !r.dirty && !self.is_open(ino) {
+                        r.local = Local::None;
+                        t.update_inode(&r)?;
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            });
+            match evicted {
+                Ok(true) => {
+                    let _ = self.cache.remove_staging(ino);
+                }
+                Ok(false) => self.cache.staging_dirty(ino),
+                Err(e) => tracing::warn!(ino, error = %e, "eviction failed"),
+            }
+        }
+    }
+}
