@@ -1,0 +1,76 @@
+//! The control socket of a mount daemon: newline-delimited JSON requests
+//! (`{"cmd":"sync"}`, `{"cmd":"status"}`) answered with `{"ok":true,...}` or
+//! `{"ok":false,"error":"..."}`. Used by `deskfs sync`, `status` and `umount`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use deskfs_vfs::Vfs;
+use serde_json::{json, Value};
+
+/// Serves the control socket at `path` until the process exits (runs on `rt`).
+pub fn serve(rt: &tokio::runtime::Handle, path: &Path, vfs: Arc<Vfs>) -> Result<()> {
+    let _ = std::fs::remove_file(path);
+    let listener = std::os::unix::net::UnixListener::bind(path)
+        .with_context(|| format!("cannot create control socket {}", path.display()))?;
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+    rt.spawn_blocking(move || {
+        for conn in listener.incoming() {
+            let Ok(conn) = conn else { continue };
+            let vfs = vfs.clone();
+            std::thread::spawn(move || {
+                let _ = handle(conn, &vfs);
+            });
+        }
+    });
+    Ok(())
+}
+
+fn handle(conn: UnixStream, vfs: &Vfs) -> Result<()> {
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let req: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+    let resp = match req.get("cmd").and_then(Value::as_str) {
+        Some("sync") => {
+            let secs = req.get("timeout").and_then(Value::as_u64).unwrap_or(3600);
+            match vfs.sync(Duration::from_secs(secs)) {
+                Ok(()) => json!({"ok": true}),
+                Err(e) => json!({"ok": false, "error": e.to_string()}),
+            }
+        }
+        Some("status") => match vfs.status() {
+            Ok(s) => json!({"ok": true, "status": s}),
+            Err(e) => json!({"ok": false, "error": e.to_string()}),
+        },
+        Some("commit") => match vfs.commit_all() {
+            Ok(()) => json!({"ok": true}),
+            Err(e) => json!({"ok": false, "error": e.to_string()}),
+        },
+        _ => json!({"ok": false, "error": "unknown command"}),
+    };
+    let mut w = conn;
+    writeln!(w, "{resp}")?;
+    Ok(())
+}
+
+/// Sends one request to a daemon and returns its response (`ok` checked).
+pub fn request(socket: &Path, req: Value, timeout: Option<Duration>) -> Result<Value> {
+    let mut s = UnixStream::connect(socket)
+        .with_context(|| format!("cannot reach the mount daemon at {}", socket.display()))?;
+    s.set_read_timeout(timeout)?;
+    writeln!(s, "{req}")?;
+    let mut line = String::new();
+    BufReader::new(s).read_line(&mut line)?;
+    let v: Value = serde_json::from_str(&line).map_err(|_| anyhow!("the mount daemon closed the connection"))?;
+    if v.get("ok").and_then(Value::as_bool) != Some(true) {
+        let e = v.get("error").and_then(Value::as_str).unwrap_or("unknown error");
+        return Err(anyhow!("{e}"));
+    }
+    Ok(v)
+}

@@ -1,0 +1,377 @@
+//! `deskfs mount` / `umount` / `sync` and the mount daemon itself.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use deskfs_bucket::{Bucket, BucketError};
+use deskfs_cache::Cache;
+use deskfs_meta::sqlite::SqliteEngine;
+use deskfs_meta::MetaEngine;
+use deskfs_vfs::{Vfs, VfsConfig};
+use serde_json::json;
+
+use crate::home::{self, is_mountpoint, mounts_of, ws_dir, MountRecord, WorkspaceConfig};
+
+/// Arguments of `deskfs mount`.
+#[derive(Args, Debug, Clone)]
+pub struct MountArgs {
+    /// Workspace name.
+    pub name: String,
+    /// Existing, empty directory to mount on.
+    pub mountpoint: PathBuf,
+    /// Cache directory (staging files + block cache). Default: the workspace's data dir.
+    /// Must stay the same while unuploaded data exists.
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Cap on evictable cached data (blocks, clean copies), e.g. 10G. Dirty data is never evicted.
+    #[arg(long, default_value = "10G", value_parser = crate::size::parse_size)]
+    pub cache_size: u64,
+    /// Stay in the foreground (logs to stderr; Ctrl-C unmounts).
+    #[arg(long)]
+    pub foreground: bool,
+    /// Let other users access the mount (FUSE allow_other; kernel permission checks apply).
+    #[arg(long)]
+    pub allow_other: bool,
+    /// FUSE worker threads.
+    #[arg(long, default_value_t = 4)]
+    pub threads: usize,
+}
+
+/// Arguments of `deskfs umount`.
+#[derive(Args, Debug)]
+pub struct UmountArgs {
+    /// Mount point to unmount.
+    pub mountpoint: PathBuf,
+    /// Do not wait for pending uploads (they resume at the next mount or `deskfs sync`).
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
+/// Arguments of `deskfs sync`.
+#[derive(Args, Debug)]
+pub struct SyncArgs {
+    /// Workspace name.
+    pub name: String,
+    /// Give up after this many seconds (exit status 1).
+    #[arg(long, default_value_t = 3600)]
+    pub timeout: u64,
+}
+
+struct Opened {
+    cfg: WorkspaceConfig,
+    meta: Arc<SqliteEngine>,
+    bucket: Bucket,
+}
+
+fn open_workspace(name: &str) -> Result<Opened> {
+    let cfg = WorkspaceConfig::load(name)?;
+    let db = cfg.sqlite_path()?;
+    let meta = SqliteEngine::open(&db).map_err(|e| match e {
+        deskfs_meta::MetaError::NotFound(p) => anyhow!("metadata database {p} is missing; restore it or re-run `deskfs format {name} --force`"),
+        other => anyhow!(other),
+    })?;
+    let bucket = Bucket::open(&cfg.bucket_spec()?, false)?;
+    Ok(Opened { cfg, meta: Arc::new(meta), bucket })
+}
+
+fn check_mountpoint(mnt: &Path) -> Result<()> {
+    let md = std::fs::metadata(mnt).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow!("mount point {} does not exist; create it with `mkdir -p {}`", mnt.display(), mnt.display())
+        } else {
+            anyhow!("cannot use mount point {}: {e}", mnt.display())
+        }
+    })?;
+    if !md.is_dir() {
+        bail!("mount point {} is not a directory", mnt.display());
+    }
+    if is_mountpoint(mnt) {
+        bail!("mount point {} is busy: something is already mounted there (unmount it first)", mnt.display());
+    }
+    Ok(())
+}
+
+fn cache_dir_for(o: &Opened, requested: Option<&Path>) -> Result<PathBuf> {
+    let dir = requested
+        .map(crate::absolute)
+        .unwrap_or_else(|| ws_dir(&o.cfg.name).join("cache"));
+    let (recorded, dirty) = deskfs_meta::read(&*o.meta, |t| {
+        Ok((t.get_kv("cache_dir")?, t.usage()?.dirty_inodes))
+    })?;
+    if let Some(rec) = recorded {
+        if Path::new(&rec) != dir && dirty > 0 {
+            bail!("workspace {} has {dirty} file(s) not yet uploaded whose data is in cache dir {rec}; mount with --cache-dir {rec} (or run `deskfs sync` with it) before changing the cache dir", o.cfg.name);
+        }
+    }
+    Ok(dir)
+}
+
+/// `deskfs mount`: validates, then runs the daemon (in the foreground, or detached and
+/// waiting for its readiness line).
+pub fn mount(a: MountArgs) -> Result<()> {
+    let mnt = crate::absolute(&a.mountpoint);
+    let o = open_workspace(&a.name)?;
+    check_mountpoint(&mnt)?;
+    cache_dir_for(&o, a.cache_dir.as_deref())?;
+    drop(o);
+    if a.foreground {
+        return run_daemon(a);
+    }
+    let logs = ws_dir(&a.name).join("logs");
+    std::fs::create_dir_all(&logs)?;
+    let log_path = logs.join(format!("mount-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_path)?;
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("daemon")
+        .arg(&a.name)
+        .arg(&mnt)
+        .arg("--cache-size")
+        .arg(a.cache_size.to_string())
+        .arg("--threads")
+        .arg(a.threads.to_string())
+        .env("DESKFS_DAEMON_LOG", &log_path)
+        .env("DESKFS_DAEMON_READY", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log));
+    if let Some(c) = &a.cache_dir {
+        cmd.arg("--cache-dir").arg(crate::absolute(c));
+    }
+    if a.allow_other {
+        cmd.arg("--allow-other");
+    }
+    unsafe {
+        use std::os::unix::process::CommandExt;
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("cannot start the mount daemon")?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no daemon stdout"))?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.trim() == "READY" {
+        println!("mounted workspace {} at {} (daemon pid {}, log {})", a.name, mnt.display(), child.id(), log_path.display());
+        return Ok(());
+    }
+    let _ = child.wait();
+    let log_text = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let last = log_text
+        .lines()
+        .rev()
+        .find(|l| l.contains("error"))
+        .unwrap_or_else(|| log_text.lines().last().unwrap_or("daemon exited"))
+        .trim()
+        .trim_start_matches("deskfs: error: ")
+        .to_string();
+    bail!("mount failed: {last} (log {})", log_path.display())
+}
+
+/// The mount daemon: serves FUSE until unmounted, then drains uploads briefly.
+pub fn run_daemon(a: MountArgs) -> Result<()> {
+    let mnt = crate::absolute(&a.mountpoint);
+    let o = open_workspace(&a.name)?;
+    check_mountpoint(&mnt)?;
+    let cache_dir = cache_dir_for(&o, a.cache_dir.as_deref())?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .thread_name("deskfs-io")
+        .build()?;
+    match rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), o.bucket.check()).await }) {
+        Ok(Ok(())) => {}
+        Ok(Err(BucketError::Unreachable(e))) | Ok(Err(BucketError::Other(e))) => {
+            tracing::warn!("bucket not reachable now ({e}); mounting anyway: cached data and all writes work, uploads wait")
+        }
+        Ok(Err(e)) => return Err(anyhow!(e).context(format!("cannot use bucket {}", o.cfg.bucket))),
+        Err(_) => tracing::warn!("bucket did not answer within 10 s; mounting anyway, uploads wait"),
+    }
+    let cache = Arc::new(Cache::open(&cache_dir, a.cache_size, deskfs_cache::DEFAULT_BLOCK_SIZE)?);
+    let cd = cache_dir.display().to_string();
+    deskfs_meta::txn(&*o.meta, |t| t.set_kv("cache_dir", &cd))?;
+    let cfg = VfsConfig {
+        default_uid: nix::unistd::getuid().as_raw(),
+        default_gid: nix::unistd::getgid().as_raw(),
+        ..VfsConfig::default()
+    };
+    let meta: Arc<dyn MetaEngine> = o.meta.clone();
+    let vfs = Vfs::new(meta, o.bucket.clone(), cache, cfg, rt.handle().clone())?;
+    let opts = deskfs_fuse::MountOptions {
+        allow_other: a.allow_other,
+        threads: a.threads.max(1),
+        fsname: format!("deskfs:{}", a.name),
+        ..Default::default()
+    };
+    let handle = deskfs_fuse::mount(vfs.clone(), &mnt, &opts)
+        .with_context(|| format!("cannot mount FUSE at {}", mnt.display()))?;
+    let pid = std::process::id();
+    let run_dir = ws_dir(&a.name).join("run");
+    std::fs::create_dir_all(&run_dir)?;
+    let sock = run_dir.join(format!("{pid}.sock"));
+    crate::control::serve(rt.handle(), &sock, vfs.clone())?;
+    let rec = MountRecord {
+        workspace: a.name.clone(),
+        pid,
+        mountpoint: mnt.clone(),
+        socket: sock.clone(),
+        cache_dir: cache_dir.clone(),
+        log: std::env::var_os("DESKFS_DAEMON_LOG").map(PathBuf::from),
+    };
+    let rec_path = MountRecord::path(&a.name, pid);
+    std::fs::write(&rec_path, serde_json::to_string_pretty(&rec)?)?;
+    // Signals: unmount cleanly.
+    let mnt2 = mnt.clone();
+    rt.spawn(async move {
+        use tokio::signal::unix::{signal, SignalKind};
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+            return;
+        };
+        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
+        tracing::info!("signal received: unmounting {}", mnt2.display());
+        let _ = fusermount_u(&mnt2, true);
+    });
+    tracing::info!(workspace = %a.name, mountpoint = %mnt.display(), "mounted");
+    if std::env::var_os("DESKFS_DAEMON_READY").is_some() {
+        let mut out = std::io::stdout();
+        let _ = writeln!(out, "READY");
+        let _ = out.flush();
+        // Detach stdout from the parent's pipe.
+        if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+            use std::os::fd::AsRawFd;
+            // SAFETY: dup2 onto fd 1 with a valid open fd; no Rust object owns fd 1.
+            unsafe {
+                libc::dup2(null.as_raw_fd(), 1);
+            }
+        }
+    } else {
+        eprintln!("mounted workspace {} at {} (Ctrl-C to unmount)", a.name, mnt.display());
+    }
+    let res = handle.join();
+    tracing::info!("unmounted; committing and draining uploads (up to 30 s)");
+    if let Err(e) = vfs.shutdown(true, Duration::from_secs(30)) {
+        tracing::warn!("uploads still pending at exit ({e}); they resume at the next mount or `deskfs sync`");
+    }
+    let _ = std::fs::remove_file(&rec_path);
+    let _ = std::fs::remove_file(&sock);
+    drop(vfs);
+    rt.shutdown_timeout(Duration::from_secs(2));
+    res.context("FUSE session ended with an error")
+}
+
+fn fusermount_u(mnt: &Path, lazy: bool) -> Result<()> {
+    let mut cmd = Command::new("fusermount3");
+    cmd.arg("-u");
+    if lazy {
+        cmd.arg("-z");
+    }
+    let out = cmd.arg(mnt).output().context("cannot run fusermount3 (apt-get install fuse3)")?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        bail!("{err}");
+    }
+    Ok(())
+}
+
+fn spinner(msg: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new_spinner();
+    pb.set_message(msg.to_string());
+    pb.enable_steady_tick(Duration::from_millis(120));
+    pb
+}
+
+/// Polls pending work in the database to show progress while waiting.
+fn watch_pending(db: PathBuf, pb: indicatif::ProgressBar) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        let Ok(meta) = SqliteEngine::open(&db) else { return };
+        while !pb.is_finished() {
+            if let Ok(s) = deskfs_meta::read(&meta, |t| t.pending_stats()) {
+                pb.set_message(format!("{} path(s) pending upload, {} failing", s.pending, s.failing));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    })
+}
+
+/// `deskfs umount`.
+pub fn umount(a: UmountArgs) -> Result<()> {
+    let mnt = crate::absolute(&a.mountpoint);
+    let rec = home::all_mounts().into_iter().find(|r| r.mountpoint == mnt);
+    let Some(rec) = rec else {
+        if is_mountpoint(&mnt) {
+            fusermount_u(&mnt, false).with_context(|| format!("cannot unmount {}", mnt.display()))?;
+            println!("unmounted {} (no live deskfs daemon was serving it)", mnt.display());
+            return Ok(());
+        }
+        bail!("{} is not a deskfs mount point", mnt.display());
+    };
+    if a.no_wait {
+        crate::control::request(&rec.socket, json!({"cmd": "commit"}), Some(Duration::from_secs(60)))?;
+    } else {
+        let pb = spinner("waiting for uploads");
+        let cfg = WorkspaceConfig::load(&rec.workspace)?;
+        let w = watch_pending(cfg.sqlite_path()?, pb.clone());
+        let r = crate::control::request(&rec.socket, json!({"cmd": "sync"}), None);
+        pb.finish_and_clear();
+        let _ = w.join();
+        r.context("waiting for uploads failed (use --no-wait to unmount anyway)")?;
+    }
+    fusermount_u(&mnt, false).map_err(|e| {
+        anyhow!("cannot unmount {}: {e}; close the files and shells using it, then retry", mnt.display())
+    })?;
+    let start = Instant::now();
+    while nix::sys::signal::kill(nix::unistd::Pid::from_raw(rec.pid as i32), None).is_ok() {
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!("unmounted {}, but daemon {} is still running", mnt.display(), rec.pid);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    println!("unmounted {}", mnt.display());
+    Ok(())
+}
+
+/// `deskfs sync`.
+pub fn sync(a: SyncArgs) -> Result<()> {
+    let mounts = mounts_of(&a.name);
+    let cfg = WorkspaceConfig::load(&a.name)?;
+    let timeout = Duration::from_secs(a.timeout);
+    let pb = spinner("waiting for uploads");
+    let w = watch_pending(cfg.sqlite_path()?, pb.clone());
+    let res = if !mounts.is_empty() {
+        let mut r = Ok(());
+        for m in &mounts {
+            if let Err(e) = crate::control::request(&m.socket, json!({"cmd": "sync", "timeout": a.timeout}), None) {
+                r = Err(e);
+            }
+        }
+        r
+    } else {
+        offline_sync(&a.name, timeout)
+    };
+    pb.finish_and_clear();
+    let _ = w.join();
+    res?;
+    println!("workspace {} is in sync with its bucket", a.name);
+    Ok(())
+}
+
+fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
+    let o = open_workspace(name)?;
+    let cache_dir = cache_dir_for(&o, None)?;
+    let recorded = deskfs_meta::read(&*o.meta, |t| t.get_kv("cache_dir"))?;
+    let cache_dir = recorded.map(PathBuf::from).unwrap_or(cache_dir);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    let cache = Arc::new(Cache::open(&cache_dir, 10 << 30, deskfs_cache::DEFAULT_BLOCK_SIZE)?);
+    let meta: Arc<dyn MetaEngine> = o.meta.clone();
+    let vfs = Vfs::new(meta, o.bucket.clone(), cache, VfsConfig::default(), rt.handle().clone())?;
+    let r = vfs.shutdown(true, timeout);
+    drop(vfs);
+    rt.shutdown_timeout(Duration::from_secs(2));
+    Ok(r?)
+}

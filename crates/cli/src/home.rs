@@ -1,0 +1,236 @@
+//! The deskfs data directory: workspaces, their configuration and live mount records.
+//!
+//! ```text
+//! $DESKFS_HOME/workspaces/NAME/workspace.toml   bucket URL, metadata URL, S3 settings (0600)
+//!                              meta.db          SQLite metadata (embedded default)
+//!                              bucket/          local bucket (embedded default)
+//!                              cache/           default cache dir (staging + blocks)
+//!                              run/PID.json     one record per live mount (+ PID.sock)
+//!                              logs/            daemon logs
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// Root of deskfs data: `$DESKFS_HOME`, else `$XDG_DATA_HOME/deskfs`, else
+/// `~/.local/share/deskfs`.
+pub fn home() -> PathBuf {
+    if let Some(h) = std::env::var_os("DESKFS_HOME").filter(|v| !v.is_empty()) {
+        return crate::absolute(Path::new(&h));
+    }
+    if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("deskfs");
+    }
+    let base = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    base.join(".local/share/deskfs")
+}
+
+/// Directory of workspace `name`.
+pub fn ws_dir(name: &str) -> PathBuf {
+    home().join("workspaces").join(name)
+}
+
+/// Checks a workspace name: 1–64 of `[A-Za-z0-9._-]`, not starting with `.` or `-`.
+pub fn check_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && !name.starts_with(['.', '-']);
+    if !ok {
+        bail!("invalid workspace name {name:?}: use 1-64 letters, digits, '.', '_' or '-' (not starting with '.' or '-')");
+    }
+    Ok(())
+}
+
+/// `workspace.toml`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WorkspaceConfig {
+    /// Workspace name.
+    pub name: String,
+    /// Bucket URL (`s3://…`, `gs://…`, `az://…`, `file:///…`).
+    pub bucket: String,
+    /// Metadata URL (`sqlite:///abs/path.db`).
+    pub meta: String,
+    /// S3 endpoint, if set at format time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// S3 region, if set at format time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// Access key given with `--access-key` (env vars win when set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key: Option<String>,
+    /// Secret key given with `--secret-key`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key: Option<String>,
+    /// Creation time, seconds since the epoch.
+    pub created: u64,
+}
+
+impl WorkspaceConfig {
+    /// Loads workspace `name`. Errors name the known workspaces.
+    pub fn load(name: &str) -> Result<WorkspaceConfig> {
+        check_name(name)?;
+        let path = ws_dir(name).join("workspace.toml");
+        if !path.exists() {
+            let known = list_workspaces().unwrap_or_default();
+            let hint = if known.is_empty() {
+                "no workspaces exist yet".to_string()
+            } else {
+                format!("known: {}", known.join(", "))
+            };
+            bail!("no workspace named {name:?} in {} ({hint}); create it with `deskfs format {name}`", home().display());
+        }
+        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        toml::from_str(&text).with_context(|| format!("{} is not a valid workspace config; fix or re-run `deskfs format {name} --force`", path.display()))
+    }
+
+    /// Writes `workspace.toml` atomically with mode 0600 (it may hold keys).
+    pub fn save(&self) -> Result<()> {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = ws_dir(&self.name);
+        std::fs::create_dir_all(&dir)?;
+        let tmp = dir.join(".workspace.toml.tmp");
+        let text = toml::to_string_pretty(self)?;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, dir.join("workspace.toml"))?;
+        Ok(())
+    }
+
+    /// The SQLite database path of `meta`.
+    pub fn sqlite_path(&self) -> Result<PathBuf> {
+        sqlite_path(&self.meta)
+    }
+
+    /// The bucket spec with the stored S3 settings applied.
+    pub fn bucket_spec(&self) -> Result<deskfs_bucket::BucketSpec> {
+        let mut spec = deskfs_bucket::BucketSpec::parse(&self.bucket)?;
+        spec.endpoint = self.endpoint.clone();
+        spec.region = self.region.clone();
+        if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+            spec.access_key = self.access_key.clone();
+            spec.secret_key = self.secret_key.clone();
+        }
+        Ok(spec)
+    }
+}
+
+/// Parses `sqlite:///abs/path.db` (or a bare absolute path).
+pub fn sqlite_path(url: &str) -> Result<PathBuf> {
+    let p = if let Some(rest) = url.strip_prefix("sqlite://") {
+        rest
+    } else if url.starts_with('/') {
+        url
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        bail!("metadata URL {url:?}: PostgreSQL is not supported by this build yet; use sqlite:///ABSOLUTE/PATH.db");
+    } else {
+        bail!("bad metadata URL {url:?}: use sqlite:///ABSOLUTE/PATH.db");
+    };
+    if !p.starts_with('/') {
+        bail!("bad metadata URL {url:?}: the SQLite path must be absolute (sqlite:///path/meta.db)");
+    }
+    Ok(PathBuf::from(p))
+}
+
+/// Names of all formatted workspaces.
+pub fn list_workspaces() -> Result<Vec<String>> {
+    let dir = home().join("workspaces");
+    let mut v = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(&dir) {
+        for e in rd.flatten() {
+            if e.path().join("workspace.toml").exists() {
+                if let Some(n) = e.file_name().to_str() {
+                    v.push(n.to_string());
+                }
+            }
+        }
+    }
+    v.sort();
+    Ok(v)
+}
+
+/// A live mount, recorded by its daemon in `run/PID.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct MountRecord {
+    /// Workspace name.
+    pub workspace: String,
+    /// Daemon PID.
+    pub pid: u32,
+    /// Mount point (absolute).
+    pub mountpoint: PathBuf,
+    /// Control socket.
+    pub socket: PathBuf,
+    /// Cache directory.
+    pub cache_dir: PathBuf,
+    /// Daemon log file, if daemonized.
+    #[serde(default)]
+    pub log: Option<PathBuf>,
+}
+
+impl MountRecord {
+    /// Path of the record of `pid` in workspace `name`.
+    pub fn path(name: &str, pid: u32) -> PathBuf {
+        ws_dir(name).join("run").join(format!("{pid}.json"))
+    }
+}
+
+fn pid_alive(pid: u32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok()
+}
+
+/// Live mounts of workspace `name` (records of dead daemons are removed).
+pub fn mounts_of(name: &str) -> Vec<MountRecord> {
+    let dir = ws_dir(name).join("run");
+    let mut v = Vec::new();
+    let Ok(rd) = std::fs::read_dir(&dir) else { return v };
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.extension().and_then(|x| x.to_str()) != Some("json") {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(&p) else { continue };
+        let Ok(rec) = serde_json::from_str::<MountRecord>(&text) else { continue };
+        if pid_alive(rec.pid) {
+            v.push(rec);
+        } else {
+            let _ = std::fs::remove_file(&p);
+            let _ = std::fs::remove_file(&rec.socket);
+        }
+    }
+    v.sort_by_key(|r| r.pid);
+    v
+}
+
+/// All live mounts of all workspaces.
+pub fn all_mounts() -> Vec<MountRecord> {
+    list_workspaces()
+        .unwrap_or_default()
+        .iter()
+        .flat_map(|n| mounts_of(n))
+        .collect()
+}
+
+/// Whether `path` is currently a mount point (per `/proc/self/mountinfo`).
+pub fn is_mountpoint(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let target = path.to_string_lossy();
+    info.lines().any(|l| {
+        l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(target.as_ref())
+    })
+}
+
+fn unescape_mountinfo(s: &str) -> String {
+    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+}

@@ -1,0 +1,96 @@
+//! The `deskfs` command: formats workspaces, mounts them, syncs and reports status.
+//! Only wiring lives here; the file system is in the library crates.
+
+mod control;
+mod daemon;
+mod format;
+mod home;
+mod size;
+mod status;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// deskfs — an object-storage bucket mounted as a persistent POSIX workspace.
+#[derive(Parser, Debug)]
+#[command(name = "deskfs", version, about, long_about = None, propagate_version = true)]
+#[command(after_help = "Examples:\n  deskfs format work                      # embedded default: local bucket dir + SQLite\n  deskfs mount work ~/work                # daemonizes, returns once mounted\n  echo hi > ~/work/hello.txt && deskfs sync work\n  deskfs status --json\n  deskfs umount ~/work\n\nData lives under $DESKFS_HOME (default: $XDG_DATA_HOME/deskfs or ~/.local/share/deskfs).")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Create a workspace on a bucket (or on the embedded local default).
+    #[command(after_help = "Examples:\n  deskfs format work\n  deskfs format work --bucket file:///srv/buckets/work\n  AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \\\n    deskfs format work --bucket s3://my-bucket/agents/work --endpoint http://127.0.0.1:3900 --region garage\n\nS3 settings also come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and\nAWS_SECRET_ACCESS_KEY. An existing prefix keeps its objects: they appear as files.")]
+    Format(format::FormatArgs),
+    /// Mount a workspace at MOUNTPOINT (daemonizes; returns once the mount is ready).
+    #[command(after_help = "Examples:\n  deskfs mount work /mnt/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache --cache-size 50G\n  deskfs mount work /mnt/work --foreground     # stay attached; logs to stderr")]
+    Mount(daemon::MountArgs),
+    /// Unmount: commit open files, wait for pending uploads (unless --no-wait), unmount.
+    #[command(alias = "unmount", after_help = "Examples:\n  deskfs umount /mnt/work\n  deskfs umount /mnt/work --no-wait   # uploads resume at the next mount or `deskfs sync`")]
+    Umount(daemon::UmountArgs),
+    /// Return once everything written before this command is in the bucket.
+    #[command(after_help = "Examples:\n  deskfs sync work\n  deskfs sync work --timeout 600\n\nWith the workspace mounted, the mount's daemon does the uploads; unmounted, this\ncommand uploads what is pending itself.")]
+    Sync(daemon::SyncArgs),
+    /// Show workspaces, mounts, cache use, dirty data and pending/failed uploads.
+    #[command(after_help = "Examples:\n  deskfs status\n  deskfs status work --json")]
+    Status(status::StatusArgs),
+    /// Run a mount daemon in the foreground (used by `mount`; not for direct use).
+    #[command(hide = true)]
+    Daemon(daemon::MountArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let log_to_stderr = !matches!(cli.cmd, Cmd::Daemon(_));
+    init_tracing(log_to_stderr);
+    let res = match cli.cmd {
+        Cmd::Format(a) => format::run(a),
+        Cmd::Mount(a) => daemon::mount(a),
+        Cmd::Daemon(a) => daemon::run_daemon(a),
+        Cmd::Umount(a) => daemon::umount(a),
+        Cmd::Sync(a) => daemon::sync(a),
+        Cmd::Status(a) => status::run(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line: the error and its causes.
+            let mut msg = e.to_string();
+            for c in e.chain().skip(1) {
+                let s = c.to_string();
+                if !msg.contains(&s) {
+                    msg.push_str(": ");
+                    msg.push_str(&s);
+                }
+            }
+            eprintln!("deskfs: error: {}", msg.replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(_stderr: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("DESKFS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,deskfs=info,deskfs_vfs=info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Absolute form of a user-given path (relative to the current directory).
+pub(crate) fn absolute(p: &std::path::Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .map(|d| d.join(p))
+            .unwrap_or_else(|_| p.to_path_buf())
+    }
+}

@@ -1,0 +1,156 @@
+//! `deskfs status`: workspaces, mounts, cache, dirty data, pending and failing uploads.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+use deskfs_meta::sqlite::SqliteEngine;
+use serde_json::{json, Value};
+
+use crate::home::{list_workspaces, mounts_of, WorkspaceConfig};
+
+/// Arguments of `deskfs status`.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// Workspace name (default: all).
+    pub name: Option<String>,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn workspace_status(name: &str) -> Result<Value> {
+    let cfg = WorkspaceConfig::load(name)?;
+    let mounts = mounts_of(name);
+    let mut mount_values = Vec::new();
+    for m in &mounts {
+        let live = crate::control::request(&m.socket, json!({"cmd": "status"}), Some(Duration::from_secs(10)))
+            .ok()
+            .and_then(|v| v.get("status").cloned());
+        mount_values.push(json!({
+            "pid": m.pid,
+            "mountpoint": m.mountpoint,
+            "cache_dir": m.cache_dir,
+            "log": m.log,
+            "live": live,
+        }));
+    }
+    let meta = SqliteEngine::open(&cfg.sqlite_path()?)?;
+    let (usage, pending, failed) = deskfs_meta::read(&meta, |t| {
+        Ok((t.usage()?, t.pending_stats()?, t.failed_pending(10)?))
+    })?;
+    let failures: Vec<Value> = failed
+        .into_iter()
+        .map(|f| {
+            json!({
+                "path": String::from_utf8_lossy(&f.path),
+                "attempts": f.attempts,
+                "error": f.last_error,
+            })
+        })
+        .collect();
+    let cache = mount_values
+        .first()
+        .and_then(|m| m.get("live"))
+        .map(|l| {
+            json!({
+                "block_bytes": l.get("cache_block_bytes"),
+                "clean_bytes": l.get("cache_clean_bytes"),
+                "capacity": l.get("cache_capacity"),
+            })
+        })
+        .unwrap_or(Value::Null);
+    Ok(json!({
+        "workspace": name,
+        "bucket": cfg.bucket,
+        "meta": cfg.meta,
+        "mounts": mount_values,
+        "inodes": usage.inodes,
+        "bytes": usage.bytes,
+        "dirty_files": usage.dirty_inodes,
+        "dirty_bytes": usage.dirty_bytes,
+        "pending_uploads": pending.pending,
+        "failing_uploads": pending.failing,
+        "failures": failures,
+        "cache": cache,
+    }))
+}
+
+fn human(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < units.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
+}
+
+/// Runs `deskfs status`.
+pub fn run(a: StatusArgs) -> Result<()> {
+    let names = match &a.name {
+        Some(n) => vec![n.clone()],
+        None => list_workspaces()?,
+    };
+    let mut all = Vec::new();
+    for n in &names {
+        all.push(workspace_status(n)?);
+    }
+    if a.json {
+        let out = if a.name.is_some() {
+            all.into_iter().next().unwrap_or(Value::Null)
+        } else {
+            json!({"workspaces": all})
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    if all.is_empty() {
+        println!("no workspaces (create one with `deskfs format NAME`)");
+    }
+    for w in &all {
+        let g = |k: &str| w.get(k).and_then(Value::as_u64).unwrap_or(0);
+        println!("workspace {}", w["workspace"].as_str().unwrap_or("?"));
+        println!("  bucket        {}", w["bucket"].as_str().unwrap_or("?"));
+        println!("  metadata      {}", w["meta"].as_str().unwrap_or("?"));
+        let mounts = w["mounts"].as_array().cloned().unwrap_or_default();
+        if mounts.is_empty() {
+            println!("  mounts        (not mounted)");
+        }
+        for m in &mounts {
+            println!(
+                "  mount         {} (pid {}, cache {})",
+                m["mountpoint"].as_str().unwrap_or("?"),
+                m["pid"],
+                m["cache_dir"].as_str().unwrap_or("?")
+            );
+            if let Some(l) = m.get("live").filter(|l| !l.is_null()) {
+                let lg = |k: &str| l.get(k).and_then(Value::as_u64).unwrap_or(0);
+                println!(
+                    "  cache         {} in blocks, {} clean copies, cap {}; {} open files",
+                    human(lg("cache_block_bytes")),
+                    human(lg("cache_clean_bytes")),
+                    human(lg("cache_capacity")),
+                    lg("open_files")
+                );
+            }
+        }
+        println!("  files         {} inodes, {}", g("inodes"), human(g("bytes")));
+        println!("  dirty         {} file(s), {} not yet in the bucket", g("dirty_files"), human(g("dirty_bytes")));
+        println!("  uploads       {} pending, {} failing", g("pending_uploads"), g("failing_uploads"));
+        for f in w["failures"].as_array().cloned().unwrap_or_default() {
+            println!(
+                "    failing     {} ({} attempts): {}",
+                f["path"].as_str().unwrap_or("?"),
+                f["attempts"],
+                f["error"].as_str().unwrap_or("")
+            );
+        }
+    }
+    Ok(())
+}
