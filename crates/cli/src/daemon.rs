@@ -83,6 +83,8 @@ fn check_mountpoint(mnt: &Path) -> Result<()> {
     let md = std::fs::metadata(mnt).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             anyhow!("mount point {} does not exist; create it with `mkdir -p {}`", mnt.display(), mnt.display())
+        } else if e.raw_os_error() == Some(libc::ENOTCONN) {
+            anyhow!("mount point {} holds a dead FUSE mount (its daemon was killed); clean it with `deskfs umount {}` first", mnt.display(), mnt.display())
         } else {
             anyhow!("cannot use mount point {}: {e}", mnt.display())
         }
@@ -326,7 +328,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         anyhow!("cannot unmount {}: {e}; close the files and shells using it, then retry", mnt.display())
     })?;
     let start = Instant::now();
-    while nix::sys::signal::kill(nix::unistd::Pid::from_raw(rec.pid as i32), None).is_ok() {
+    while home::pid_alive(rec.pid) {
         if start.elapsed() > Duration::from_secs(60) {
             bail!("unmounted {}, but daemon {} is still running", mnt.display(), rec.pid);
         }

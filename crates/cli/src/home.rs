@@ -184,8 +184,19 @@ impl MountRecord {
     }
 }
 
-fn pid_alive(pid: u32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_ok()
+/// Whether process `pid` exists and is not a zombie.
+pub fn pid_alive(pid: u32) -> bool {
+    if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_err() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // Field 3 (after the parenthesised command name) is the state; Z = zombie.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .map(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X']))
+            .unwrap_or(true),
+        Err(_) => false,
+    }
 }
 
 /// Live mounts of workspace `name` (records of dead daemons are removed).

@@ -174,16 +174,51 @@ impl Vfs {
                 _ => self.cache.remove_staging(ino)?,
             }
         }
-        // Dirty inodes must have their content locally: report any that do not.
+        // Dirty inodes: their staging file is the truth. Writes that reached it after the
+        // last commit (the daemon died before close) are adopted as a new version, so the
+        // file is never left with local content that differs from what gets uploaded.
         let dirty = deskfs_meta::read(&*self.meta, |t| t.dirty_inodes())?;
         for r in dirty {
-            if !self.cache.has_staging(r.ino) && r.size > 0 {
-                tracing::error!(
-                    ino = r.ino,
-                    cache = %self.cache.root().display(),
-                    "dirty inode has no staging file in this cache dir: its unuploaded content is not here (was the workspace mounted with another --cache-dir?)"
-                );
+            if r.kind != deskfs_meta::Kind::File {
+                continue;
             }
+            let staging = self.cache.staging_path(r.ino);
+            let md = match std::fs::metadata(&staging) {
+                Ok(md) => md,
+                Err(_) => {
+                    if r.size > 0 {
+                        tracing::error!(
+                            ino = r.ino,
+                            cache = %self.cache.root().display(),
+                            "dirty inode has no staging file in this cache dir: its unuploaded content is not here (was the workspace mounted with another --cache-dir?)"
+                        );
+                    }
+                    continue;
+                }
+            };
+            let mtime = md
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                .map(|d| d.as_nanos() as i64)
+                .unwrap_or(r.mtime_ns);
+            deskfs_meta::txn(&*self.meta, |t| {
+                let Some(mut cur) = t.get_inode(r.ino)? else {
+                    return Ok(());
+                };
+                if cur.size != md.len() {
+                    cur.size = md.len();
+                    cur.mtime_ns = cur.mtime_ns.max(mtime);
+                    cur.ctime_ns = cur.ctime_ns.max(mtime);
+                }
+                cur.data_version += 1;
+                cur.local = Local::Full;
+                t.update_inode(&cur)?;
+                for p in paths::paths_of(t, r.ino)? {
+                    t.mark_pending(&p, false, now_ns())?;
+                }
+                Ok(())
+            })?;
         }
         Ok(())
     }
