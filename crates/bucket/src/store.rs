@@ -67,7 +67,9 @@ pub struct Bucket {
 
 impl std::fmt::Debug for Bucket {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bucket").field("url", &self.spec.url).finish()
+        f.debug_struct("Bucket")
+            .field("url", &self.spec.url)
+            .finish()
     }
 }
 
@@ -152,8 +154,8 @@ impl Bucket {
                         root.display()
                     )));
                 }
-                let fs = object_store::local::LocalFileSystem::new_with_prefix(&root)
-                    .map_err(cfg)?;
+                let fs =
+                    object_store::local::LocalFileSystem::new_with_prefix(&root).map_err(cfg)?;
                 (Arc::new(fs), Some(root))
             }
             None => return Err(BucketError::Config("no bucket scheme".into())),
@@ -214,7 +216,12 @@ impl Bucket {
 
     /// Writes a small object in one PUT. `meta` is stored as user metadata when the store
     /// supports it.
-    pub async fn put_bytes(&self, key: &str, data: Bytes, meta: Option<&PosixMeta>) -> Result<PutInfo> {
+    pub async fn put_bytes(
+        &self,
+        key: &str,
+        data: Bytes,
+        meta: Option<&PosixMeta>,
+    ) -> Result<PutInfo> {
         let size = data.len() as u64;
         let opts = PutOptions {
             mode: PutMode::Overwrite,
@@ -226,7 +233,10 @@ impl Bucket {
             .put_opts(&self.path(key)?, PutPayload::from(data), opts)
             .await
             .map_err(store_err)?;
-        Ok(PutInfo { etag: r.e_tag, size })
+        Ok(PutInfo {
+            etag: r.e_tag,
+            size,
+        })
     }
 
     fn attrs(&self, meta: Option<&PosixMeta>) -> Attributes {
@@ -239,7 +249,12 @@ impl Bucket {
     /// Uploads the local file `src` as the object `key`: one PUT below
     /// [`MULTIPART_THRESHOLD`], else a multipart upload with [`PART_CONCURRENCY`] parts in
     /// flight. The object appears atomically when complete (S3 API semantics).
-    pub async fn put_file(&self, key: &str, src: &FsPath, meta: Option<&PosixMeta>) -> Result<PutInfo> {
+    pub async fn put_file(
+        &self,
+        key: &str,
+        src: &FsPath,
+        meta: Option<&PosixMeta>,
+    ) -> Result<PutInfo> {
         let mut f = tokio::fs::File::open(src).await?;
         let len = f.metadata().await?.len();
         if len < MULTIPART_THRESHOLD {
@@ -272,7 +287,10 @@ impl Bucket {
             sent += n as u64;
         }
         let r = w.finish().await.map_err(store_err)?;
-        Ok(PutInfo { etag: r.e_tag, size: sent })
+        Ok(PutInfo {
+            etag: r.e_tag,
+            size: sent,
+        })
     }
 
     /// Writes the directory marker of `dir_key`: the empty object `dir_key/` on object
@@ -280,7 +298,10 @@ impl Bucket {
     pub async fn put_dir_marker(&self, dir_key: &str, meta: Option<&PosixMeta>) -> Result<PutInfo> {
         if let Some(root) = &self.local_root {
             std::fs::create_dir_all(root.join(dir_key))?;
-            return Ok(PutInfo { etag: None, size: 0 });
+            return Ok(PutInfo {
+                etag: None,
+                size: 0,
+            });
         }
         let p = self.path(dir_key)?.clone().join("");
         let opts = PutOptions {
@@ -292,7 +313,10 @@ impl Bucket {
             .put_opts(&p, PutPayload::default(), opts)
             .await
             .map_err(store_err)?;
-        Ok(PutInfo { etag: r.e_tag, size: 0 })
+        Ok(PutInfo {
+            etag: r.e_tag,
+            size: 0,
+        })
     }
 
     /// Removes the directory marker of `dir_key` (for `file://`: the directory, once empty;
@@ -302,9 +326,9 @@ impl Bucket {
             return match std::fs::remove_dir(root.join(dir_key)) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Err(BucketError::Other(
-                    format!("directory {dir_key} not empty yet in the bucket"),
-                )),
+                Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty => Err(
+                    BucketError::Other(format!("directory {dir_key} not empty yet in the bucket")),
+                ),
                 Err(e) => Err(e.into()),
             };
         }
@@ -349,13 +373,22 @@ impl Bucket {
 
     /// Reads `range` (bytes) of `key`. With `etag`, fails with [`BucketError::Changed`]
     /// when the object no longer has that ETag (so a read never mixes two versions).
-    pub async fn get_range(&self, key: &str, range: Range<u64>, etag: Option<&str>) -> Result<Bytes> {
+    pub async fn get_range(
+        &self,
+        key: &str,
+        range: Range<u64>,
+        etag: Option<&str>,
+    ) -> Result<Bytes> {
         if range.start >= range.end {
             return Ok(Bytes::new());
         }
         let opts = GetOptions {
             range: Some(GetRange::Bounded(range)),
-            if_match: if self.local_root.is_some() { None } else { etag.map(str::to_string) },
+            if_match: if self.local_root.is_some() {
+                None
+            } else {
+                etag.map(str::to_string)
+            },
             ..Default::default()
         };
         let r = self
@@ -395,7 +428,11 @@ impl Bucket {
         let base = self.path(dir_key)?;
         let r = self
             .store
-            .list_with_delimiter(if base.as_ref().is_empty() { None } else { Some(&base) })
+            .list_with_delimiter(if base.as_ref().is_empty() {
+                None
+            } else {
+                Some(&base)
+            })
             .await
             .map_err(store_err)?;
         let base_s = self.rel_key(&base);
@@ -439,9 +476,11 @@ impl Bucket {
     /// Every object under `dir_key/` recursively (used by fsck and tests).
     pub async fn list_all(&self, dir_key: &str) -> Result<Vec<ObjectInfo>> {
         let base = self.path(dir_key)?;
-        let mut s = self
-            .store
-            .list(if base.as_ref().is_empty() { None } else { Some(&base) });
+        let mut s = self.store.list(if base.as_ref().is_empty() {
+            None
+        } else {
+            Some(&base)
+        });
         let mut out = Vec::new();
         while let Some(o) = s.next().await {
             let o = o.map_err(store_err)?;

@@ -79,7 +79,10 @@ impl BucketSpec {
             return Err(bad("invalid bucket name"));
         }
         let prefix = prefix.trim_matches('/').to_string();
-        if prefix.split('/').any(|p| p.is_empty() || p == "." || p == "..") && !prefix.is_empty()
+        if prefix
+            .split('/')
+            .any(|p| p.is_empty() || p == "." || p == "..")
+            && !prefix.is_empty()
         {
             return Err(bad("prefix has an empty, '.' or '..' segment"));
         }

@@ -67,9 +67,13 @@ pub fn request(socket: &Path, req: Value, timeout: Option<Duration>) -> Result<V
     writeln!(s, "{req}")?;
     let mut line = String::new();
     BufReader::new(s).read_line(&mut line)?;
-    let v: Value = serde_json::from_str(&line).map_err(|_| anyhow!("the mount daemon closed the connection"))?;
+    let v: Value = serde_json::from_str(&line)
+        .map_err(|_| anyhow!("the mount daemon closed the connection"))?;
     if v.get("ok").and_then(Value::as_bool) != Some(true) {
-        let e = v.get("error").and_then(Value::as_str).unwrap_or("unknown error");
+        let e = v
+            .get("error")
+            .and_then(Value::as_str)
+            .unwrap_or("unknown error");
         return Err(anyhow!("{e}"));
     }
     Ok(v)

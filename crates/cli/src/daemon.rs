@@ -72,11 +72,17 @@ fn open_workspace(name: &str) -> Result<Opened> {
     let cfg = WorkspaceConfig::load(name)?;
     let db = cfg.sqlite_path()?;
     let meta = SqliteEngine::open(&db).map_err(|e| match e {
-        deskfs_meta::MetaError::NotFound(p) => anyhow!("metadata database {p} is missing; restore it or re-run `deskfs format {name} --force`"),
+        deskfs_meta::MetaError::NotFound(p) => anyhow!(
+            "metadata database {p} is missing; restore it or re-run `deskfs format {name} --force`"
+        ),
         other => anyhow!(other),
     })?;
     let bucket = Bucket::open(&cfg.bucket_spec()?, false)?;
-    Ok(Opened { cfg, meta: Arc::new(meta), bucket })
+    Ok(Opened {
+        cfg,
+        meta: Arc::new(meta),
+        bucket,
+    })
 }
 
 fn check_mountpoint(mnt: &Path) -> Result<()> {
@@ -93,7 +99,10 @@ fn check_mountpoint(mnt: &Path) -> Result<()> {
         bail!("mount point {} is not a directory", mnt.display());
     }
     if is_mountpoint(mnt) {
-        bail!("mount point {} is busy: something is already mounted there (unmount it first)", mnt.display());
+        bail!(
+            "mount point {} is busy: something is already mounted there (unmount it first)",
+            mnt.display()
+        );
     }
     Ok(())
 }
@@ -156,11 +165,20 @@ pub fn mount(a: MountArgs) -> Result<()> {
         });
     }
     let mut child = cmd.spawn().context("cannot start the mount daemon")?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no daemon stdout"))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no daemon stdout"))?;
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line)?;
     if line.trim() == "READY" {
-        println!("mounted workspace {} at {} (daemon pid {}, log {})", a.name, mnt.display(), child.id(), log_path.display());
+        println!(
+            "mounted workspace {} at {} (daemon pid {}, log {})",
+            a.name,
+            mnt.display(),
+            child.id(),
+            log_path.display()
+        );
         return Ok(());
     }
     let _ = child.wait();
@@ -187,15 +205,23 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         .enable_all()
         .thread_name("deskfs-io")
         .build()?;
-    match rt.block_on(async { tokio::time::timeout(Duration::from_secs(10), o.bucket.check()).await }) {
+    match rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(10), o.bucket.check()).await })
+    {
         Ok(Ok(())) => {}
         Ok(Err(BucketError::Unreachable(e))) | Ok(Err(BucketError::Other(e))) => {
             tracing::warn!("bucket not reachable now ({e}); mounting anyway: cached data and all writes work, uploads wait")
         }
         Ok(Err(e)) => return Err(anyhow!(e).context(format!("cannot use bucket {}", o.cfg.bucket))),
-        Err(_) => tracing::warn!("bucket did not answer within 10 s; mounting anyway, uploads wait"),
+        Err(_) => {
+            tracing::warn!("bucket did not answer within 10 s; mounting anyway, uploads wait")
+        }
     }
-    let cache = Arc::new(Cache::open(&cache_dir, a.cache_size, deskfs_cache::DEFAULT_BLOCK_SIZE)?);
+    let cache = Arc::new(Cache::open(
+        &cache_dir,
+        a.cache_size,
+        deskfs_cache::DEFAULT_BLOCK_SIZE,
+    )?);
     let cd = cache_dir.display().to_string();
     deskfs_meta::txn(&*o.meta, |t| t.set_kv("cache_dir", &cd))?;
     let cfg = VfsConfig {
@@ -232,7 +258,10 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     let mnt2 = mnt.clone();
     rt.spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        let (Ok(mut term), Ok(mut int)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) else {
             return;
         };
         tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
@@ -253,12 +282,18 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
             }
         }
     } else {
-        eprintln!("mounted workspace {} at {} (Ctrl-C to unmount)", a.name, mnt.display());
+        eprintln!(
+            "mounted workspace {} at {} (Ctrl-C to unmount)",
+            a.name,
+            mnt.display()
+        );
     }
     let res = handle.join();
     tracing::info!("unmounted; committing and draining uploads (up to 30 s)");
     if let Err(e) = vfs.shutdown(true, Duration::from_secs(30)) {
-        tracing::warn!("uploads still pending at exit ({e}); they resume at the next mount or `deskfs sync`");
+        tracing::warn!(
+            "uploads still pending at exit ({e}); they resume at the next mount or `deskfs sync`"
+        );
     }
     let _ = std::fs::remove_file(&rec_path);
     let _ = std::fs::remove_file(&sock);
@@ -273,7 +308,10 @@ fn fusermount_u(mnt: &Path, lazy: bool) -> Result<()> {
     if lazy {
         cmd.arg("-z");
     }
-    let out = cmd.arg(mnt).output().context("cannot run fusermount3 (apt-get install fuse3)")?;
+    let out = cmd
+        .arg(mnt)
+        .output()
+        .context("cannot run fusermount3 (apt-get install fuse3)")?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
         bail!("{err}");
@@ -291,10 +329,15 @@ fn spinner(msg: &str) -> indicatif::ProgressBar {
 /// Polls pending work in the database to show progress while waiting.
 fn watch_pending(db: PathBuf, pb: indicatif::ProgressBar) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
-        let Ok(meta) = SqliteEngine::open(&db) else { return };
+        let Ok(meta) = SqliteEngine::open(&db) else {
+            return;
+        };
         while !pb.is_finished() {
             if let Ok(s) = deskfs_meta::read(&meta, |t| t.pending_stats()) {
-                pb.set_message(format!("{} path(s) pending upload, {} failing", s.pending, s.failing));
+                pb.set_message(format!(
+                    "{} path(s) pending upload, {} failing",
+                    s.pending, s.failing
+                ));
             }
             std::thread::sleep(Duration::from_millis(250));
         }
@@ -307,14 +350,22 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     let rec = home::all_mounts().into_iter().find(|r| r.mountpoint == mnt);
     let Some(rec) = rec else {
         if is_mountpoint(&mnt) {
-            fusermount_u(&mnt, false).with_context(|| format!("cannot unmount {}", mnt.display()))?;
-            println!("unmounted {} (no live deskfs daemon was serving it)", mnt.display());
+            fusermount_u(&mnt, false)
+                .with_context(|| format!("cannot unmount {}", mnt.display()))?;
+            println!(
+                "unmounted {} (no live deskfs daemon was serving it)",
+                mnt.display()
+            );
             return Ok(());
         }
         bail!("{} is not a deskfs mount point", mnt.display());
     };
     if a.no_wait {
-        crate::control::request(&rec.socket, json!({"cmd": "commit"}), Some(Duration::from_secs(60)))?;
+        crate::control::request(
+            &rec.socket,
+            json!({"cmd": "commit"}),
+            Some(Duration::from_secs(60)),
+        )?;
     } else {
         let pb = spinner("waiting for uploads");
         let cfg = WorkspaceConfig::load(&rec.workspace)?;
@@ -325,12 +376,19 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         r.context("waiting for uploads failed (use --no-wait to unmount anyway)")?;
     }
     fusermount_u(&mnt, false).map_err(|e| {
-        anyhow!("cannot unmount {}: {e}; close the files and shells using it, then retry", mnt.display())
+        anyhow!(
+            "cannot unmount {}: {e}; close the files and shells using it, then retry",
+            mnt.display()
+        )
     })?;
     let start = Instant::now();
     while home::pid_alive(rec.pid) {
         if start.elapsed() > Duration::from_secs(60) {
-            bail!("unmounted {}, but daemon {} is still running", mnt.display(), rec.pid);
+            bail!(
+                "unmounted {}, but daemon {} is still running",
+                mnt.display(),
+                rec.pid
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -348,7 +406,11 @@ pub fn sync(a: SyncArgs) -> Result<()> {
     let res = if !mounts.is_empty() {
         let mut r = Ok(());
         for m in &mounts {
-            if let Err(e) = crate::control::request(&m.socket, json!({"cmd": "sync", "timeout": a.timeout}), None) {
+            if let Err(e) = crate::control::request(
+                &m.socket,
+                json!({"cmd": "sync", "timeout": a.timeout}),
+                None,
+            ) {
                 r = Err(e);
             }
         }
@@ -368,10 +430,23 @@ fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
     let cache_dir = cache_dir_for(&o, None)?;
     let recorded = deskfs_meta::read(&*o.meta, |t| t.get_kv("cache_dir"))?;
     let cache_dir = recorded.map(PathBuf::from).unwrap_or(cache_dir);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    let cache = Arc::new(Cache::open(&cache_dir, 10 << 30, deskfs_cache::DEFAULT_BLOCK_SIZE)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let cache = Arc::new(Cache::open(
+        &cache_dir,
+        10 << 30,
+        deskfs_cache::DEFAULT_BLOCK_SIZE,
+    )?);
     let meta: Arc<dyn MetaEngine> = o.meta.clone();
-    let vfs = Vfs::new(meta, o.bucket.clone(), cache, VfsConfig::default(), rt.handle().clone())?;
+    let vfs = Vfs::new(
+        meta,
+        o.bucket.clone(),
+        cache,
+        VfsConfig::default(),
+        rt.handle().clone(),
+    )?;
     let r = vfs.shutdown(true, timeout);
     drop(vfs);
     rt.shutdown_timeout(Duration::from_secs(2));

@@ -48,7 +48,10 @@ pub fn run(a: FormatArgs) -> Result<()> {
         bail!("workspace {:?} already exists ({}); use --force to reformat it (discards its metadata) or pick another name", a.name, dir.display());
     }
     if !crate::home::mounts_of(&a.name).is_empty() {
-        bail!("workspace {:?} is mounted; unmount it first (deskfs umount MOUNTPOINT)", a.name);
+        bail!(
+            "workspace {:?} is mounted; unmount it first (deskfs umount MOUNTPOINT)",
+            a.name
+        );
     }
     let created_dir = !dir.exists();
     let res = format_inner(&a, created_dir);
@@ -78,12 +81,19 @@ fn format_inner(a: &FormatArgs, _created_dir: bool) -> Result<()> {
     };
     let db = crate::home::sqlite_path(&meta_url)?;
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let bucket = Bucket::open(&spec, spec.scheme == Some(deskfs_bucket::Scheme::Local))?;
     rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(30), bucket.check())
             .await
-            .map_err(|_| anyhow!("bucket {} did not answer within 30 s; check the endpoint", spec.url))?
+            .map_err(|_| {
+                anyhow!(
+                    "bucket {} did not answer within 30 s; check the endpoint",
+                    spec.url
+                )
+            })?
             .map_err(anyhow::Error::from)
     })
     .with_context(|| format!("cannot use bucket {}", spec.url))?;
@@ -93,14 +103,19 @@ fn format_inner(a: &FormatArgs, _created_dir: bool) -> Result<()> {
     }
     if db.exists() {
         if !a.force {
-            bail!("metadata database {} already exists; use --force to replace it", db.display());
+            bail!(
+                "metadata database {} already exists; use --force to replace it",
+                db.display()
+            );
         }
         for suffix in ["", "-wal", "-shm"] {
             let p = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
             let _ = std::fs::remove_file(p);
         }
     }
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
     let record = serde_json::json!({
         "format": "deskfs",
         "version": 1,
@@ -129,6 +144,11 @@ fn format_inner(a: &FormatArgs, _created_dir: bool) -> Result<()> {
         let _ = std::fs::remove_file(&db);
         return Err(e);
     }
-    println!("formatted workspace {} (bucket {}, metadata {})", a.name, spec.url, db.display());
+    println!(
+        "formatted workspace {} (bucket {}, metadata {})",
+        a.name,
+        spec.url,
+        db.display()
+    );
     Ok(())
 }

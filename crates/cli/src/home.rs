@@ -23,7 +23,9 @@ pub fn home() -> PathBuf {
     if let Some(x) = std::env::var_os("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
         return PathBuf::from(x).join("deskfs");
     }
-    let base = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/root"));
+    let base = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/root"));
     base.join(".local/share/deskfs")
 }
 
@@ -36,7 +38,9 @@ pub fn ws_dir(name: &str) -> PathBuf {
 pub fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
         && !name.starts_with(['.', '-']);
     if !ok {
         bail!("invalid workspace name {name:?}: use 1-64 letters, digits, '.', '_' or '-' (not starting with '.' or '-')");
@@ -81,10 +85,19 @@ impl WorkspaceConfig {
             } else {
                 format!("known: {}", known.join(", "))
             };
-            bail!("no workspace named {name:?} in {} ({hint}); create it with `deskfs format {name}`", home().display());
+            bail!(
+                "no workspace named {name:?} in {} ({hint}); create it with `deskfs format {name}`",
+                home().display()
+            );
         }
-        let text = std::fs::read_to_string(&path).with_context(|| format!("cannot read {}", path.display()))?;
-        toml::from_str(&text).with_context(|| format!("{} is not a valid workspace config; fix or re-run `deskfs format {name} --force`", path.display()))
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        toml::from_str(&text).with_context(|| {
+            format!(
+                "{} is not a valid workspace config; fix or re-run `deskfs format {name} --force`",
+                path.display()
+            )
+        })
     }
 
     /// Writes `workspace.toml` atomically with mode 0600 (it may hold keys).
@@ -137,7 +150,9 @@ pub fn sqlite_path(url: &str) -> Result<PathBuf> {
         bail!("bad metadata URL {url:?}: use sqlite:///ABSOLUTE/PATH.db");
     };
     if !p.starts_with('/') {
-        bail!("bad metadata URL {url:?}: the SQLite path must be absolute (sqlite:///path/meta.db)");
+        bail!(
+            "bad metadata URL {url:?}: the SQLite path must be absolute (sqlite:///path/meta.db)"
+        );
     }
     Ok(PathBuf::from(p))
 }
@@ -203,14 +218,20 @@ pub fn pid_alive(pid: u32) -> bool {
 pub fn mounts_of(name: &str) -> Vec<MountRecord> {
     let dir = ws_dir(name).join("run");
     let mut v = Vec::new();
-    let Ok(rd) = std::fs::read_dir(&dir) else { return v };
+    let Ok(rd) = std::fs::read_dir(&dir) else {
+        return v;
+    };
     for e in rd.flatten() {
         let p = e.path();
         if p.extension().and_then(|x| x.to_str()) != Some("json") {
             continue;
         }
-        let Ok(text) = std::fs::read_to_string(&p) else { continue };
-        let Ok(rec) = serde_json::from_str::<MountRecord>(&text) else { continue };
+        let Ok(text) = std::fs::read_to_string(&p) else {
+            continue;
+        };
+        let Ok(rec) = serde_json::from_str::<MountRecord>(&text) else {
+            continue;
+        };
         if pid_alive(rec.pid) {
             v.push(rec);
         } else {
@@ -237,11 +258,13 @@ pub fn is_mountpoint(path: &Path) -> bool {
         return false;
     };
     let target = path.to_string_lossy();
-    info.lines().any(|l| {
-        l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(target.as_ref())
-    })
+    info.lines()
+        .any(|l| l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(target.as_ref()))
 }
 
 fn unescape_mountinfo(s: &str) -> String {
-    s.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
 }

@@ -16,7 +16,9 @@ use clap::{Parser, Subcommand};
 /// deskfs — an object-storage bucket mounted as a persistent POSIX workspace.
 #[derive(Parser, Debug)]
 #[command(name = "deskfs", version, about, long_about = None, propagate_version = true)]
-#[command(after_help = "Examples:\n  deskfs format work                      # embedded default: local bucket dir + SQLite\n  deskfs mount work ~/work                # daemonizes, returns once mounted\n  echo hi > ~/work/hello.txt && deskfs sync work\n  deskfs status --json\n  deskfs umount ~/work\n\nData lives under $DESKFS_HOME (default: $XDG_DATA_HOME/deskfs or ~/.local/share/deskfs).")]
+#[command(
+    after_help = "Examples:\n  deskfs format work                      # embedded default: local bucket dir + SQLite\n  deskfs mount work ~/work                # daemonizes, returns once mounted\n  echo hi > ~/work/hello.txt && deskfs sync work\n  deskfs status --json\n  deskfs umount ~/work\n\nData lives under $DESKFS_HOME (default: $XDG_DATA_HOME/deskfs or ~/.local/share/deskfs)."
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -25,16 +27,25 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Create a workspace on a bucket (or on the embedded local default).
-    #[command(after_help = "Examples:\n  deskfs format work\n  deskfs format work --bucket file:///srv/buckets/work\n  AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \\\n    deskfs format work --bucket s3://my-bucket/agents/work --endpoint http://127.0.0.1:3900 --region garage\n\nS3 settings also come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and\nAWS_SECRET_ACCESS_KEY. An existing prefix keeps its objects: they appear as files.")]
+    #[command(
+        after_help = "Examples:\n  deskfs format work\n  deskfs format work --bucket file:///srv/buckets/work\n  AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \\\n    deskfs format work --bucket s3://my-bucket/agents/work --endpoint http://127.0.0.1:3900 --region garage\n\nS3 settings also come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and\nAWS_SECRET_ACCESS_KEY. An existing prefix keeps its objects: they appear as files."
+    )]
     Format(format::FormatArgs),
     /// Mount a workspace at MOUNTPOINT (daemonizes; returns once the mount is ready).
-    #[command(after_help = "Examples:\n  deskfs mount work /mnt/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache --cache-size 50G\n  deskfs mount work /mnt/work --foreground     # stay attached; logs to stderr")]
+    #[command(
+        after_help = "Examples:\n  deskfs mount work /mnt/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache --cache-size 50G\n  deskfs mount work /mnt/work --foreground     # stay attached; logs to stderr"
+    )]
     Mount(daemon::MountArgs),
     /// Unmount: commit open files, wait for pending uploads (unless --no-wait), unmount.
-    #[command(alias = "unmount", after_help = "Examples:\n  deskfs umount /mnt/work\n  deskfs umount /mnt/work --no-wait   # uploads resume at the next mount or `deskfs sync`")]
+    #[command(
+        alias = "unmount",
+        after_help = "Examples:\n  deskfs umount /mnt/work\n  deskfs umount /mnt/work --no-wait   # uploads resume at the next mount or `deskfs sync`"
+    )]
     Umount(daemon::UmountArgs),
     /// Return once everything written before this command is in the bucket.
-    #[command(after_help = "Examples:\n  deskfs sync work\n  deskfs sync work --timeout 600\n\nWith the workspace mounted, the mount's daemon does the uploads; unmounted, this\ncommand uploads what is pending itself.")]
+    #[command(
+        after_help = "Examples:\n  deskfs sync work\n  deskfs sync work --timeout 600\n\nWith the workspace mounted, the mount's daemon does the uploads; unmounted, this\ncommand uploads what is pending itself."
+    )]
     Sync(daemon::SyncArgs),
     /// Show workspaces, mounts, cache use, dirty data and pending/failed uploads.
     #[command(after_help = "Examples:\n  deskfs status\n  deskfs status work --json")]

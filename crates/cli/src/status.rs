@@ -24,9 +24,13 @@ fn workspace_status(name: &str) -> Result<Value> {
     let mounts = mounts_of(name);
     let mut mount_values = Vec::new();
     for m in &mounts {
-        let live = crate::control::request(&m.socket, json!({"cmd": "status"}), Some(Duration::from_secs(10)))
-            .ok()
-            .and_then(|v| v.get("status").cloned());
+        let live = crate::control::request(
+            &m.socket,
+            json!({"cmd": "status"}),
+            Some(Duration::from_secs(10)),
+        )
+        .ok()
+        .and_then(|v| v.get("status").cloned());
         mount_values.push(json!({
             "pid": m.pid,
             "mountpoint": m.mountpoint,
@@ -140,9 +144,21 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 );
             }
         }
-        println!("  files         {} inodes, {}", g("inodes"), human(g("bytes")));
-        println!("  dirty         {} file(s), {} not yet in the bucket", g("dirty_files"), human(g("dirty_bytes")));
-        println!("  uploads       {} pending, {} failing", g("pending_uploads"), g("failing_uploads"));
+        println!(
+            "  files         {} inodes, {}",
+            g("inodes"),
+            human(g("bytes"))
+        );
+        println!(
+            "  dirty         {} file(s), {} not yet in the bucket",
+            g("dirty_files"),
+            human(g("dirty_bytes"))
+        );
+        println!(
+            "  uploads       {} pending, {} failing",
+            g("pending_uploads"),
+            g("failing_uploads")
+        );
         for f in w["failures"].as_array().cloned().unwrap_or_default() {
             println!(
                 "    failing     {} ({} attempts): {}",

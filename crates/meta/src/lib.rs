@@ -94,14 +94,23 @@ pub trait MetaTxn {
     /// Removes the entry `parent/name` (no-op if absent).
     fn delete_dentry(&mut self, parent: Ino, name: &[u8]) -> Result<()>;
     /// Moves an entry, keeping its cookie (readdir offset) stable. The target must be free.
-    fn move_dentry(&mut self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8])
-        -> Result<()>;
+    fn move_dentry(
+        &mut self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+    ) -> Result<()>;
     /// Points an existing entry at another inode (used by RENAME_EXCHANGE).
     fn repoint_dentry(&mut self, parent: Ino, name: &[u8], ino: Ino) -> Result<()>;
     /// Up to `limit` entries of `parent` whose cookie is greater than `after`, in cookie order,
     /// each with its inode row.
-    fn list_dir(&mut self, parent: Ino, after: u64, limit: usize)
-        -> Result<Vec<(Dentry, InodeRow)>>;
+    fn list_dir(
+        &mut self,
+        parent: Ino,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<(Dentry, InodeRow)>>;
     /// Whether directory `parent` has any entry.
     fn has_children(&mut self, parent: Ino) -> Result<bool>;
     /// Every `(parent, name)` that names `ino` (several for hard links).
@@ -139,8 +148,7 @@ pub trait MetaTxn {
     /// Removes a pending row if it was not re-marked since `gen` was read.
     fn finish_pending(&mut self, path: &[u8], gen: u64) -> Result<()>;
     /// Records a failed attempt and when to retry.
-    fn fail_pending(&mut self, path: &[u8], gen: u64, error: &str, retry_at_ns: i64)
-        -> Result<()>;
+    fn fail_pending(&mut self, path: &[u8], gen: u64, error: &str, retry_at_ns: i64) -> Result<()>;
     /// Postpones a pending row without counting an attempt (e.g. file still being written).
     fn defer_pending(&mut self, path: &[u8], gen: u64, retry_at_ns: i64) -> Result<()>;
     /// Counts and the oldest sequence number of pending work.

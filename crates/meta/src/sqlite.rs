@@ -56,7 +56,9 @@ pub struct SqliteEngine {
 
 impl std::fmt::Debug for SqliteEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteEngine").field("path", &self.path).finish()
+        f.debug_struct("SqliteEngine")
+            .field("path", &self.path)
+            .finish()
     }
 }
 
@@ -84,21 +86,22 @@ impl SqliteEngine {
         )?;
         Self::configure(&conn)?;
         conn.execute_batch("BEGIN IMMEDIATE")?;
-        let res = (|| -> Result<()> {
-            conn.execute_batch(SCHEMA)?;
-            conn.execute(
+        let res =
+            (|| -> Result<()> {
+                conn.execute_batch(SCHEMA)?;
+                conn.execute(
                 "INSERT INTO inodes(ino,kind,perm,uid,gid,rdev,nlink,size,atime,mtime,ctime,btime,
                  data_version,target,local,dirty,listed)
                  VALUES(?1,?2,?3,?4,?5,0,2,0,?6,?6,?6,?6,0,NULL,0,0,0)",
                 params![ROOT_INO as i64, kind_code(Kind::Dir), 0o755, uid, gid, now_ns],
             )?;
-            conn.execute(
-                "INSERT INTO kv(key,value) VALUES('format','deskfs'),('pending_seq','0')",
-                [],
-            )?;
-            conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
-            Ok(())
-        })();
+                conn.execute(
+                    "INSERT INTO kv(key,value) VALUES('format','deskfs'),('pending_seq','0')",
+                    [],
+                )?;
+                conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
+                Ok(())
+            })();
         match res {
             Ok(()) => conn.execute_batch("COMMIT")?,
             Err(e) => {
@@ -491,9 +494,7 @@ impl MetaTxn for SqlTxn<'_> {
     ) -> Result<()> {
         let n = self
             .conn
-            .prepare_cached(
-                "UPDATE dentries SET parent=?3, name=?4 WHERE parent=?1 AND name=?2",
-            )?
+            .prepare_cached("UPDATE dentries SET parent=?3, name=?4 WHERE parent=?1 AND name=?2")?
             .execute(params![parent as i64, name, new_parent as i64, new_name])?;
         if n == 0 {
             return Err(MetaError::NotFound(String::from_utf8_lossy(name).into()));

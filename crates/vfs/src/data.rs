@@ -14,6 +14,7 @@ use deskfs_meta::{Ino, InodeRow, Kind, Local};
 use futures::future::{BoxFuture, FutureExt, Shared};
 
 use crate::handles::{Handle, InodeState};
+use crate::namespace::NodeSpec;
 use crate::types::{Attr, Ctx, Opened};
 use crate::{now_ns, poisoned, Result, Vfs, VfsError};
 
@@ -130,7 +131,7 @@ impl Vfs {
     /// `create`: a new regular file, opened. Errors: `EEXIST`, `ENOENT`, `ENOTDIR`,
     /// `ENAMETOOLONG`.
     pub fn create(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32, umask: u32, flags: i32) -> Result<(Attr, Opened)> {
-        let row = self.create_node(ctx, parent, name, Kind::File, mode & !umask & 0o7777, 0, None)?;
+        let row = self.create_node(ctx, parent, name, NodeSpec::new(Kind::File, mode & !umask & 0o7777))?;
         // The staging file exists from birth: the empty content is local.
         self.cache.open_staging(row.ino, true)?;
         let st = self.state_arc(row.ino);
@@ -222,6 +223,9 @@ impl Vfs {
     /// Errors: `EBADF`, `EIO` (content neither cached nor readable from the bucket).
     pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
         let h = self.handle(fh)?;
+        if !h.read || h.ino != ino {
+            return Err(VfsError::BadHandle);
+        }
         let st = self.state_arc(ino);
         let (staging, cur_size) = {
             let mut s = st.lock().map_err(|_| poisoned())?;
@@ -352,7 +356,7 @@ impl Vfs {
     /// Errors: `EBADF` (not open for writing), `EFBIG`, `ENOSPC`, `EIO`.
     pub fn write(&self, ino: Ino, fh: u64, offset: u64, data: &[u8]) -> Result<u32> {
         let h = self.handle(fh)?;
-        if !h.write {
+        if !h.write || h.ino != ino {
             return Err(VfsError::BadHandle);
         }
         let st = self.state_arc(ino);

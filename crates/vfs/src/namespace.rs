@@ -21,6 +21,20 @@ pub const XATTR_SIZE_MAX: usize = 65536;
 /// Directory entries returned per readdir call.
 const READDIR_BATCH: usize = 1024;
 
+/// What a new inode is: type, permission bits, device number, symlink target.
+pub(crate) struct NodeSpec<'a> {
+    pub(crate) kind: Kind,
+    pub(crate) perm: u32,
+    pub(crate) rdev: u32,
+    pub(crate) target: Option<&'a [u8]>,
+}
+
+impl NodeSpec<'_> {
+    pub(crate) fn new(kind: Kind, perm: u32) -> Self {
+        NodeSpec { kind, perm, rdev: 0, target: None }
+    }
+}
+
 pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     if name.len() > NAME_MAX {
         return Err(VfsError::NameTooLong);
@@ -136,16 +150,8 @@ impl Vfs {
     }
 
     /// Creates a new inode named `parent/name` in one transaction.
-    pub(crate) fn create_node(
-        &self,
-        ctx: &Ctx,
-        parent: Ino,
-        name: &[u8],
-        kind: Kind,
-        perm: u32,
-        rdev: u32,
-        target: Option<&[u8]>,
-    ) -> Result<InodeRow> {
+    pub(crate) fn create_node(&self, ctx: &Ctx, parent: Ino, name: &[u8], spec: NodeSpec<'_>) -> Result<InodeRow> {
+        let NodeSpec { kind, perm, rdev, target } = spec;
         check_name(name)?;
         self.ensure_listed(parent, false)?;
         deskfs_meta::txn(&*self.meta, |t| {
@@ -309,13 +315,13 @@ impl Vfs {
         if matches!(kind, Kind::Dir | Kind::Symlink) {
             return Err(VfsError::Invalid);
         }
-        let row = self.create_node(ctx, parent, name, kind, mode & !umask, rdev, None)?;
+        let row = self.create_node(ctx, parent, name, NodeSpec { rdev, ..NodeSpec::new(kind, mode & !umask) })?;
         Ok(attr_of(&row))
     }
 
     /// `mkdir`. Errors: `EEXIST`, `ENOENT`, `ENOTDIR`, `ENAMETOOLONG`.
     pub fn mkdir(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32, umask: u32) -> Result<Attr> {
-        let row = self.create_node(ctx, parent, name, Kind::Dir, mode & !umask & 0o7777, 0, None)?;
+        let row = self.create_node(ctx, parent, name, NodeSpec::new(Kind::Dir, mode & !umask & 0o7777))?;
         Ok(attr_of(&row))
     }
 
@@ -324,7 +330,7 @@ impl Vfs {
         if target.len() >= 4096 {
             return Err(VfsError::NameTooLong);
         }
-        let row = self.create_node(ctx, parent, name, Kind::Symlink, 0o777, 0, Some(target))?;
+        let row = self.create_node(ctx, parent, name, NodeSpec { target: Some(target), ..NodeSpec::new(Kind::Symlink, 0o777) })?;
         Ok(attr_of(&row))
     }
 

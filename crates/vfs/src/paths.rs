@@ -36,7 +36,7 @@ pub fn key_of(path: &[u8], prefix_len: usize) -> String {
     if let Ok(s) = std::str::from_utf8(path) {
         let plain = !s.is_empty()
             && prefix_len + 1 + s.len() < MAX_KEY_LEN
-            && !s.split('/').next().is_some_and(|first| first.as_bytes() == RESERVED)
+            && s.split('/').next().is_none_or(|first| first.as_bytes() != RESERVED)
             && s
                 .split('/')
                 .all(|seg| !seg.is_empty() && seg != "." && seg != ".." && !seg.chars().any(|c| c.is_control()));

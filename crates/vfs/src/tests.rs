@@ -1,0 +1,374 @@
+//! In-process tests of the VFS core: every operation driven directly on [`Vfs`] (no kernel
+//! mount), over a SQLite metadata engine, a local-directory bucket and a cache dir in a
+//! temp dir. Bucket fidelity is checked by reading the bucket directory directly.
+//!
+//! Layout: this file holds the [`Harness`] and helpers; the submodules in `tests/` hold
+//! the tests, one module per area.
+
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deskfs_bucket::{Bucket, BucketSpec};
+use deskfs_cache::Cache;
+use deskfs_meta::sqlite::SqliteEngine;
+use deskfs_meta::{InodeRow, MetaEngine};
+
+use crate::{now_ns, Attr, Ctx, DirEntry, Ino, Kind, Result, Vfs, VfsConfig, ROOT_INO};
+
+mod bucket;
+mod data;
+mod import;
+mod links;
+mod namespace;
+mod persist;
+mod readdir;
+mod rename;
+mod setattr;
+mod unlink;
+mod xattr;
+
+/// The caller of every request in these tests (not root, so ownership is visible).
+pub(crate) const CTX: Ctx = Ctx { uid: 1000, gid: 1000, pid: 4242 };
+
+/// How long `sync` may wait for the uploader in a test.
+pub(crate) const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The configuration tests use unless they need another: a short coalescing delay.
+pub(crate) fn test_cfg() -> VfsConfig {
+    VfsConfig {
+        upload_delay: Duration::from_millis(10),
+        ..Default::default()
+    }
+}
+
+/// One workspace in a temp dir: `meta.db`, `bucket/` (the local bucket), `cache/`, plus
+/// the tokio runtime the VFS runs its background work on. Derefs to the live [`Vfs`].
+pub(crate) struct Harness {
+    tmp: tempfile::TempDir,
+    rt: Option<tokio::runtime::Runtime>,
+    vfs: Option<Arc<Vfs>>,
+    pub(crate) cfg: VfsConfig,
+}
+
+impl Deref for Harness {
+    type Target = Vfs;
+    fn deref(&self) -> &Vfs {
+        self.vfs.as_ref().expect("vfs is mounted")
+    }
+}
+
+/// Polls `f` every 5 ms until it is true or `timeout` passes; returns its last value.
+pub(crate) fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return true;
+        }
+        if start.elapsed() > timeout {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The errno of a result that must be an error.
+#[track_caller]
+pub(crate) fn errno<T: std::fmt::Debug>(r: Result<T>) -> i32 {
+    match r {
+        Ok(v) => panic!("expected an error, got Ok({v:?})"),
+        Err(e) => e.errno(),
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*), distinct per seed.
+pub(crate) fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+impl Harness {
+    /// A fresh, empty workspace with [`test_cfg`].
+    pub(crate) fn new() -> Harness {
+        Harness::build(test_cfg(), |_| {})
+    }
+
+    /// A fresh workspace with `cfg`.
+    pub(crate) fn with_config(cfg: VfsConfig) -> Harness {
+        Harness::build(cfg, |_| {})
+    }
+
+    /// A workspace whose bucket directory is first filled by `fill` (objects written by
+    /// "another tool" before the first mount), then formatted and mounted.
+    pub(crate) fn build(cfg: VfsConfig, fill: impl FnOnce(&Path)) -> Harness {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        std::fs::create_dir_all(tmp.path().join("bucket")).unwrap();
+        fill(&tmp.path().join("bucket"));
+        let meta = SqliteEngine::create(&tmp.path().join("meta.db"), 0, 0, now_ns()).expect("create meta db");
+        let rt = runtime();
+        let vfs = Self::open_vfs(tmp.path(), Arc::new(meta), &cfg, rt.handle());
+        Harness {
+            tmp,
+            rt: Some(rt),
+            vfs: Some(vfs),
+            cfg,
+        }
+    }
+
+    fn open_vfs(dir: &Path, meta: Arc<dyn MetaEngine>, cfg: &VfsConfig, rt: &tokio::runtime::Handle) -> Arc<Vfs> {
+        let url = format!("file://{}", dir.join("bucket").display());
+        let spec = BucketSpec::parse(&url).expect("bucket url");
+        let bucket = Bucket::open(&spec, true).expect("open bucket");
+        let cache = Cache::open(&dir.join("cache"), 64 << 20, 1 << 20).expect("open cache");
+        Vfs::new(meta, bucket, Arc::new(cache), cfg.clone(), rt.clone()).expect("Vfs::new")
+    }
+
+    /// The live VFS, for moving into other threads.
+    pub(crate) fn arc(&self) -> Arc<Vfs> {
+        self.vfs.clone().expect("vfs is mounted")
+    }
+
+    /// Stops the VFS (`shutdown(false)`: commit open files, stop the uploader without
+    /// waiting for uploads) and waits until its uploader task released it.
+    fn unmount(&mut self) {
+        let Some(vfs) = self.vfs.take() else { return };
+        vfs.shutdown(false, Duration::from_secs(10)).expect("shutdown");
+        let stopped = wait_until(Duration::from_secs(20), || Arc::strong_count(&vfs) == 1);
+        assert!(stopped, "the uploader still holds the VFS 20 s after shutdown");
+        drop(vfs);
+    }
+
+    /// Simulates a restart: shuts the VFS down and opens a new one on the same database,
+    /// bucket and cache directory. Open handles of the old mount are gone.
+    pub(crate) fn remount(&mut self) {
+        let cfg = self.cfg.clone();
+        self.remount_with(cfg);
+    }
+
+    /// [`Harness::remount`] with another configuration.
+    pub(crate) fn remount_with(&mut self, cfg: VfsConfig) {
+        self.unmount();
+        let meta = SqliteEngine::open(&self.tmp.path().join("meta.db")).expect("reopen meta db");
+        let vfs = Self::open_vfs(self.tmp.path(), Arc::new(meta), &cfg, self.rt.as_ref().unwrap().handle());
+        self.cfg = cfg;
+        self.vfs = Some(vfs);
+    }
+
+    /// Shuts down, runs `f` on the temp dir (e.g. to wipe the cache), then remounts.
+    pub(crate) fn remount_after(&mut self, f: impl FnOnce(&Path)) {
+        self.unmount();
+        f(self.tmp.path());
+        let cfg = self.cfg.clone();
+        let meta = SqliteEngine::open(&self.tmp.path().join("meta.db")).expect("reopen meta db");
+        let vfs = Self::open_vfs(self.tmp.path(), Arc::new(meta), &cfg, self.rt.as_ref().unwrap().handle());
+        self.vfs = Some(vfs);
+    }
+
+    // ---- direct views of the directories (not through deskfs) ----
+
+    /// The local bucket directory.
+    pub(crate) fn bucket_dir(&self) -> PathBuf {
+        self.tmp.path().join("bucket")
+    }
+
+    /// The content of the object at workspace path `path`, read from the bucket directory
+    /// directly; `None` if there is no such regular file.
+    pub(crate) fn bucket_file(&self, path: &str) -> Option<Vec<u8>> {
+        let p = self.bucket_dir().join(path);
+        if p.is_file() {
+            Some(std::fs::read(&p).expect("read bucket object"))
+        } else {
+            None
+        }
+    }
+
+    /// Whether the bucket directory has a directory (marker) at `path`.
+    pub(crate) fn bucket_is_dir(&self, path: &str) -> bool {
+        self.bucket_dir().join(path).is_dir()
+    }
+
+    /// Every regular file in the bucket (relative paths, sorted), `.deskfs/` included.
+    pub(crate) fn bucket_files(&self) -> Vec<String> {
+        fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+            for e in std::fs::read_dir(dir).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(root, &p, out);
+                } else {
+                    out.push(p.strip_prefix(root).unwrap().to_string_lossy().into_owned());
+                }
+            }
+        }
+        let mut out = Vec::new();
+        walk(&self.bucket_dir(), &self.bucket_dir(), &mut out);
+        out.sort();
+        out
+    }
+
+    /// Whether the cache has a staging file for `ino`.
+    pub(crate) fn staging_exists(&self, ino: Ino) -> bool {
+        self.tmp.path().join("cache").join("staging").join(ino.to_string()).exists()
+    }
+
+    /// The committed metadata row of `ino` (what the engine holds, without overlay).
+    pub(crate) fn row(&self, ino: Ino) -> Option<InodeRow> {
+        deskfs_meta::read(&**self.meta(), |t| t.get_inode(ino)).expect("meta read")
+    }
+
+    // ---- convenience wrappers over the VFS API ----
+
+    /// Waits until everything written so far is in the bucket.
+    pub(crate) fn sync_all(&self) {
+        self.sync(SYNC_TIMEOUT).expect("sync");
+    }
+
+    /// `lookup` of `parent/name`.
+    pub(crate) fn lk(&self, parent: Ino, name: &str) -> Result<Attr> {
+        self.lookup(&CTX, parent, name.as_bytes())
+    }
+
+    /// Resolves a `/`-separated path from the root by successive lookups.
+    pub(crate) fn walk(&self, path: &str) -> Result<Attr> {
+        let mut cur = self.getattr(ROOT_INO)?;
+        for seg in path.split('/').filter(|s| !s.is_empty()) {
+            cur = self.lookup(&CTX, cur.ino, seg.as_bytes())?;
+        }
+        Ok(cur)
+    }
+
+    /// `mkdir` with mode 0777 and umask 022.
+    pub(crate) fn dir(&self, parent: Ino, name: &str) -> Attr {
+        self.mkdir(&CTX, parent, name.as_bytes(), 0o777, 0o022).expect("mkdir")
+    }
+
+    /// `create` (O_RDWR, mode 0666, umask 022): the new file's attributes and handle.
+    pub(crate) fn create_rw(&self, parent: Ino, name: &str) -> (Attr, u64) {
+        let (a, o) = self
+            .create(&CTX, parent, name.as_bytes(), 0o666, 0o022, libc::O_RDWR)
+            .expect("create");
+        (a, o.fh)
+    }
+
+    /// Creates `parent/name` holding `data` (create, write, flush, release).
+    pub(crate) fn file(&self, parent: Ino, name: &str, data: &[u8]) -> Attr {
+        let (a, fh) = self.create_rw(parent, name);
+        self.put(a.ino, fh, 0, data);
+        self.flush(a.ino, fh).expect("flush");
+        self.release(a.ino, fh).expect("release");
+        self.getattr(a.ino).expect("getattr after create")
+    }
+
+    /// Writes all of `data` at `off` through `fh` (in 256 KiB requests, like the kernel).
+    pub(crate) fn put(&self, ino: Ino, fh: u64, off: u64, data: &[u8]) {
+        let mut done = 0usize;
+        for chunk in data.chunks(256 << 10) {
+            let n = self.write(ino, fh, off + done as u64, chunk).expect("write");
+            assert_eq!(n as usize, chunk.len(), "short write");
+            done += chunk.len();
+        }
+    }
+
+    /// `open` with `flags`; returns the handle.
+    pub(crate) fn op(&self, ino: Ino, flags: i32) -> u64 {
+        self.open(&CTX, ino, flags).expect("open").fh
+    }
+
+    /// Reads through `fh` from `off` to end of file, in `chunk`-byte requests.
+    pub(crate) fn read_to_end(&self, ino: Ino, fh: u64, off: u64, chunk: u32) -> Vec<u8> {
+        let mut out = Vec::new();
+        loop {
+            let d = self.read(ino, fh, off + out.len() as u64, chunk).expect("read");
+            if d.is_empty() {
+                return out;
+            }
+            assert!(d.len() <= chunk as usize);
+            out.extend_from_slice(&d);
+        }
+    }
+
+    /// The whole content of `ino` (open read-only, read, release).
+    pub(crate) fn cat(&self, ino: Ino) -> Vec<u8> {
+        let fh = self.op(ino, libc::O_RDONLY);
+        let out = self.read_to_end(ino, fh, 0, 128 << 10);
+        self.release(ino, fh).expect("release");
+        out
+    }
+
+    /// The whole content of the file at `path`.
+    pub(crate) fn cat_path(&self, path: &str) -> Vec<u8> {
+        let a = self.walk(path).unwrap_or_else(|e| panic!("lookup {path}: {e}"));
+        self.cat(a.ino)
+    }
+
+    /// Full listing of directory `ino` (opendir, readdir until empty, releasedir).
+    pub(crate) fn ls_entries(&self, ino: Ino, plus: bool) -> Vec<DirEntry> {
+        let fh = self.opendir(ino).expect("opendir");
+        let mut out: Vec<DirEntry> = Vec::new();
+        let mut off = 0;
+        loop {
+            let batch = self.readdir(ino, fh, off, plus).expect("readdir");
+            let Some(last) = batch.last() else { break };
+            off = last.offset;
+            out.extend(batch);
+        }
+        self.releasedir(ino, fh).expect("releasedir");
+        out
+    }
+
+    /// Sorted names in directory `ino`, without `.` and `..`.
+    pub(crate) fn ls(&self, ino: Ino) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .ls_entries(ino, false)
+            .into_iter()
+            .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+            .filter(|n| n != "." && n != "..")
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(vfs) = self.vfs.take() {
+            let _ = vfs.shutdown(false, Duration::from_secs(5));
+            wait_until(Duration::from_secs(10), || Arc::strong_count(&vfs) == 1);
+            drop(vfs);
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_timeout(Duration::from_secs(5));
+        }
+    }
+}
+
+/// Sanity of the harness itself: an empty workspace, a working remount.
+#[test]
+fn harness_mounts_and_remounts() {
+    let mut h = Harness::new();
+    let root = h.getattr(ROOT_INO).unwrap();
+    assert_eq!(root.kind, Kind::Dir);
+    assert_eq!(root.nlink, 2);
+    assert!(h.ls(ROOT_INO).is_empty());
+    h.file(ROOT_INO, "x", b"1");
+    h.remount();
+    assert_eq!(h.cat_path("x"), b"1");
+    h.sync_all();
+    assert_eq!(h.bucket_file("x").as_deref(), Some(&b"1"[..]));
+}

@@ -29,19 +29,28 @@ fn create_open_and_refuse_bad_files() {
     let p = dir.path().join("m.db");
     let e = SqliteEngine::create(&p, 0, 0, 5).unwrap();
     drop(e);
-    assert!(matches!(SqliteEngine::create(&p, 0, 0, 5), Err(MetaError::Conflict(_))));
+    assert!(matches!(
+        SqliteEngine::create(&p, 0, 0, 5),
+        Err(MetaError::Conflict(_))
+    ));
     SqliteEngine::open(&p).unwrap();
 
     let junk = dir.path().join("junk.db");
     std::fs::write(&junk, b"this is not a database at all, not even close.....").unwrap();
-    assert!(matches!(SqliteEngine::open(&junk), Err(MetaError::Corrupt { .. })));
+    assert!(matches!(
+        SqliteEngine::open(&junk),
+        Err(MetaError::Corrupt { .. })
+    ));
 
     let newer = dir.path().join("newer.db");
     drop(SqliteEngine::create(&newer, 0, 0, 5).unwrap());
     let c = Connection::open(&newer).unwrap();
     c.execute_batch("PRAGMA user_version = 99").unwrap();
     drop(c);
-    assert!(matches!(SqliteEngine::open(&newer), Err(MetaError::TooNew { found: 99, .. })));
+    assert!(matches!(
+        SqliteEngine::open(&newer),
+        Err(MetaError::TooNew { found: 99, .. })
+    ));
     assert!(matches!(
         SqliteEngine::open(&dir.path().join("missing.db")),
         Err(MetaError::NotFound(_))

@@ -1,0 +1,243 @@
+//! open/create, read, write, flush/release, fsync: content and sizes.
+
+use super::*;
+use crate::{SetAttr, SetTime};
+
+#[test]
+fn write_then_read_before_and_after_flush_and_release() {
+    let h = Harness::new();
+    let (a, fh) = h.create_rw(ROOT_INO, "f");
+    assert_eq!(h.write(a.ino, fh, 0, b"hello world").unwrap(), 11);
+    // Visible before any flush, through the same handle and in getattr/lookup.
+    assert_eq!(h.read(a.ino, fh, 0, 100).unwrap(), b"hello world");
+    assert_eq!(h.getattr(a.ino).unwrap().size, 11);
+    assert_eq!(h.lk(ROOT_INO, "f").unwrap().size, 11);
+    assert_eq!(h.row(a.ino).unwrap().size, 0, "not committed before flush");
+    // A second handle sees it too.
+    let fh2 = h.op(a.ino, libc::O_RDONLY);
+    assert_eq!(h.read(a.ino, fh2, 6, 100).unwrap(), b"world");
+
+    h.flush(a.ino, fh).unwrap();
+    let row = h.row(a.ino).unwrap();
+    assert_eq!(row.size, 11, "flush commits the size");
+    assert!(row.dirty);
+    assert_eq!(h.read(a.ino, fh, 0, 5).unwrap(), b"hello");
+    h.release(a.ino, fh).unwrap();
+    h.release(a.ino, fh2).unwrap();
+    assert_eq!(h.cat(a.ino), b"hello world");
+    assert_eq!(h.getattr(a.ino).unwrap().size, 11);
+}
+
+#[test]
+fn reads_at_offsets_and_sparse_holes_read_zeros() {
+    let h = Harness::new();
+    let (a, fh) = h.create_rw(ROOT_INO, "sparse");
+    h.put(a.ino, fh, 0, b"abc");
+    let far = (3 << 20) + 17;
+    h.put(a.ino, fh, far, b"xyz");
+    let size = far + 3;
+    assert_eq!(h.getattr(a.ino).unwrap().size, size);
+
+    let check = |fh: u64| {
+        assert_eq!(h.read(a.ino, fh, 0, 3).unwrap(), b"abc");
+        assert_eq!(h.read(a.ino, fh, 1, 4).unwrap(), b"bc\0\0");
+        assert_eq!(h.read(a.ino, fh, 1 << 20, 4096).unwrap(), vec![0u8; 4096]);
+        let mut tail = vec![0u8; 5];
+        tail.extend_from_slice(b"xyz");
+        assert_eq!(h.read(a.ino, fh, far - 5, 100).unwrap(), tail, "short read at EOF");
+        assert_eq!(h.read(a.ino, fh, size, 10).unwrap(), b"", "read at EOF");
+        assert_eq!(h.read(a.ino, fh, size + 1000, 10).unwrap(), b"", "read past EOF");
+        let all = h.read_to_end(a.ino, fh, 0, 1 << 20);
+        assert_eq!(all.len() as u64, size);
+        assert!(all[3..far as usize].iter().all(|b| *b == 0));
+    };
+    check(fh);
+    h.release(a.ino, fh).unwrap();
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    check(fh);
+    h.release(a.ino, fh).unwrap();
+
+    // A hole at the end made by a write far out, then overwritten in the middle.
+    let fh = h.op(a.ino, libc::O_RDWR);
+    h.put(a.ino, fh, 10, b"MID");
+    assert_eq!(h.read(a.ino, fh, 8, 7).unwrap(), b"\0\0MID\0\0");
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(h.getattr(a.ino).unwrap().size, size);
+}
+
+#[test]
+fn overwrite_in_place_keeps_the_rest() {
+    let h = Harness::new();
+    let a = h.file(ROOT_INO, "f", b"0123456789");
+    let fh = h.op(a.ino, libc::O_WRONLY);
+    h.put(a.ino, fh, 4, b"ab");
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(h.cat(a.ino), b"0123ab6789");
+    assert_eq!(h.getattr(a.ino).unwrap().size, 10);
+}
+
+#[test]
+fn large_content_roundtrip_in_odd_chunks() {
+    let h = Harness::new();
+    let data = pattern((5 << 20) + 333, 1);
+    let a = h.file(ROOT_INO, "big", &data);
+    assert_eq!(a.size, data.len() as u64);
+    assert_eq!(a.blocks, (data.len() as u64).div_ceil(512));
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    assert_eq!(h.read_to_end(a.ino, fh, 0, 77_777), data);
+    assert_eq!(h.read(a.ino, fh, 1_234_567, 10).unwrap(), &data[1_234_567..1_234_577]);
+    h.release(a.ino, fh).unwrap();
+}
+
+#[test]
+fn open_with_o_trunc_truncates() {
+    let h = Harness::new();
+    let a = h.file(ROOT_INO, "f", b"some old content");
+    // Read-only O_TRUNC does nothing (Linux leaves the file alone).
+    let fh = h.op(a.ino, libc::O_RDONLY | libc::O_TRUNC);
+    assert_eq!(h.getattr(a.ino).unwrap().size, 16);
+    h.release(a.ino, fh).unwrap();
+
+    let before = h.getattr(a.ino).unwrap();
+    let fh = h.op(a.ino, libc::O_WRONLY | libc::O_TRUNC);
+    let now = h.getattr(a.ino).unwrap();
+    assert_eq!(now.size, 0, "O_TRUNC empties the file at open");
+    assert!(now.mtime_ns >= before.mtime_ns);
+    h.put(a.ino, fh, 0, b"new");
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(h.cat(a.ino), b"new");
+    assert_eq!(h.row(a.ino).unwrap().size, 3);
+}
+
+#[test]
+fn o_append_writes_always_go_to_the_end() {
+    let h = Harness::new();
+    let a = h.file(ROOT_INO, "log", b"");
+    let h1 = h.op(a.ino, libc::O_WRONLY | libc::O_APPEND);
+    let h2 = h.op(a.ino, libc::O_WRONLY | libc::O_APPEND);
+    let plain = h.op(a.ino, libc::O_RDWR);
+    h.write(a.ino, h1, 0, b"a").unwrap();
+    h.write(a.ino, h2, 0, b"bb").unwrap();
+    h.write(a.ino, h1, 0, b"ccc").unwrap();
+    // A non-append handle writes where it is told.
+    h.write(a.ino, plain, 0, b"X").unwrap();
+    h.write(a.ino, h2, 1, b"dddd").unwrap();
+    assert_eq!(h.read(a.ino, plain, 0, 100).unwrap(), b"Xbbcccdddd");
+    for fh in [h1, h2, plain] {
+        h.release(a.ino, fh).unwrap();
+    }
+    assert_eq!(h.cat(a.ino), b"Xbbcccdddd");
+}
+
+#[test]
+fn o_append_is_atomic_across_threads() {
+    let h = Harness::new();
+    let a = h.file(ROOT_INO, "log", b"");
+    let threads: Vec<_> = (0..4u8)
+        .map(|t| {
+            let vfs = h.arc();
+            let ino = a.ino;
+            std::thread::spawn(move || {
+                let fh = vfs.open(&CTX, ino, libc::O_WRONLY | libc::O_APPEND).unwrap().fh;
+                for _ in 0..100 {
+                    vfs.write(ino, fh, 0, &[b'a' + t; 16]).unwrap();
+                }
+                vfs.release(ino, fh).unwrap();
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let data = h.cat(a.ino);
+    assert_eq!(data.len(), 4 * 100 * 16);
+    let mut counts = [0; 4];
+    for rec in data.chunks(16) {
+        assert!(rec.iter().all(|b| *b == rec[0]), "torn append record {rec:?}");
+        counts[(rec[0] - b'a') as usize] += 1;
+    }
+    assert_eq!(counts, [100; 4]);
+}
+
+#[test]
+fn handle_errors() {
+    let h = Harness::new();
+    let a = h.file(ROOT_INO, "f", b"data");
+    let ro = h.op(a.ino, libc::O_RDONLY);
+    assert_eq!(errno(h.write(a.ino, ro, 0, b"x")), libc::EBADF);
+    h.release(a.ino, ro).unwrap();
+    assert_eq!(errno(h.read(a.ino, 999_999, 0, 10)), libc::EBADF);
+    assert_eq!(errno(h.write(a.ino, 999_999, 0, b"x")), libc::EBADF);
+    // A released handle is gone.
+    assert_eq!(errno(h.read(a.ino, ro, 0, 10)), libc::EBADF);
+    assert_eq!(h.cat(a.ino), b"data");
+
+    let d = h.dir(ROOT_INO, "d");
+    assert_eq!(errno(h.open(&CTX, d.ino, libc::O_WRONLY)), libc::EISDIR);
+    assert_eq!(errno(h.open(&CTX, d.ino, libc::O_RDWR)), libc::EISDIR);
+    assert_eq!(errno(h.open(&CTX, 987_654, libc::O_RDONLY)), libc::ENOENT);
+    assert_eq!(errno(h.opendir(a.ino)), libc::ENOTDIR);
+    assert_eq!(errno(h.opendir(987_654)), libc::ENOENT);
+    // Writes past the ext4 limit (16 TiB).
+    let fh = h.op(a.ino, libc::O_WRONLY);
+    assert_eq!(errno(h.write(a.ino, fh, 16 << 40, b"x")), libc::EFBIG);
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(h.getattr(a.ino).unwrap().size, 4);
+}
+
+#[test]
+fn fsync_commits_size_and_data() {
+    let h = Harness::new();
+    let (a, fh) = h.create_rw(ROOT_INO, "f");
+    h.put(a.ino, fh, 0, b"durable");
+    assert_eq!(h.row(a.ino).unwrap().size, 0);
+    h.fsync(a.ino, fh, false).unwrap();
+    let row = h.row(a.ino).unwrap();
+    assert_eq!(row.size, 7);
+    assert!(row.dirty, "not uploaded yet, or at least not before the commit");
+    h.put(a.ino, fh, 7, b"!");
+    h.fsync(a.ino, fh, true).unwrap();
+    assert_eq!(h.row(a.ino).unwrap().size, 8);
+    h.fsyncdir(ROOT_INO).unwrap();
+    assert_eq!(h.read(a.ino, fh, 0, 100).unwrap(), b"durable!");
+    h.release(a.ino, fh).unwrap();
+    // fsync without writes is fine.
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    h.fsync(a.ino, fh, false).unwrap();
+    h.release(a.ino, fh).unwrap();
+}
+
+#[test]
+fn write_updates_mtime_and_ctime() {
+    let h = Harness::new();
+    let a = h.file(ROOT_INO, "f", b"x");
+    let t0 = 1_000_000_000;
+    h.setattr(&CTX, a.ino, &SetAttr { mtime: Some(SetTime::At(t0)), atime: Some(SetTime::At(t0)), ..Default::default() })
+        .unwrap();
+    let fh = h.op(a.ino, libc::O_WRONLY);
+    h.put(a.ino, fh, 1, b"y");
+    let mid = h.getattr(a.ino).unwrap();
+    assert!(mid.mtime_ns > t0, "mtime visible before close");
+    h.release(a.ino, fh).unwrap();
+    let after = h.getattr(a.ino).unwrap();
+    assert!(after.mtime_ns > t0);
+    assert_eq!(after.mtime_ns, mid.mtime_ns, "close keeps the write's mtime");
+    assert!(after.ctime_ns >= after.mtime_ns);
+    assert_eq!(after.atime_ns, t0);
+    assert_eq!(h.row(a.ino).unwrap().mtime_ns, after.mtime_ns);
+}
+
+#[test]
+fn ftruncate_through_a_handle_with_pending_writes() {
+    let h = Harness::new();
+    let (a, fh) = h.create_rw(ROOT_INO, "f");
+    h.put(a.ino, fh, 0, b"0123456789");
+    let at = h.setattr(&CTX, a.ino, &SetAttr { size: Some(4), fh: Some(fh), ..Default::default() }).unwrap();
+    assert_eq!(at.size, 4);
+    assert_eq!(h.read(a.ino, fh, 0, 100).unwrap(), b"0123");
+    h.put(a.ino, fh, 6, b"Z");
+    assert_eq!(h.read(a.ino, fh, 0, 100).unwrap(), b"0123\0\0Z");
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(h.cat(a.ino), b"0123\0\0Z");
+    assert_eq!(h.row(a.ino).unwrap().size, 7);
+}
