@@ -1,0 +1,334 @@
+#!/usr/bin/env bash
+# scripts/test.sh — THE test command of deskfs (`.ci/run` calls it).
+#
+#   bash scripts/test.sh [OPTIONS] [FILTER...]
+#
+# Steps: install missing Debian packages (apt, only when missing) -> install Garage (cargo
+# install, only when `garage` is not on PATH) -> cargo build --release -p deskfs -> start a
+# private Garage S3 server -> cargo test --workspace --release -> every tests/e2e/*.sh
+# (exit 0 pass, 77 skip, anything else fail) -> summary, ending with the line
+#   N passed, N failed, N skipped
+# The exit status is non-zero when anything failed. "cargo build" and "cargo test" count as
+# one result each, next to one per e2e script.
+#
+# Options:
+#   --no-deps        do not check/install apt packages or Garage
+#   --no-build       do not run cargo build (use the existing target/release/deskfs)
+#   --no-cargo-test  skip cargo test
+#   --e2e-only       = --no-deps --no-build --no-cargo-test
+#   --keep           keep every test's temp dir (DESKFS_TEST_KEEP=1)
+#   FILTER...        run only the e2e tests whose file name contains one of these strings
+# Environment:
+#   DESKFS_TEST_S3_PORT  Garage S3 port (default: 3900 if 3900/3901/3903 are free, else the
+#                        first free of 3910, 3920, ...)
+#   GARAGE_VERSION       version for `cargo install garage` (default 2.5.0)
+#   DESKFS_BIN           binary the e2e tests run (default target/release/deskfs)
+#   DESKFS_TEST_LOGDIR   where logs go (default target/test-logs; emptied at the start)
+#   DESKFS_E2E_TIMEOUT   default per-test time limit in seconds (default 600); a test can
+#                        raise its own with a "# e2e-timeout: SECONDS" line
+#
+# Everything the run starts lives under one temp dir (Garage state, DESKFS_HOMEs,
+# mountpoints); the EXIT trap unmounts what the tests mounted there, kills only PIDs the
+# tests recorded, and stops only the Garage server this run started (by its recorded PID).
+# Logs: target/test-logs/ (one file per step and per e2e test).
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT" || exit 1
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+
+DO_DEPS=1 DO_BUILD=1 DO_CARGO_TEST=1
+FILTERS=()
+while (($#)); do
+  case "$1" in
+    --no-deps) DO_DEPS=0 ;;
+    --no-build) DO_BUILD=0 ;;
+    --no-cargo-test) DO_CARGO_TEST=0 ;;
+    --e2e-only) DO_DEPS=0 DO_BUILD=0 DO_CARGO_TEST=0 ;;
+    --keep) export DESKFS_TEST_KEEP=1 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "test.sh: unknown option $1" >&2; exit 2 ;;
+    *) FILTERS+=("$1") ;;
+  esac
+  shift
+done
+
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config git sqlite3 python3-venv rclone fio bubblewrap make)
+GARAGE_VERSION=${GARAGE_VERSION:-2.5.0}
+S3_SCRIPT=$ROOT/scripts/s3-server.sh
+LOGDIR=${DESKFS_TEST_LOGDIR:-$ROOT/target/test-logs}
+T0=$SECONDS
+
+RUN=$(mktemp -d "${TMPDIR:-/tmp}/deskfs-test.XXXXXX") || { echo "test.sh: mktemp failed" >&2; exit 1; }
+RUN=$(realpath "$RUN")
+rm -rf "$LOGDIR"
+mkdir -p "$LOGDIR" "$RUN/tmp"
+: > "$RUN/mounts"
+: > "$RUN/pids"
+
+say() { printf '\n=== %s [%ds]\n' "$*" $((SECONDS - T0)); }
+note() { printf 'test.sh: %s\n' "$*"; }
+
+# ------------------------------------------------------------ results
+R_NAMES=() R_STATUS=() R_SECS=() R_DETAIL=()
+record() { # NAME STATUS(PASS|FAIL|SKIP) SECONDS DETAIL
+  R_NAMES+=("$1") R_STATUS+=("$2") R_SECS+=("$3") R_DETAIL+=("$4")
+  printf '%-4s %s (%ss)%s\n' "$2" "$1" "$3" "${4:+ — $4}"
+}
+
+SUMMARY_DONE=0
+summary() {
+  local i p=0 f=0 s=0
+  SUMMARY_DONE=1
+  echo
+  echo "=== summary (total $((SECONDS - T0))s, logs in ${LOGDIR#"$ROOT"/})"
+  for i in "${!R_NAMES[@]}"; do
+    printf '  %-4s %-28s %5ss  %s\n' "${R_STATUS[$i]}" "${R_NAMES[$i]}" "${R_SECS[$i]}" "${R_DETAIL[$i]}"
+    case "${R_STATUS[$i]}" in PASS) p=$((p + 1)) ;; FAIL) f=$((f + 1)) ;; *) s=$((s + 1)) ;; esac
+  done
+  echo "$p passed, $f failed, $s skipped"
+  ((f == 0))
+}
+
+# ------------------------------------------------------------ cleanup (EXIT trap)
+is_mounted() { awk -v p="$1" '$5 == p { f = 1 } END { exit !f }' /proc/self/mountinfo; }
+
+proc_start() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; echo "${20}"; }
+
+cleanup_leftovers() { # unmount what tests mounted under $RUN, kill the PIDs they recorded
+  local m pid st dev
+  # every mount under our run dir is ours (mountpoints are created inside it)
+  while IFS= read -r m; do
+    [[ -n $m ]] || continue
+    note "unmounting leftover mount $m"
+    timeout -k 2 20 "${DESKFS_BIN:-$ROOT/target/release/deskfs}" umount --no-wait "$m" >/dev/null 2>&1 < /dev/null
+    is_mounted "$m" && timeout -k 2 15 fusermount3 -u "$m" >/dev/null 2>&1
+    is_mounted "$m" && timeout -k 2 15 umount "$m" >/dev/null 2>&1
+    if is_mounted "$m"; then
+      dev=$(awk -v p="$m" '$5 == p { split($3, a, ":"); d = a[2] } END { print d }' /proc/self/mountinfo)
+      [[ -n $dev && -w /sys/fs/fuse/connections/$dev/abort ]] && echo 1 > "/sys/fs/fuse/connections/$dev/abort"
+      timeout -k 2 15 fusermount3 -u "$m" >/dev/null 2>&1
+    fi
+    if is_mounted "$m"; then
+      note "lazy unmount of $m (last resort)"
+      fusermount3 -uz "$m" >/dev/null 2>&1 || umount -l "$m" >/dev/null 2>&1
+    fi
+  done < <(awk -v p="$RUN/" 'index($5, p) == 1 { print $5 }' /proc/self/mountinfo | sort -r | uniq)
+  while read -r pid st; do
+    [[ -n $pid ]] || continue
+    [[ "$(proc_start "$pid")" == "$st" ]] || continue
+    note "killing leftover test process $pid ($(tr '\0' ' ' < "/proc/$pid/cmdline" | cut -c1-80))"
+    kill -TERM "$pid" 2>/dev/null
+    sleep 1
+    [[ "$(proc_start "$pid")" == "$st" ]] && kill -KILL "$pid" 2>/dev/null
+  done < "$RUN/pids"
+  : > "$RUN/pids"
+}
+
+S3_STARTED=0
+s3ctl() { BENCH_STATE=$RUN/s3state BENCH_S3_PORT=$S3_PORT BENCH_S3_BUCKET=deskfs-e2e bash "$S3_SCRIPT" "$@"; }
+
+CUR_TEST_PID=
+stop_current_test() { # the e2e test running now (timeout leads its own process group)
+  [[ -n $CUR_TEST_PID ]] && kill -0 "$CUR_TEST_PID" 2>/dev/null || return 0
+  note "stopping the running test (pid $CUR_TEST_PID)"
+  kill -TERM "$CUR_TEST_PID" 2>/dev/null
+  local i
+  for i in $(seq 1 40); do kill -0 "$CUR_TEST_PID" 2>/dev/null || break; sleep 0.5; done
+  kill -KILL -- "-$CUR_TEST_PID" 2>/dev/null
+  wait "$CUR_TEST_PID" 2>/dev/null
+}
+
+on_exit() {
+  local rc=$?
+  trap - EXIT INT TERM HUP
+  stop_current_test
+  cleanup_leftovers
+  if ((!SUMMARY_DONE)); then
+    record "(run interrupted)" FAIL 0 "test.sh exited early (status $rc)"
+    summary
+  fi
+  if ((S3_STARTED)); then
+    s3ctl stop > "$LOGDIR/s3-stop.log" 2>&1 || note "stopping Garage failed, see $LOGDIR/s3-stop.log"
+    cp "$RUN/s3state/s3/server.log" "$LOGDIR/garage-server.log" 2>/dev/null
+  fi
+  if [[ ${DESKFS_TEST_KEEP:-0} == 1 ]]; then
+    note "kept $RUN"
+  elif awk -v p="$RUN/" 'index($5, p) == 1 { f = 1 } END { exit !f }' /proc/self/mountinfo; then
+    note "something is still mounted under $RUN: not deleting it"
+  else
+    rm -rf --one-file-system "$RUN"
+  fi
+  exit "$rc"
+}
+trap on_exit EXIT
+trap 'echo "test.sh: interrupted" >&2; exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+# ------------------------------------------------------------ 1. dependencies
+as_root() { if ((EUID == 0)); then "$@"; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo "$@"; else return 1; fi; }
+
+if ((DO_DEPS)); then
+  say "dependencies"
+  if command -v dpkg-query >/dev/null; then
+    missing=()
+    for p in "${APT_PACKAGES[@]}"; do
+      [[ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" == installed ]] || missing+=("$p")
+    done
+    if ((${#missing[@]})); then
+      note "installing missing packages: ${missing[*]}"
+      t=$SECONDS
+      if as_root env DEBIAN_FRONTEND=noninteractive apt-get update > "$LOGDIR/apt.log" 2>&1 &&
+         as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >> "$LOGDIR/apt.log" 2>&1; then
+        record "apt-install" PASS $((SECONDS - t)) "${missing[*]}"
+      else
+        tail -n 20 "$LOGDIR/apt.log"
+        record "apt-install" FAIL $((SECONDS - t)) "apt-get install ${missing[*]} failed (need root or sudo), see target/test-logs/apt.log"
+      fi
+    else
+      note "all apt packages present"
+    fi
+  else
+    note "no dpkg-query: not a Debian system, not installing packages (${APT_PACKAGES[*]} expected)"
+  fi
+  if ! command -v garage >/dev/null; then
+    note "garage not on PATH: cargo install garage --version $GARAGE_VERSION --locked (about 13 min on 2 cores; log target/test-logs/garage-install.log)"
+    t=$SECONDS
+    if cargo install garage --version "$GARAGE_VERSION" --locked > "$LOGDIR/garage-install.log" 2>&1; then
+      record "garage-install" PASS $((SECONDS - t)) "garage $GARAGE_VERSION into ${CARGO_HOME:-$HOME/.cargo}/bin"
+    else
+      tail -n 30 "$LOGDIR/garage-install.log"
+      record "garage-install" FAIL $((SECONDS - t)) "cargo install garage failed, see target/test-logs/garage-install.log"
+    fi
+  else
+    note "garage: $(command -v garage) ($(garage --version 2>/dev/null | head -n 1))"
+  fi
+  if [[ ! -e /dev/fuse ]]; then
+    as_root modprobe fuse > /dev/null 2>&1
+    [[ -e /dev/fuse ]] || note "WARNING: /dev/fuse is missing: mount tests will fail"
+  fi
+fi
+
+# ------------------------------------------------------------ 2. build
+BUILD_OK=1
+if ((DO_BUILD)); then
+  say "cargo build --release -p deskfs"
+  t=$SECONDS
+  if cargo build --release -p deskfs > "$LOGDIR/cargo-build.log" 2>&1; then
+    grep -E '^warning' "$LOGDIR/cargo-build.log" | sort | uniq -c | sort -rn | head -n 10
+    record "cargo build" PASS $((SECONDS - t)) ""
+  else
+    grep -E -A 6 '^error' "$LOGDIR/cargo-build.log" | head -n 60
+    tail -n 40 "$LOGDIR/cargo-build.log"
+    record "cargo build" FAIL $((SECONDS - t)) "see target/test-logs/cargo-build.log"
+    BUILD_OK=0
+  fi
+fi
+export DESKFS_BIN=${DESKFS_BIN:-$ROOT/target/release/deskfs}
+if [[ ! -x $DESKFS_BIN ]]; then
+  BUILD_OK=0
+  note "$DESKFS_BIN does not exist"
+fi
+
+# ------------------------------------------------------------ 3. S3 server (Garage)
+port_busy() { (exec 3<> "/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+pick_port() {
+  local p
+  for p in 3900 3910 3920 3930 3940 3950 3960 3970 3980 3990 4910 4920 4930; do
+    port_busy "$p" || port_busy $((p + 1)) || port_busy $((p + 3)) || { echo "$p"; return 0; }
+  done
+  return 1
+}
+say "S3 server"
+S3_PORT=${DESKFS_TEST_S3_PORT:-$(pick_port)}
+if [[ -z $S3_PORT ]]; then
+  record "s3-server" FAIL 0 "no free port for Garage (tried 3900..3990)"
+elif ! command -v garage >/dev/null; then
+  record "s3-server" FAIL 0 "garage is not installed"
+else
+  t=$SECONDS
+  S3_STARTED=1   # from here on the trap stops it (by the PID the script records)
+  if s3ctl start > "$RUN/s3.env" 2> "$LOGDIR/s3-start.log"; then
+    # shellcheck disable=SC1091
+    source "$RUN/s3.env"
+    export BENCH_STATE=$RUN/s3state BENCH_S3_PORT=$S3_PORT
+    export DESKFS_TEST_S3_OWNED=1 DESKFS_TEST_S3_CTL=$S3_SCRIPT
+    note "Garage on $BENCH_S3_ENDPOINT (pid $(cat "$RUN/s3state/s3/server.pid"), bucket $BENCH_S3_BUCKET, state $BENCH_STATE)"
+  else
+    cat "$LOGDIR/s3-start.log"
+    tail -n 20 "$RUN/s3state/s3/server.log" 2>/dev/null
+    record "s3-server" FAIL $((SECONDS - t)) "Garage did not start, see target/test-logs/s3-start.log"
+  fi
+fi
+
+# ------------------------------------------------------------ 4. cargo test
+if ((DO_CARGO_TEST)); then
+  say "cargo test --workspace --release"
+  t=$SECONDS
+  if ((BUILD_OK == 0 && DO_BUILD == 1)); then
+    record "cargo test" SKIP 0 "not run: cargo build failed"
+  elif timeout -k 30 1800 cargo test --workspace --release --no-fail-fast > "$LOGDIR/cargo-test.log" 2>&1; then
+    grep -E '^test result:' "$LOGDIR/cargo-test.log" | awk '{p += $4; f += $6; i += $8} END {printf "unit/integration tests: %d passed, %d failed, %d ignored\n", p, f, i}'
+    record "cargo test" PASS $((SECONDS - t)) "$(grep -E '^test result:' "$LOGDIR/cargo-test.log" | awk '{p += $4; i += $8} END {printf "%d tests, %d ignored", p, i}')"
+  else
+    grep -E '^(test .* FAILED|failures:|---- |error(\[|:))' "$LOGDIR/cargo-test.log" | head -n 60
+    tail -n 20 "$LOGDIR/cargo-test.log"
+    record "cargo test" FAIL $((SECONDS - t)) "see target/test-logs/cargo-test.log"
+  fi
+fi
+
+# ------------------------------------------------------------ 5. e2e tests
+say "e2e tests (tests/e2e)"
+export DESKFS_TEST_STRICT=1 DESKFS_TEST_RUN_DIR=$RUN DESKFS_TEST_TMPDIR=$RUN/tmp
+note "deskfs under test: $DESKFS_BIN"
+
+selected() {
+  local n=$1 f
+  ((${#FILTERS[@]} == 0)) && return 0
+  for f in "${FILTERS[@]}"; do [[ $n == *"$f"* ]] && return 0; done
+  return 1
+}
+
+for t_path in "$ROOT"/tests/e2e/[0-9]*.sh; do
+  [[ -e $t_path ]] || continue
+  name=$(basename "$t_path" .sh)
+  selected "$name" || continue
+  if ((BUILD_OK == 0)); then
+    record "$name" SKIP 0 "not run: no deskfs binary (cargo build failed)"
+    continue
+  fi
+  if ((S3_STARTED)) && ! s3ctl status > /dev/null 2>&1; then
+    note "Garage is not running before $name: restarting it"
+    s3ctl start > /dev/null 2>> "$LOGDIR/s3-start.log" || note "Garage restart failed"
+  fi
+  limit=$(sed -n 's/^# e2e-timeout: *\([0-9][0-9]*\).*/\1/p' "$t_path" | head -n 1)
+  limit=${limit:-${DESKFS_E2E_TIMEOUT:-600}}
+  log=$LOGDIR/$name.log
+  echo "--- $name (limit ${limit}s)"
+  t=$SECONDS
+  # Output goes to a file, never a pipe (a daemon keeping an inherited fd would hang a
+  # pipe); tail follows the file until the test exits.
+  timeout -k 30 "$limit" bash "$t_path" > "$log" 2>&1 < /dev/null &
+  CUR_TEST_PID=$!
+  tail -n +1 -f --pid="$CUR_TEST_PID" "$log" 2>/dev/null | sed -u 's/^/    /' &
+  tailpid=$!
+  wait "$CUR_TEST_PID"   # (wait, unlike a foreground pipeline, lets the INT/TERM traps run at once)
+  trc=$?
+  wait "$tailpid"
+  CUR_TEST_PID=
+  secs=$((SECONDS - t))
+  reason=$(grep -E '^(FAIL|SKIP): ' "$log" | tail -n 1 | sed -E 's/^(FAIL|SKIP): [^:]*: //')
+  case $trc in
+    0) record "$name" PASS "$secs" "" ;;
+    77) record "$name" SKIP "$secs" "${reason:-skipped}" ;;
+    124|137) record "$name" FAIL "$secs" "timed out after ${limit}s${reason:+; $reason}" ;;
+    *) record "$name" FAIL "$secs" "${reason:-exit status $trc}" ;;
+  esac
+  if awk -v p="$RUN/" 'index($5, p) == 1 { f = 1 } END { exit !f }' /proc/self/mountinfo || [[ -s $RUN/pids ]]; then
+    cleanup_leftovers
+  fi
+  : > "$RUN/mounts"
+done
+
+summary
