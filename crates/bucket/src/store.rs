@@ -172,6 +172,18 @@ impl Bucket {
         &self.spec
     }
 
+    /// Whether `key` can be stored as is. The local backend of `object_store` refuses
+    /// path segments ending in `#<digits>` (its multipart temp-file names).
+    pub fn key_storable(&self, key: &str) -> bool {
+        if self.local_root.is_none() {
+            return true;
+        }
+        key.split('/').all(|seg| match seg.rsplit_once('#') {
+            Some((_, digits)) => digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()),
+            None => true,
+        })
+    }
+
     /// Whether objects carry user metadata (false for `file://`).
     pub fn supports_metadata(&self) -> bool {
         self.local_root.is_none()
@@ -339,26 +351,13 @@ impl Bucket {
         }
     }
 
-    /// Deletes the object `key`; a missing object is not an error.
+    /// Deletes the object `key`; a missing object is not an error. (For `file://`, parent
+    /// directories stay: they are the directory markers, removed with
+    /// [`Bucket::delete_dir_marker`].)
     pub async fn delete(&self, key: &str) -> Result<()> {
         match self.store.delete(&self.path(key)?).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(store_err(e)),
-        }
-        if let Some(root) = &self.local_root {
-            // Keep the bucket directory free of parents emptied by the delete; stop at the
-            // first one that still holds something (a directory the namespace still has
-            // keeps its own marker and is recreated by the uploader if needed).
-            let mut cur = root.join(key);
-            while let Some(parent) = cur.parent().map(|p| p.to_path_buf()) {
-                if parent == *root || !parent.starts_with(root) {
-                    break;
-                }
-                if std::fs::remove_dir(&parent).is_err() {
-                    break;
-                }
-                cur = parent;
-            }
         }
         Ok(())
     }

@@ -11,9 +11,9 @@ use std::time::{Duration, SystemTime};
 use deskfs_vfs::{Attr, Ctx, SetAttr, Vfs, VfsError};
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
-    KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
-    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    ReplyXattr, Request, TimeOrNow, WriteFlags,
+    InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyLock, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
 use crate::convert::{
@@ -125,6 +125,16 @@ impl Filesystem for DeskFs {
         if let Err(nearest) = config.set_max_readahead(MAX_IO) {
             tracing::debug!(nearest, "max_readahead capped by the kernel");
             let _ = config.set_max_readahead(nearest);
+        }
+        // fcntl/OFD locks and flock go to the VFS, whose lock table is shared by every
+        // mount of the workspace.
+        for flag in [InitFlags::FUSE_POSIX_LOCKS, InitFlags::FUSE_FLOCK_LOCKS] {
+            if let Err(missing) = config.add_capabilities(flag) {
+                tracing::warn!(
+                    ?missing,
+                    "kernel lacks a lock capability; locks stay local to this mount"
+                );
+            }
         }
         Ok(())
     }
@@ -326,10 +336,64 @@ impl Filesystem for DeskFs {
         _req: &Request,
         ino: INodeNo,
         fh: FileHandle,
-        _lock_owner: LockOwner,
+        lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        // close(2) of any descriptor drops the process's POSIX locks on the file.
+        if let Err(e) = self.vfs.release_locks(ino.0, lock_owner.0) {
+            errno("flush(unlock)", &e);
+        }
         reply_empty("flush", self.vfs.flush(ino.0, fh.0), reply);
+    }
+
+    fn getlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        _pid: u32,
+        reply: ReplyLock,
+    ) {
+        match self.vfs.getlk(ino.0, lock_owner.0, start, end, typ) {
+            Ok(l) => reply.locked(l.start, l.end, l.typ.raw(), l.pid),
+            Err(e) => reply.error(errno("getlk", &e)),
+        }
+    }
+
+    fn setlk(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        lock_owner: LockOwner,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        sleep: bool,
+        reply: ReplyEmpty,
+    ) {
+        if !sleep {
+            let r = self
+                .vfs
+                .setlk(ino.0, fh.0, lock_owner.0, start, end, typ, pid, false);
+            return reply_empty("setlk", r, reply);
+        }
+        // F_SETLKW / blocking flock: wait on a thread of its own, not a FUSE worker.
+        let vfs = self.vfs.clone();
+        let spawned = std::thread::Builder::new()
+            .name("deskfs-lockwait".into())
+            .spawn(move || {
+                let r = vfs.setlk(ino.0, fh.0, lock_owner.0, start, end, typ, pid, true);
+                reply_empty("setlkw", r, reply);
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start a lock-wait thread");
+        }
     }
 
     fn release(
@@ -338,10 +402,16 @@ impl Filesystem for DeskFs {
         ino: INodeNo,
         fh: FileHandle,
         _flags: OpenFlags,
-        _lock_owner: Option<LockOwner>,
+        lock_owner: Option<LockOwner>,
         flush: bool,
         reply: ReplyEmpty,
     ) {
+        // FUSE_RELEASE_FLOCK_UNLOCK: the open file's flock lock goes with it.
+        if let Some(owner) = lock_owner {
+            if let Err(e) = self.vfs.release_locks(ino.0, owner.0) {
+                errno("release(unlock)", &e);
+            }
+        }
         // A release that carries FUSE_RELEASE_FLUSH stands for a flush followed by the
         // release. Errors of a release never reach close(2), but the handle must be freed.
         if flush {

@@ -158,6 +158,32 @@ pub trait MetaTxn {
     /// The most recent failures (path, attempts, error), newest first.
     fn failed_pending(&mut self, limit: usize) -> Result<Vec<PendingRow>>;
 
+    // ---- sessions (leases), open files, locks ----
+    /// Registers a mount session and returns its id.
+    fn register_session(&mut self, host: &str, pid: u32, now_ns: i64) -> Result<u64>;
+    /// Renews a session's lease. [`MetaError::NotFound`] if it was expired by someone.
+    fn heartbeat(&mut self, session: u64, now_ns: i64) -> Result<()>;
+    /// All sessions.
+    fn sessions(&mut self) -> Result<Vec<SessionRow>>;
+    /// Removes a session with its locks and open-file records.
+    fn delete_session(&mut self, session: u64) -> Result<()>;
+    /// Adds `delta` to the open count of `ino` in `session` (rows at 0 are removed).
+    fn add_open(&mut self, ino: Ino, session: u64, delta: i64) -> Result<()>;
+    /// Whether any session other than `session` has `ino` open.
+    fn open_elsewhere(&mut self, ino: Ino, session: u64) -> Result<bool>;
+    /// Every lock on `ino`.
+    fn locks_on(&mut self, ino: Ino) -> Result<Vec<LockRow>>;
+    /// Replaces all locks of (`ino`, `session`, `owner`) by `locks`.
+    fn set_owner_locks(
+        &mut self,
+        ino: Ino,
+        session: u64,
+        owner: u64,
+        locks: &[LockRow],
+    ) -> Result<()>;
+    /// Number of locks held through `session` (status).
+    fn session_lock_count(&mut self, session: u64) -> Result<u64>;
+
     // ---- workspace records and counters ----
     /// Reads a workspace-level setting.
     fn get_kv(&mut self, key: &str) -> Result<Option<String>>;

@@ -8,8 +8,8 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 
 use crate::{
-    Dentry, Ino, InodeRow, Kind, Local, MetaEngine, MetaError, MetaTxn, ObjectRow, PendingRow,
-    PendingStats, Result, Usage, ROOT_INO,
+    Dentry, Ino, InodeRow, Kind, Local, LockRow, MetaEngine, MetaError, MetaTxn, ObjectRow,
+    PendingRow, PendingStats, Result, SessionRow, Usage, ROOT_INO,
 };
 
 /// Schema version written to `PRAGMA user_version`. Databases with a higher number are
@@ -46,6 +46,14 @@ CREATE TABLE pending(path BLOB PRIMARY KEY, recursive INTEGER NOT NULL, seq INTE
 CREATE INDEX pending_due ON pending(due);
 CREATE INDEX pending_seq ON pending(seq);
 CREATE TABLE kv(key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+CREATE TABLE sessions(id INTEGER PRIMARY KEY AUTOINCREMENT, host TEXT NOT NULL,
+  pid INTEGER NOT NULL, started INTEGER NOT NULL, heartbeat INTEGER NOT NULL);
+CREATE TABLE open_files(ino INTEGER NOT NULL, session INTEGER NOT NULL, count INTEGER NOT NULL,
+  PRIMARY KEY(ino, session)) WITHOUT ROWID;
+CREATE TABLE locks(ino INTEGER NOT NULL, session INTEGER NOT NULL, owner INTEGER NOT NULL,
+  write INTEGER NOT NULL, start INTEGER NOT NULL, end_ INTEGER NOT NULL, pid INTEGER NOT NULL);
+CREATE INDEX locks_ino ON locks(ino);
+CREATE INDEX locks_session ON locks(session);
 "#;
 
 /// A SQLite metadata database (`rusqlite`, bundled SQLite, WAL journal).
@@ -742,6 +750,130 @@ impl MetaTxn for SqlTxn<'_> {
         Ok(v)
     }
 
+    fn register_session(&mut self, host: &str, pid: u32, now_ns: i64) -> Result<u64> {
+        self.conn
+            .prepare_cached("INSERT INTO sessions(host,pid,started,heartbeat) VALUES(?1,?2,?3,?3)")?
+            .execute(params![host, pid, now_ns])?;
+        Ok(self.conn.last_insert_rowid() as u64)
+    }
+
+    fn heartbeat(&mut self, session: u64, now_ns: i64) -> Result<()> {
+        let n = self
+            .conn
+            .prepare_cached("UPDATE sessions SET heartbeat=?2 WHERE id=?1")?
+            .execute(params![session as i64, now_ns])?;
+        if n == 0 {
+            return Err(MetaError::NotFound(format!("session {session}")));
+        }
+        Ok(())
+    }
+
+    fn sessions(&mut self) -> Result<Vec<SessionRow>> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT id,host,pid,heartbeat FROM sessions ORDER BY id")?;
+        let v = st
+            .query_map([], |r| {
+                Ok(SessionRow {
+                    id: r.get::<_, i64>(0)? as u64,
+                    host: r.get(1)?,
+                    pid: r.get(2)?,
+                    heartbeat_ns: r.get(3)?,
+                })
+            })?
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(v)
+    }
+
+    fn delete_session(&mut self, session: u64) -> Result<()> {
+        for sql in [
+            "DELETE FROM sessions WHERE id=?1",
+            "DELETE FROM open_files WHERE session=?1",
+            "DELETE FROM locks WHERE session=?1",
+        ] {
+            self.conn
+                .prepare_cached(sql)?
+                .execute(params![session as i64])?;
+        }
+        Ok(())
+    }
+
+    fn add_open(&mut self, ino: Ino, session: u64, delta: i64) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO open_files(ino,session,count) VALUES(?1,?2,?3)
+                 ON CONFLICT(ino,session) DO UPDATE SET count = count + excluded.count",
+            )?
+            .execute(params![ino as i64, session as i64, delta])?;
+        self.conn
+            .prepare_cached("DELETE FROM open_files WHERE ino=?1 AND session=?2 AND count<=0")?
+            .execute(params![ino as i64, session as i64])?;
+        Ok(())
+    }
+
+    fn open_elsewhere(&mut self, ino: Ino, session: u64) -> Result<bool> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT 1 FROM open_files WHERE ino=?1 AND session<>?2 AND count>0 LIMIT 1",
+        )?;
+        Ok(st.exists(params![ino as i64, session as i64])?)
+    }
+
+    fn locks_on(&mut self, ino: Ino) -> Result<Vec<LockRow>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT session,owner,write,start,end_,pid FROM locks WHERE ino=?1 ORDER BY start",
+        )?;
+        let v = st
+            .query_map(params![ino as i64], |r| {
+                Ok(LockRow {
+                    ino,
+                    session: r.get::<_, i64>(0)? as u64,
+                    owner: r.get::<_, i64>(1)? as u64,
+                    write: r.get::<_, i64>(2)? != 0,
+                    start: r.get::<_, i64>(3)? as u64,
+                    end: r.get::<_, i64>(4)? as u64,
+                    pid: r.get(5)?,
+                })
+            })?
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(v)
+    }
+
+    fn set_owner_locks(
+        &mut self,
+        ino: Ino,
+        session: u64,
+        owner: u64,
+        locks: &[LockRow],
+    ) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM locks WHERE ino=?1 AND session=?2 AND owner=?3")?
+            .execute(params![ino as i64, session as i64, owner as i64])?;
+        let mut ins = self.conn.prepare_cached(
+            "INSERT INTO locks(ino,session,owner,write,start,end_,pid) VALUES(?1,?2,?3,?4,?5,?6,?7)",
+        )?;
+        for l in locks {
+            ins.execute(params![
+                ino as i64,
+                session as i64,
+                owner as i64,
+                l.write as i64,
+                l.start as i64,
+                l.end as i64,
+                l.pid
+            ])?;
+        }
+        Ok(())
+    }
+
+    fn session_lock_count(&mut self, session: u64) -> Result<u64> {
+        let n: i64 = self.conn.query_row(
+            "SELECT count(*) FROM locks WHERE session=?1",
+            params![session as i64],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
     fn get_kv(&mut self, key: &str) -> Result<Option<String>> {
         let mut st = self
             .conn
@@ -761,7 +893,7 @@ impl MetaTxn for SqlTxn<'_> {
     fn usage(&mut self) -> Result<Usage> {
         let (inodes, bytes, dinodes, dbytes): (i64, i64, i64, i64) = self.conn.query_row(
             "SELECT count(*), coalesce(sum(CASE WHEN kind=8 THEN size ELSE 0 END),0),
-                    coalesce(sum(dirty),0), coalesce(sum(CASE WHEN dirty=1 THEN size ELSE 0 END),0)
+                    coalesce(sum(dirty=1 AND nlink>0),0), coalesce(sum(CASE WHEN dirty=1 AND nlink>0 THEN size ELSE 0 END),0)
              FROM inodes",
             [],
             |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),

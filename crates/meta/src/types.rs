@@ -184,3 +184,38 @@ pub struct Usage {
     /// Sum of sizes of dirty inodes, bytes.
     pub dirty_bytes: u64,
 }
+
+/// One byte-range lock (POSIX `fcntl` record lock, OFD lock or `flock`), held by an owner
+/// (the kernel's lock owner id) through one mount session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LockRow {
+    /// Locked inode.
+    pub ino: Ino,
+    /// Mount session holding it (see [`MetaTxn::register_session`]).
+    pub session: u64,
+    /// Lock owner id from the kernel (per process for POSIX locks, per open file for OFD
+    /// and flock locks).
+    pub owner: u64,
+    /// Write (exclusive) lock; else read (shared).
+    pub write: bool,
+    /// First byte, inclusive.
+    pub start: u64,
+    /// Last byte, inclusive (`u64::MAX` = to end of file, "whole file").
+    pub end: u64,
+    /// Process that took it (reported by `F_GETLK`).
+    pub pid: u32,
+}
+
+/// A mount session: one live mount of the workspace, kept alive by heartbeats (a lease).
+/// Locks and open-file records die with their session.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionRow {
+    /// Session id.
+    pub id: u64,
+    /// Host name of the mount.
+    pub host: String,
+    /// Daemon PID on that host.
+    pub pid: u32,
+    /// Last heartbeat, ns.
+    pub heartbeat_ns: i64,
+}

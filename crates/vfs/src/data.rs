@@ -37,18 +37,40 @@ fn io_err(msg: impl Into<String>) -> VfsError {
 }
 
 impl Vfs {
-    /// The in-memory state of `ino`, created (and loaded from the metadata engine) if
-    /// absent. Calls `f` with the state locked. The state is dropped afterwards when no
-    /// handle holds it and nothing is uncommitted.
-    pub(crate) fn with_state<T>(&self, ino: Ino, f: impl FnOnce(&mut InodeState) -> T) -> Result<T> {
-        let st = self.state_arc(ino);
-        let mut s = st.lock().map_err(|_| poisoned())?;
-        if !s.loaded {
-            self.load_state(ino, &mut s)?;
+    /// Runs `f` on the live in-memory state of `ino` (created and loaded from the metadata
+    /// engine if absent), locked. A state detached from the table by a concurrent last
+    /// close is never used: the lookup is retried. Afterwards the state is dropped from the
+    /// table when no handle holds it and nothing is uncommitted.
+    pub(crate) fn locked<T>(
+        &self,
+        ino: Ino,
+        f: impl FnOnce(&mut InodeState) -> Result<T>,
+    ) -> Result<T> {
+        loop {
+            let st = self.state_arc(ino);
+            let mut s = st.lock().map_err(|_| poisoned())?;
+            if s.detached {
+                continue;
+            }
+            if !s.loaded {
+                if let Err(e) = self.load_state(ino, &mut s) {
+                    self.maybe_detach(ino, &st, &mut s);
+                    return Err(e);
+                }
+            }
+            let out = f(&mut s);
+            self.maybe_detach(ino, &st, &mut s);
+            return out;
         }
-        let out = f(&mut s);
-        self.maybe_detach(ino, &st, &mut s);
-        Ok(out)
+    }
+
+    /// Like [`Vfs::locked`] for infallible bodies.
+    pub(crate) fn with_state<T>(
+        &self,
+        ino: Ino,
+        f: impl FnOnce(&mut InodeState) -> T,
+    ) -> Result<T> {
+        self.locked(ino, |s| Ok(f(s)))
     }
 
     pub(crate) fn state_arc(&self, ino: Ino) -> Arc<Mutex<InodeState>> {
@@ -57,7 +79,8 @@ impl Vfs {
     }
 
     fn load_state(&self, ino: Ino, s: &mut InodeState) -> Result<()> {
-        let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let row =
+            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
         s.size = row.size;
         s.mtime_ns = row.mtime_ns;
         s.ctime_ns = row.ctime_ns;
@@ -74,6 +97,7 @@ impl Vfs {
             }
             s.staging = None;
             s.loaded = false;
+            s.detached = true;
         }
     }
 
@@ -95,7 +119,10 @@ impl Vfs {
             append: flags & libc::O_APPEND != 0,
             dir: false,
             last_read_end: AtomicU64::new(u64::MAX),
+            lock_owners: Default::default(),
         });
+        let session = self.session.load(Ordering::SeqCst);
+        deskfs_meta::txn(&*self.meta, |t| t.add_open(ino, session, 1))?;
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().map_err(|_| poisoned())?.insert(fh, h);
         Ok(fh)
@@ -104,55 +131,70 @@ impl Vfs {
     /// `open`: a handle on an existing inode; `O_TRUNC` truncates (without fetching the old
     /// content). Errors: `ENOENT`, `EISDIR` (write on a directory).
     pub fn open(&self, _ctx: &Ctx, ino: Ino, flags: i32) -> Result<Opened> {
-        let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let row =
+            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
         let acc = flags & libc::O_ACCMODE;
         if row.kind == Kind::Dir && acc != libc::O_RDONLY {
             return Err(VfsError::IsDir);
         }
-        let st = self.state_arc(ino);
-        {
-            let mut s = st.lock().map_err(|_| poisoned())?;
-            if !s.loaded {
-                self.load_state(ino, &mut s)?;
+        self.locked(ino, |s| {
+            if flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY && row.kind == Kind::File {
+                self.truncate_locked(ino, s, 0)?;
             }
             s.open_count += 1;
-            if flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY && row.kind == Kind::File {
-                if let Err(e) = self.truncate_locked(ino, &mut s, 0) {
-                    s.open_count -= 1;
-                    self.maybe_detach(ino, &st, &mut s);
-                    return Err(e);
-                }
-            }
-        }
+            Ok(())
+        })?;
         let fh = self.new_handle(ino, flags)?;
-        Ok(Opened { fh, keep_cache: false })
+        Ok(Opened {
+            fh,
+            keep_cache: false,
+        })
     }
 
     /// `create`: a new regular file, opened. Errors: `EEXIST`, `ENOENT`, `ENOTDIR`,
     /// `ENAMETOOLONG`.
-    pub fn create(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32, umask: u32, flags: i32) -> Result<(Attr, Opened)> {
-        let row = self.create_node(ctx, parent, name, NodeSpec::new(Kind::File, mode & !umask & 0o7777))?;
-        // The staging file exists from birth: the empty content is local.
-        self.cache.open_staging(row.ino, true)?;
-        let st = self.state_arc(row.ino);
-        {
-            let mut s = st.lock().map_err(|_| poisoned())?;
-            if !s.loaded {
-                self.load_state(row.ino, &mut s)?;
-            }
+    pub fn create(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: i32,
+    ) -> Result<(Attr, Opened)> {
+        let row = self.create_node(
+            ctx,
+            parent,
+            name,
+            NodeSpec::new(Kind::File, mode & !umask & 0o7777),
+        )?;
+        self.locked(row.ino, |s| {
             s.open_count += 1;
-        }
+            Ok(())
+        })?;
         let fh = self.new_handle(row.ino, flags)?;
-        Ok((crate::attr_of(&row), Opened { fh, keep_cache: false }))
+        Ok((
+            crate::attr_of(&row),
+            Opened {
+                fh,
+                keep_cache: false,
+            },
+        ))
     }
 
     /// Makes the content of `ino` local in its staging file (download when needed; not when
     /// the caller is about to truncate to 0). Caller holds the state lock.
-    fn ensure_local(&self, ino: Ino, s: &mut InodeState, truncating_to: Option<u64>) -> Result<Arc<File>> {
+    fn ensure_local(
+        &self,
+        ino: Ino,
+        s: &mut InodeState,
+        truncating_to: Option<u64>,
+    ) -> Result<Arc<File>> {
         if let Some(f) = &s.staging {
             return Ok(f.clone());
         }
-        let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let row =
+            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
         if row.local == Local::Full {
             match self.cache.open_staging(ino, false) {
                 Ok(f) => {
@@ -191,7 +233,9 @@ impl Vfs {
     /// Downloads the whole content of `row` (its current version) into its staging file,
     /// fsyncing it before it is recorded as local.
     pub(crate) fn download_full(&self, row: &InodeRow) -> Result<()> {
-        let src = deskfs_meta::read(&*self.meta, |t| t.object_with_content(row.ino, row.data_version))?;
+        let src = deskfs_meta::read(&*self.meta, |t| {
+            t.object_with_content(row.ino, row.data_version)
+        })?;
         let Some(src) = src else {
             return Err(io_err(format!(
                 "content of inode {} version {} is neither local nor in the bucket",
@@ -204,9 +248,11 @@ impl Vfs {
         let mut off = 0u64;
         while off < row.size {
             let end = (off + DOWNLOAD_CHUNK).min(row.size);
-            let data = self
-                .rt
-                .block_on(self.bucket.get_range(&src.key, off..end, src.etag.as_deref()))?;
+            let data = self.rt.block_on(self.bucket.get_range(
+                &src.key,
+                off..end,
+                src.etag.as_deref(),
+            ))?;
             if data.len() as u64 != end - off {
                 return Err(io_err(format!("short read of {} from the bucket", src.key)));
             }
@@ -226,12 +272,7 @@ impl Vfs {
         if !h.read || h.ino != ino {
             return Err(VfsError::BadHandle);
         }
-        let st = self.state_arc(ino);
-        let (staging, cur_size) = {
-            let mut s = st.lock().map_err(|_| poisoned())?;
-            if !s.loaded {
-                self.load_state(ino, &mut s)?;
-            }
+        let (staging, cur_size) = self.locked(ino, |s| {
             if s.staging.is_none() {
                 let local = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?
                     .map(|r| r.local == Local::Full)
@@ -242,8 +283,8 @@ impl Vfs {
                     }
                 }
             }
-            (s.staging.clone(), s.size)
-        };
+            Ok((s.staging.clone(), s.size))
+        })?;
         if offset >= cur_size {
             return Ok(Vec::new());
         }
@@ -275,7 +316,9 @@ impl Vfs {
         })?;
         let row = row.ok_or(VfsError::NotFound)?;
         let Some(src) = src else {
-            return Err(io_err(format!("inode {ino}: content not in the bucket yet and not local")));
+            return Err(io_err(format!(
+                "inode {ino}: content not in the bucket yet and not local"
+            )));
         };
         let bs = self.cache.block_size();
         let end = (offset + len as u64).min(row.size);
@@ -289,7 +332,11 @@ impl Vfs {
         if sequential && self.cfg.readahead_blocks > 0 {
             let max_idx = (row.size - 1) / bs;
             for idx in (last + 1)..=(last + self.cfg.readahead_blocks).min(max_idx) {
-                let k = BlockKey { ino, version: row.data_version, index: idx };
+                let k = BlockKey {
+                    ino,
+                    version: row.data_version,
+                    index: idx,
+                };
                 if self.cache.has_block(&k) {
                     continue;
                 }
@@ -299,7 +346,11 @@ impl Vfs {
         }
         let mut out = Vec::with_capacity((end - offset) as usize);
         for idx in first..=last {
-            let k = BlockKey { ino, version: row.data_version, index: idx };
+            let k = BlockKey {
+                ino,
+                version: row.data_version,
+                index: idx,
+            };
             let data = match self.cache.read_block(&k)? {
                 Some(d) => Bytes::from(d),
                 None => {
@@ -339,10 +390,17 @@ impl Vfs {
                     let _ = tokio::task::spawn_blocking(move || c.write_block(&k, &d)).await;
                     Ok(data)
                 }
-                Ok(data) => Err(format!("short read of {key}: {} of {} bytes", data.len(), end - start)),
+                Ok(data) => Err(format!(
+                    "short read of {key}: {} of {} bytes",
+                    data.len(),
+                    end - start
+                )),
                 Err(e) => Err(e.to_string()),
             };
-            inflight.lock().unwrap_or_else(|p| p.into_inner()).remove(&k);
+            inflight
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&k);
             out
         }
         .boxed()
@@ -359,31 +417,28 @@ impl Vfs {
         if !h.write || h.ino != ino {
             return Err(VfsError::BadHandle);
         }
-        let st = self.state_arc(ino);
-        let mut s = st.lock().map_err(|_| poisoned())?;
-        if !s.loaded {
-            self.load_state(ino, &mut s)?;
-        }
-        let f = self.ensure_local(ino, &mut s, None)?;
-        let off = if h.append { s.size } else { offset };
-        let end = off
-            .checked_add(data.len() as u64)
-            .filter(|e| *e <= MAX_FILE_SIZE)
-            .ok_or(VfsError::FileTooBig)?;
-        if !s.uncommitted {
-            self.begin_dirty(ino)?;
-        }
-        f.write_all_at(data, off)?;
-        let now = now_ns();
-        s.size = s.size.max(end);
-        s.mtime_ns = now;
-        s.ctime_ns = now;
-        if !s.uncommitted {
-            s.uncommitted = true;
-            s.dirty_since_ns = now;
-        }
-        s.write_gen += 1;
-        Ok(data.len() as u32)
+        self.locked(ino, |s| {
+            let f = self.ensure_local(ino, s, None)?;
+            let off = if h.append { s.size } else { offset };
+            let end = off
+                .checked_add(data.len() as u64)
+                .filter(|e| *e <= MAX_FILE_SIZE)
+                .ok_or(VfsError::FileTooBig)?;
+            if !s.uncommitted {
+                self.begin_dirty(ino)?;
+            }
+            f.write_all_at(data, off)?;
+            let now = now_ns();
+            s.size = s.size.max(end);
+            s.mtime_ns = now;
+            s.ctime_ns = now;
+            if !s.uncommitted {
+                s.uncommitted = true;
+                s.dirty_since_ns = now;
+            }
+            s.write_gen += 1;
+            Ok(data.len() as u32)
+        })
     }
 
     /// Records in the metadata engine that the staging file is about to diverge from the
@@ -444,11 +499,7 @@ impl Vfs {
     /// `flush` (every `close` of a descriptor): commits the file's writes so that they
     /// survive a crash of the daemon and are uploaded.
     pub fn flush(&self, ino: Ino, _fh: u64) -> Result<()> {
-        let st = self.state_arc(ino);
-        let mut s = st.lock().map_err(|_| poisoned())?;
-        let r = self.commit_locked(ino, &mut s, false);
-        self.maybe_detach(ino, &st, &mut s);
-        r
+        self.locked(ino, |s| self.commit_locked(ino, s, false))
     }
 
     /// `release` (last close of an open file description): commits, then drops the inode
@@ -458,32 +509,44 @@ impl Vfs {
         if h.as_ref().is_some_and(|h| h.dir) {
             return Ok(());
         }
-        let st = self.state_arc(ino);
-        let mut s = st.lock().map_err(|_| poisoned())?;
-        let res = self.commit_locked(ino, &mut s, false);
-        s.open_count = s.open_count.saturating_sub(1);
-        let last = s.open_count == 0;
-        let size = s.size;
-        self.maybe_detach(ino, &st, &mut s);
-        drop(s);
+        if let Some(h) = &h {
+            let owners: Vec<u64> = h
+                .lock_owners
+                .lock()
+                .map(|o| o.iter().copied().collect())
+                .unwrap_or_default();
+            for owner in owners {
+                self.release_locks(ino, owner)?;
+            }
+        }
+        let session = self.session.load(Ordering::SeqCst);
+        let mut res = Ok(());
+        let (last, size) = self.locked(ino, |s| {
+            res = self.commit_locked(ino, s, false);
+            if h.is_some() {
+                s.open_count = s.open_count.saturating_sub(1);
+            }
+            Ok((s.open_count == 0, s.size))
+        })?;
+        if h.is_some() {
+            deskfs_meta::txn(&*self.meta, |t| t.add_open(ino, session, -1))?;
+        }
         if last {
-            let purge = deskfs_meta::txn(&*self.meta, |t| {
-                match t.get_inode(ino)? {
-                    Some(r) if r.nlink == 0 => {
-                        if self.is_open(ino) {
-                            return Ok(false);
-                        }
-                        t.delete_inode(ino)?;
-                        Ok(true)
+            let purge = deskfs_meta::txn(&*self.meta, |t| match t.get_inode(ino)? {
+                Some(r) if r.nlink == 0 => {
+                    if self.is_open(ino) || t.open_elsewhere(ino, 0)? {
+                        return Ok(false);
                     }
-                    Some(r) => {
-                        if r.local == Local::Full && !r.dirty {
-                            self.cache.staging_clean(ino, size);
-                        }
-                        Ok(false)
-                    }
-                    None => Ok(false),
+                    t.delete_inode(ino)?;
+                    Ok(true)
                 }
+                Some(r) => {
+                    if r.local == Local::Full && !r.dirty {
+                        self.cache.staging_clean(ino, size);
+                    }
+                    Ok(false)
+                }
+                None => Ok(false),
             })?;
             if purge {
                 self.purge_local(ino);
@@ -495,23 +558,12 @@ impl Vfs {
     /// `fsync`/`fdatasync`: the file's data and metadata are on stable local storage when
     /// this returns (the upload follows in the background).
     pub fn fsync(&self, ino: Ino, _fh: u64, _datasync: bool) -> Result<()> {
-        let st = self.state_arc(ino);
-        let mut s = st.lock().map_err(|_| poisoned())?;
-        let r = self.commit_locked(ino, &mut s, true);
-        self.maybe_detach(ino, &st, &mut s);
-        r
+        self.locked(ino, |s| self.commit_locked(ino, s, true))
     }
 
     /// Truncate (or extend with zeros) to `size` bytes and commit.
     pub(crate) fn truncate(&self, ino: Ino, size: u64) -> Result<()> {
-        let st = self.state_arc(ino);
-        let mut s = st.lock().map_err(|_| poisoned())?;
-        if !s.loaded {
-            self.load_state(ino, &mut s)?;
-        }
-        let r = self.truncate_locked(ino, &mut s, size);
-        self.maybe_detach(ino, &st, &mut s);
-        r
+        self.locked(ino, |s| self.truncate_locked(ino, s, size))
     }
 
     fn truncate_locked(&self, ino: Ino, s: &mut InodeState, size: u64) -> Result<()> {
@@ -540,4 +592,3 @@ impl Vfs {
         self.commit_locked(ino, s, false)
     }
 }
-

@@ -53,6 +53,15 @@ pub enum VfsError {
     /// `EFBIG`: file too large.
     #[error("file too large")]
     FileTooBig,
+    /// `EMLINK`: too many hard links (more than 65,000, as ext4).
+    #[error("too many links")]
+    TooManyLinks,
+    /// `EAGAIN`: a lock is held by someone else (`F_SETLK`, `LOCK_NB`).
+    #[error("resource temporarily unavailable")]
+    WouldBlock,
+    /// `EINTR`: the waiting process went away.
+    #[error("interrupted")]
+    Interrupted,
     /// `ENOSPC`: the cache disk is full.
     #[error("no space left on the cache device")]
     NoSpace,
@@ -90,6 +99,9 @@ impl VfsError {
             TooBig => libc::E2BIG,
             NotSupported => libc::EOPNOTSUPP,
             FileTooBig => libc::EFBIG,
+            TooManyLinks => libc::EMLINK,
+            WouldBlock => libc::EAGAIN,
+            Interrupted => libc::EINTR,
             NoSpace => libc::ENOSPC,
             Meta(MetaError::NotFound(_)) => libc::ENOENT,
             Meta(MetaError::Conflict(_)) => libc::EEXIST,

@@ -18,6 +18,8 @@ pub(crate) struct Handle {
     pub(crate) dir: bool,
     /// End offset of the last read (sequential-read detection for readahead).
     pub(crate) last_read_end: AtomicU64,
+    /// Lock owners that took locks through this open file (dropped at its release).
+    pub(crate) lock_owners: std::sync::Mutex<std::collections::HashSet<u64>>,
 }
 
 /// In-memory state of an inode that is open (or being operated on). Guarded by its own
@@ -42,4 +44,6 @@ pub(crate) struct InodeState {
     pub(crate) write_gen: u64,
     /// Time of the first uncommitted write, ns (bounds upload deferral).
     pub(crate) dirty_since_ns: i64,
+    /// Removed from the state table: whoever locks it must fetch the current state.
+    pub(crate) detached: bool,
 }

@@ -9,7 +9,7 @@ use deskfs_meta::{Ino, InodeRow, Kind, Local, ObjectRow, ROOT_INO};
 use futures::StreamExt;
 
 use crate::namespace::NAME_MAX;
-use crate::paths::{dir_path, is_escaped, join, key_of, RESERVED};
+use crate::paths::{dir_path, is_escaped, join, RESERVED};
 use crate::{now_ns, Result, Vfs};
 
 /// HEAD requests in flight while importing a listing.
@@ -34,8 +34,11 @@ impl Vfs {
         let Some(path) = deskfs_meta::read(&*self.meta, |t| Ok(dir_path(t, dir)?))? else {
             return Ok(());
         };
-        let prefix_len = self.bucket.spec().prefix.len();
-        let key = if path.is_empty() { String::new() } else { key_of(&path, prefix_len) };
+        let key = if path.is_empty() {
+            String::new()
+        } else {
+            self.key_for(&path)
+        };
         if is_escaped(&key) {
             self.set_listed(dir, now)?;
             return Ok(());
@@ -72,17 +75,29 @@ impl Vfs {
             let bucket = self.bucket.clone();
             let jobs: Vec<(String, String, u64)> = new_names
                 .iter()
-                .filter_map(|n| by_name.get(n.as_str()).map(|i| (n.clone(), i.key.clone(), i.size)))
+                .filter_map(|n| {
+                    by_name
+                        .get(n.as_str())
+                        .map(|i| (n.clone(), i.key.clone(), i.size))
+                })
                 .collect();
             let results: Vec<(String, Option<PosixMeta>, Option<Vec<u8>>)> = self.rt.block_on(
                 futures::stream::iter(jobs)
                     .map(|(name, key, size)| {
                         let bucket = bucket.clone();
                         async move {
-                            let posix = bucket.head(&key).await.ok().flatten().and_then(|h| h.posix);
+                            let posix =
+                                bucket.head(&key).await.ok().flatten().and_then(|h| h.posix);
                             let target = match posix {
-                                Some(p) if Kind::from_mode(p.mode) == Some(Kind::Symlink) && size < 4096 => {
-                                    bucket.get_range(&key, 0..size, None).await.ok().map(|b| b.to_vec())
+                                Some(p)
+                                    if Kind::from_mode(p.mode) == Some(Kind::Symlink)
+                                        && size < 4096 =>
+                                {
+                                    bucket
+                                        .get_range(&key, 0..size, None)
+                                        .await
+                                        .ok()
+                                        .map(|b| b.to_vec())
                                 }
                                 _ => None,
                             };
@@ -148,18 +163,30 @@ impl Vfs {
                 let row = InodeRow {
                     ino: 0,
                     kind,
-                    perm: if posix.is_some() { mode & 0o7777 } else { 0o644 },
+                    perm: if posix.is_some() {
+                        mode & 0o7777
+                    } else {
+                        0o644
+                    },
                     uid: posix.map(|p| p.uid).unwrap_or(cfg.default_uid),
                     gid: posix.map(|p| p.gid).unwrap_or(cfg.default_gid),
                     rdev: 0,
                     nlink: 1,
-                    size: if kind == Kind::Symlink { target.as_ref().map(|t| t.len() as u64).unwrap_or(0) } else { info.size },
+                    size: if kind == Kind::Symlink {
+                        target.as_ref().map(|t| t.len() as u64).unwrap_or(0)
+                    } else {
+                        info.size
+                    },
                     atime_ns: posix.map(|p| p.atime_ns).unwrap_or(mtime),
                     mtime_ns: mtime,
                     ctime_ns: posix.map(|p| p.ctime_ns).unwrap_or(mtime),
                     btime_ns: mtime,
                     data_version: 1,
-                    target: if kind == Kind::Symlink { target.clone() } else { None },
+                    target: if kind == Kind::Symlink {
+                        target.clone()
+                    } else {
+                        None
+                    },
                     local: Local::None,
                     dirty: false,
                     listed_ns: 0,
@@ -211,7 +238,7 @@ impl Vfs {
                 // Recorded as known so that a local rmdir is not undone by a re-listing.
                 t.put_object(&ObjectRow {
                     path: cpath.clone(),
-                    key: key_of(&cpath, prefix_len),
+                    key: self.key_for(&cpath),
                     ino,
                     kind: Kind::Dir,
                     data_version: 0,
@@ -231,6 +258,29 @@ impl Vfs {
         for ino in changed {
             self.cache.drop_blocks(ino);
             let _ = self.cache.remove_staging(ino);
+        }
+        Ok(())
+    }
+
+    /// Lists every directory under `dir` (inclusive) that was never listed, so that the
+    /// whole subtree is in the namespace before it moves (its objects must move with it).
+    pub(crate) fn ensure_subtree_listed(&self, dir: Ino) -> Result<()> {
+        let mut stack = vec![dir];
+        while let Some(d) = stack.pop() {
+            self.ensure_listed(d, false)?;
+            let mut after = 0;
+            loop {
+                let rows = deskfs_meta::read(&*self.meta, |t| t.list_dir(d, after, 1024))?;
+                if rows.is_empty() {
+                    break;
+                }
+                for (de, r) in rows {
+                    after = de.cookie;
+                    if r.kind == Kind::Dir {
+                        stack.push(r.ino);
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -9,12 +9,13 @@
 //! in the background. Reads come from the staging file when the content is local, else
 //! from the block cache, filled by ranged GETs with sequential readahead.
 
+mod data;
 pub mod error;
 mod handles;
 mod importer;
+pub mod locks;
 mod namespace;
 pub mod paths;
-mod data;
 mod status;
 pub mod types;
 pub mod uploader;
@@ -29,6 +30,7 @@ use deskfs_cache::Cache;
 use deskfs_meta::{InodeRow, Local, MetaEngine};
 
 pub use error::{Result, VfsError};
+pub use locks::{LockInfo, LockType};
 pub use status::{FailedPath, VfsStatus};
 pub use types::*;
 
@@ -80,6 +82,8 @@ pub struct Vfs {
     /// Sync barriers currently waiting (the uploader ignores coalescing delays meanwhile).
     pub(crate) urgent: AtomicUsize,
     pub(crate) fetches: data::Inflight,
+    /// This mount's session id in the metadata engine (lease for locks and open files).
+    pub(crate) session: AtomicU64,
 }
 
 impl std::fmt::Debug for Vfs {
@@ -143,7 +147,9 @@ impl Vfs {
             uploader: uploader::UploaderShared::default(),
             urgent: AtomicUsize::new(0),
             fetches: data::Inflight::default(),
+            session: AtomicU64::new(0),
         });
+        vfs.start_session()?;
         vfs.recover()?;
         uploader::start(&vfs);
         Ok(vfs)
@@ -152,10 +158,17 @@ impl Vfs {
     fn recover(&self) -> Result<()> {
         // Orphans: inodes whose last name went away while open, then the process died.
         let orphans = deskfs_meta::txn(&*self.meta, |t| {
-            let v = t.orphan_inodes()?;
+            let mut v = t.orphan_inodes()?;
+            // Still open through another live mount: that mount purges it at its last close.
+            let mut keep = Vec::new();
             for ino in &v {
-                t.delete_inode(*ino)?;
+                if t.open_elsewhere(*ino, 0)? {
+                    keep.push(*ino);
+                } else {
+                    t.delete_inode(*ino)?;
+                }
             }
+            v.retain(|i| !keep.contains(i));
             Ok(v)
         })?;
         for ino in orphans {
@@ -277,7 +290,14 @@ impl Vfs {
         self.commit_all()?;
         let res = if wait { self.sync(timeout) } else { Ok(()) };
         self.uploader.stop();
+        self.end_session();
         res
+    }
+
+    /// The object key of workspace path `path` in this workspace's bucket.
+    pub fn key_for(&self, path: &[u8]) -> String {
+        let b = &self.bucket;
+        paths::key_of_with(path, b.spec().prefix.len(), |k| b.key_storable(k))
     }
 
     /// The metadata engine (for status/fsck tooling).

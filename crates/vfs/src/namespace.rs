@@ -18,6 +18,8 @@ use crate::{attr_of, now_ns, poisoned, Result, Vfs, VfsError};
 pub const NAME_MAX: usize = 255;
 /// Longest xattr value, bytes (Linux `XATTR_SIZE_MAX`).
 pub const XATTR_SIZE_MAX: usize = 65536;
+/// Most hard links of one inode (`LINK_MAX`; ext4's `EXT4_LINK_MAX`).
+pub const LINK_MAX: u32 = 65000;
 /// Directory entries returned per readdir call.
 const READDIR_BATCH: usize = 1024;
 
@@ -31,7 +33,12 @@ pub(crate) struct NodeSpec<'a> {
 
 impl NodeSpec<'_> {
     pub(crate) fn new(kind: Kind, perm: u32) -> Self {
-        NodeSpec { kind, perm, rdev: 0, target: None }
+        NodeSpec {
+            kind,
+            perm,
+            rdev: 0,
+            target: None,
+        }
     }
 }
 
@@ -103,7 +110,11 @@ impl Vfs {
     /// Attributes with uncommitted in-memory size/mtime applied.
     pub(crate) fn overlay(&self, row: &InodeRow) -> Attr {
         let mut a = attr_of(row);
-        let st = self.inodes.lock().ok().and_then(|m| m.get(&row.ino).cloned());
+        let st = self
+            .inodes
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&row.ino).cloned());
         if let Some(st) = st {
             if let Ok(s) = st.lock() {
                 if s.loaded && s.uncommitted {
@@ -150,8 +161,19 @@ impl Vfs {
     }
 
     /// Creates a new inode named `parent/name` in one transaction.
-    pub(crate) fn create_node(&self, ctx: &Ctx, parent: Ino, name: &[u8], spec: NodeSpec<'_>) -> Result<InodeRow> {
-        let NodeSpec { kind, perm, rdev, target } = spec;
+    pub(crate) fn create_node(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        spec: NodeSpec<'_>,
+    ) -> Result<InodeRow> {
+        let NodeSpec {
+            kind,
+            perm,
+            rdev,
+            target,
+        } = spec;
         check_name(name)?;
         self.ensure_listed(parent, false)?;
         deskfs_meta::txn(&*self.meta, |t| {
@@ -161,6 +183,9 @@ impl Vfs {
             }
             if t.lookup(parent, name)?.is_some() {
                 return Err(VfsError::Exists.into_meta());
+            }
+            if kind == Kind::Dir && p.nlink >= LINK_MAX {
+                return Err(VfsError::TooManyLinks.into_meta());
             }
             let mut row = self.new_row(ctx, &p, kind, perm);
             row.rdev = rdev;
@@ -176,11 +201,22 @@ impl Vfs {
             }
             row.ino = t.insert_inode(&row)?;
             t.insert_dentry(parent, name, row.ino)?;
-            touch_dirs(t, &[(parent, if kind == Kind::Dir { 1 } else { 0 })], row.ctime_ns)?;
+            touch_dirs(
+                t,
+                &[(parent, if kind == Kind::Dir { 1 } else { 0 })],
+                row.ctime_ns,
+            )?;
             self.mark_name(t, parent, name, false)?;
             Ok(row)
         })
         .map_err(VfsError::from_meta)
+        .and_then(|row| {
+            if row.kind == Kind::File {
+                // The staging file exists from birth: the empty content is local.
+                self.cache.open_staging(row.ino, true)?;
+            }
+            Ok(row)
+        })
     }
 
     /// `lookup`: the attributes of `parent/name`. Errors: `ENOENT`, `ENOTDIR`,
@@ -212,8 +248,7 @@ impl Vfs {
         if ino == ROOT_INO {
             return Ok(ROOT_INO);
         }
-        Ok(t
-            .names_of(ino)?
+        Ok(t.names_of(ino)?
             .first()
             .map(|(p, _)| *p)
             .unwrap_or(ROOT_INO))
@@ -224,7 +259,8 @@ impl Vfs {
 
     /// `getattr`. Errors: `ENOENT`.
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let row =
+            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
         Ok(self.overlay(&row))
     }
 
@@ -260,8 +296,8 @@ impl Vfs {
                     r.perm = mode & 0o7777;
                 }
                 if set.uid.is_some() || set.gid.is_some() {
-                    let changes_owner = set.uid.is_some_and(|u| u != r.uid)
-                        || set.gid.is_some_and(|g| g != r.gid);
+                    let changes_owner =
+                        set.uid.is_some_and(|u| u != r.uid) || set.gid.is_some_and(|g| g != r.gid);
                     if let Some(u) = set.uid {
                         r.uid = u;
                     }
@@ -301,7 +337,8 @@ impl Vfs {
 
     /// `readlink`. Errors: `ENOENT`, `EINVAL` (not a symlink).
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let row =
+            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
         match (row.kind, row.target) {
             (Kind::Symlink, Some(t)) => Ok(t),
             _ => Err(VfsError::Invalid),
@@ -310,18 +347,46 @@ impl Vfs {
 
     /// `mknod`: regular files, FIFOs, sockets and device nodes. `mode` carries the
     /// `S_IFMT` type bits. Errors: `EEXIST`, `ENOENT`, `ENOTDIR`, `EINVAL` (unknown type).
-    pub fn mknod(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32, umask: u32, rdev: u32) -> Result<Attr> {
+    pub fn mknod(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+    ) -> Result<Attr> {
         let kind = Kind::from_mode(mode).ok_or(VfsError::Invalid)?;
         if matches!(kind, Kind::Dir | Kind::Symlink) {
             return Err(VfsError::Invalid);
         }
-        let row = self.create_node(ctx, parent, name, NodeSpec { rdev, ..NodeSpec::new(kind, mode & !umask) })?;
+        let row = self.create_node(
+            ctx,
+            parent,
+            name,
+            NodeSpec {
+                rdev,
+                ..NodeSpec::new(kind, mode & !umask)
+            },
+        )?;
         Ok(attr_of(&row))
     }
 
     /// `mkdir`. Errors: `EEXIST`, `ENOENT`, `ENOTDIR`, `ENAMETOOLONG`.
-    pub fn mkdir(&self, ctx: &Ctx, parent: Ino, name: &[u8], mode: u32, umask: u32) -> Result<Attr> {
-        let row = self.create_node(ctx, parent, name, NodeSpec::new(Kind::Dir, mode & !umask & 0o7777))?;
+    pub fn mkdir(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+    ) -> Result<Attr> {
+        let row = self.create_node(
+            ctx,
+            parent,
+            name,
+            NodeSpec::new(Kind::Dir, mode & !umask & 0o7777),
+        )?;
         Ok(attr_of(&row))
     }
 
@@ -330,7 +395,15 @@ impl Vfs {
         if target.len() >= 4096 {
             return Err(VfsError::NameTooLong);
         }
-        let row = self.create_node(ctx, parent, name, NodeSpec { target: Some(target), ..NodeSpec::new(Kind::Symlink, 0o777) })?;
+        let row = self.create_node(
+            ctx,
+            parent,
+            name,
+            NodeSpec {
+                target: Some(target),
+                ..NodeSpec::new(Kind::Symlink, 0o777)
+            },
+        )?;
         Ok(attr_of(&row))
     }
 
@@ -344,13 +417,23 @@ impl Vfs {
 
     /// Removes one name of a non-directory inside a transaction; returns the inode when it
     /// must be purged (last link gone and not open).
-    fn drop_link(&self, t: &mut dyn MetaTxn, parent: Ino, name: &[u8], now: i64) -> deskfs_meta::Result<Option<Ino>> {
-        let d = t.lookup(parent, name)?.ok_or_else(|| VfsError::NotFound.into_meta())?;
-        let mut r = t.get_inode(d.ino)?.ok_or_else(|| VfsError::NotFound.into_meta())?;
+    fn drop_link(
+        &self,
+        t: &mut dyn MetaTxn,
+        parent: Ino,
+        name: &[u8],
+        now: i64,
+    ) -> deskfs_meta::Result<Option<Ino>> {
+        let d = t
+            .lookup(parent, name)?
+            .ok_or_else(|| VfsError::NotFound.into_meta())?;
+        let mut r = t
+            .get_inode(d.ino)?
+            .ok_or_else(|| VfsError::NotFound.into_meta())?;
         t.delete_dentry(parent, name)?;
         r.nlink = r.nlink.saturating_sub(1);
         r.ctime_ns = now;
-        if r.nlink == 0 && !self.is_open(r.ino) {
+        if r.nlink == 0 && !self.is_open(r.ino) && !t.open_elsewhere(r.ino, 0)? {
             t.delete_inode(r.ino)?;
             return Ok(Some(r.ino));
         }
@@ -366,7 +449,9 @@ impl Vfs {
         let now = now_ns();
         let purged = deskfs_meta::txn(&*self.meta, |t| {
             get_dir(t, parent).map_err(VfsError::into_meta)?;
-            let d = t.lookup(parent, name)?.ok_or_else(|| VfsError::NotFound.into_meta())?;
+            let d = t
+                .lookup(parent, name)?
+                .ok_or_else(|| VfsError::NotFound.into_meta())?;
             let r = get(t, d.ino).map_err(VfsError::into_meta)?;
             if r.kind == Kind::Dir {
                 return Err(VfsError::IsDir.into_meta());
@@ -401,7 +486,9 @@ impl Vfs {
         let now = now_ns();
         deskfs_meta::txn(&*self.meta, |t| {
             get_dir(t, parent).map_err(VfsError::into_meta)?;
-            let d = t.lookup(parent, name)?.ok_or_else(|| VfsError::NotFound.into_meta())?;
+            let d = t
+                .lookup(parent, name)?
+                .ok_or_else(|| VfsError::NotFound.into_meta())?;
             let r = get(t, d.ino).map_err(VfsError::into_meta)?;
             if r.kind != Kind::Dir {
                 return Err(VfsError::NotDir.into_meta());
@@ -419,7 +506,12 @@ impl Vfs {
     }
 
     /// Whether directory `anc` is `ino` or one of its ancestors.
-    fn is_ancestor(&self, t: &mut dyn MetaTxn, anc: Ino, mut ino: Ino) -> deskfs_meta::Result<bool> {
+    fn is_ancestor(
+        &self,
+        t: &mut dyn MetaTxn,
+        anc: Ino,
+        mut ino: Ino,
+    ) -> deskfs_meta::Result<bool> {
         let mut guard = 0;
         loop {
             if ino == anc {
@@ -437,10 +529,20 @@ impl Vfs {
     /// `RENAME_NOREPLACE`, `RENAME_EXCHANGE`, directories anywhere except into
     /// themselves. One transaction; the bucket follows in the background (copy + delete).
     /// Errors: `ENOENT`, `EEXIST` (NOREPLACE), `ENOTEMPTY`, `EISDIR`, `ENOTDIR`, `EINVAL`.
-    pub fn rename(&self, _ctx: &Ctx, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: u32) -> Result<()> {
+    pub fn rename(
+        &self,
+        _ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<()> {
         let noreplace = flags & rename_flags::NOREPLACE != 0;
         let exchange = flags & rename_flags::EXCHANGE != 0;
-        if flags & !(rename_flags::NOREPLACE | rename_flags::EXCHANGE) != 0 || (noreplace && exchange) {
+        if flags & !(rename_flags::NOREPLACE | rename_flags::EXCHANGE) != 0
+            || (noreplace && exchange)
+        {
             return Err(VfsError::Invalid);
         }
         check_name(name)?;
@@ -449,19 +551,27 @@ impl Vfs {
         if new_parent != parent {
             self.ensure_listed(new_parent, false)?;
         }
-        // A directory about to be replaced must be known complete to test emptiness.
-        let dst = deskfs_meta::read(&*self.meta, |t| t.lookup(new_parent, new_name))?;
+        // Directories moved or replaced must be complete first: a moved directory takes
+        // its bucket-only children along, a replaced one must really be empty.
+        let (src, dst) = deskfs_meta::read(&*self.meta, |t| {
+            Ok((t.lookup(parent, name)?, t.lookup(new_parent, new_name)?))
+        })?;
+        if let Some(d) = &src {
+            self.ensure_subtree_listed(d.ino)?;
+        }
         if let Some(d) = &dst {
-            let kind = deskfs_meta::read(&*self.meta, |t| t.get_inode(d.ino))?.map(|r| r.kind);
-            if kind == Some(Kind::Dir) && !exchange {
-                self.ensure_listed(d.ino, false)?;
+            self.ensure_listed(d.ino, false)?;
+            if exchange {
+                self.ensure_subtree_listed(d.ino)?;
             }
         }
         let now = now_ns();
         let purged = deskfs_meta::txn(&*self.meta, |t| {
             get_dir(t, parent).map_err(VfsError::into_meta)?;
             get_dir(t, new_parent).map_err(VfsError::into_meta)?;
-            let src = t.lookup(parent, name)?.ok_or_else(|| VfsError::NotFound.into_meta())?;
+            let src = t
+                .lookup(parent, name)?
+                .ok_or_else(|| VfsError::NotFound.into_meta())?;
             let mut srow = get(t, src.ino).map_err(VfsError::into_meta)?;
             let dst = t.lookup(new_parent, new_name)?;
             if exchange && dst.is_none() {
@@ -552,7 +662,7 @@ impl Vfs {
     }
 
     /// `link`: a new name for a non-directory. Errors: `EPERM` (directory), `EEXIST`,
-    /// `ENOENT`, `ENOTDIR`, `EMLINK` never (no limit below 2^32).
+    /// `ENOENT`, `ENOTDIR`, `EMLINK` (more than [`LINK_MAX`] links).
     pub fn link(&self, _ctx: &Ctx, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
         check_name(new_name)?;
         self.ensure_listed(new_parent, false)?;
@@ -569,6 +679,9 @@ impl Vfs {
             if t.lookup(new_parent, new_name)?.is_some() {
                 return Err(VfsError::Exists.into_meta());
             }
+            if r.nlink >= LINK_MAX {
+                return Err(VfsError::TooManyLinks.into_meta());
+            }
             t.insert_dentry(new_parent, new_name, ino)?;
             r.nlink += 1;
             r.ctime_ns = now;
@@ -584,12 +697,15 @@ impl Vfs {
     /// `opendir`: lists the directory from the bucket when it was never listed or its
     /// listing is older than the TTL. Errors: `ENOENT`, `ENOTDIR`.
     pub fn opendir(&self, ino: Ino) -> Result<u64> {
-        let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let row =
+            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
         if row.kind != Kind::Dir {
             return Err(VfsError::NotDir);
         }
         self.ensure_listed(ino, true)?;
-        let fh = self.next_fh.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let fh = self
+            .next_fh
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let h = Arc::new(Handle {
             ino,
             write: false,
@@ -597,6 +713,7 @@ impl Vfs {
             append: false,
             dir: true,
             last_read_end: AtomicU64::new(0),
+            lock_owners: Default::default(),
         });
         self.handles.lock().map_err(|_| poisoned())?.insert(fh, h);
         Ok(fh)
@@ -823,6 +940,7 @@ impl VfsError {
             libc::ERANGE => VfsError::Range,
             libc::E2BIG => VfsError::TooBig,
             libc::EOPNOTSUPP => VfsError::NotSupported,
+            libc::EMLINK => VfsError::TooManyLinks,
             _ => VfsError::Io(std::io::Error::from_raw_os_error(n)),
         }
     }

@@ -33,14 +33,22 @@ pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 /// The object key of `path`, given the bucket prefix length (to respect [`MAX_KEY_LEN`]).
 /// Directory markers add one byte (`/`), accounted for here.
 pub fn key_of(path: &[u8], prefix_len: usize) -> String {
+    key_of_with(path, prefix_len, |_| true)
+}
+
+/// [`key_of`] with a backend check: keys the bucket cannot store (`storable` false) are
+/// escaped too.
+pub fn key_of_with(path: &[u8], prefix_len: usize, storable: impl Fn(&str) -> bool) -> String {
     if let Ok(s) = std::str::from_utf8(path) {
         let plain = !s.is_empty()
             && prefix_len + 1 + s.len() < MAX_KEY_LEN
-            && s.split('/').next().is_none_or(|first| first.as_bytes() != RESERVED)
-            && s
-                .split('/')
-                .all(|seg| !seg.is_empty() && seg != "." && seg != ".." && !seg.chars().any(|c| c.is_control()));
-        if plain {
+            && s.split('/')
+                .next()
+                .is_none_or(|first| first.as_bytes() != RESERVED)
+            && s.split('/').all(|seg| {
+                !seg.is_empty() && seg != "." && seg != ".." && !seg.chars().any(|c| c.is_control())
+            });
+        if plain && storable(s) {
             return s.to_string();
         }
     }

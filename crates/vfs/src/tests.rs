@@ -30,7 +30,11 @@ mod unlink;
 mod xattr;
 
 /// The caller of every request in these tests (not root, so ownership is visible).
-pub(crate) const CTX: Ctx = Ctx { uid: 1000, gid: 1000, pid: 4242 };
+pub(crate) const CTX: Ctx = Ctx {
+    uid: 1000,
+    gid: 1000,
+    pid: 4242,
+};
 
 /// How long `sync` may wait for the uploader in a test.
 pub(crate) const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
@@ -121,7 +125,8 @@ impl Harness {
         let tmp = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir_all(tmp.path().join("bucket")).unwrap();
         fill(&tmp.path().join("bucket"));
-        let meta = SqliteEngine::create(&tmp.path().join("meta.db"), 0, 0, now_ns()).expect("create meta db");
+        let meta = SqliteEngine::create(&tmp.path().join("meta.db"), 0, 0, now_ns())
+            .expect("create meta db");
         let rt = runtime();
         let vfs = Self::open_vfs(tmp.path(), Arc::new(meta), &cfg, rt.handle());
         Harness {
@@ -132,7 +137,12 @@ impl Harness {
         }
     }
 
-    fn open_vfs(dir: &Path, meta: Arc<dyn MetaEngine>, cfg: &VfsConfig, rt: &tokio::runtime::Handle) -> Arc<Vfs> {
+    fn open_vfs(
+        dir: &Path,
+        meta: Arc<dyn MetaEngine>,
+        cfg: &VfsConfig,
+        rt: &tokio::runtime::Handle,
+    ) -> Arc<Vfs> {
         let url = format!("file://{}", dir.join("bucket").display());
         let spec = BucketSpec::parse(&url).expect("bucket url");
         let bucket = Bucket::open(&spec, true).expect("open bucket");
@@ -149,9 +159,13 @@ impl Harness {
     /// waiting for uploads) and waits until its uploader task released it.
     fn unmount(&mut self) {
         let Some(vfs) = self.vfs.take() else { return };
-        vfs.shutdown(false, Duration::from_secs(10)).expect("shutdown");
+        vfs.shutdown(false, Duration::from_secs(10))
+            .expect("shutdown");
         let stopped = wait_until(Duration::from_secs(20), || Arc::strong_count(&vfs) == 1);
-        assert!(stopped, "the uploader still holds the VFS 20 s after shutdown");
+        assert!(
+            stopped,
+            "the uploader still holds the VFS 20 s after shutdown"
+        );
         drop(vfs);
     }
 
@@ -166,8 +180,33 @@ impl Harness {
     pub(crate) fn remount_with(&mut self, cfg: VfsConfig) {
         self.unmount();
         let meta = SqliteEngine::open(&self.tmp.path().join("meta.db")).expect("reopen meta db");
-        let vfs = Self::open_vfs(self.tmp.path(), Arc::new(meta), &cfg, self.rt.as_ref().unwrap().handle());
+        let vfs = Self::open_vfs(
+            self.tmp.path(),
+            Arc::new(meta),
+            &cfg,
+            self.rt.as_ref().unwrap().handle(),
+        );
         self.cfg = cfg;
+        self.vfs = Some(vfs);
+    }
+
+    /// Simulates `kill -9` of the daemon and a restart: the runtime (uploader included) is
+    /// torn down and the VFS dropped without `shutdown`, so nothing is committed or
+    /// flushed on the way out; only what reached the database and the cache dir remains.
+    pub(crate) fn crash_and_remount(&mut self) {
+        let vfs = self.vfs.take().expect("vfs is mounted");
+        let rt = self.rt.take().expect("runtime");
+        rt.shutdown_timeout(Duration::from_secs(10));
+        let released = wait_until(Duration::from_secs(10), || Arc::strong_count(&vfs) == 1);
+        assert!(
+            released,
+            "background tasks still hold the VFS after the runtime stopped"
+        );
+        drop(vfs);
+        let rt = runtime();
+        let meta = SqliteEngine::open(&self.tmp.path().join("meta.db")).expect("reopen meta db");
+        let vfs = Self::open_vfs(self.tmp.path(), Arc::new(meta), &self.cfg, rt.handle());
+        self.rt = Some(rt);
         self.vfs = Some(vfs);
     }
 
@@ -177,7 +216,12 @@ impl Harness {
         f(self.tmp.path());
         let cfg = self.cfg.clone();
         let meta = SqliteEngine::open(&self.tmp.path().join("meta.db")).expect("reopen meta db");
-        let vfs = Self::open_vfs(self.tmp.path(), Arc::new(meta), &cfg, self.rt.as_ref().unwrap().handle());
+        let vfs = Self::open_vfs(
+            self.tmp.path(),
+            Arc::new(meta),
+            &cfg,
+            self.rt.as_ref().unwrap().handle(),
+        );
         self.vfs = Some(vfs);
     }
 
@@ -224,7 +268,12 @@ impl Harness {
 
     /// Whether the cache has a staging file for `ino`.
     pub(crate) fn staging_exists(&self, ino: Ino) -> bool {
-        self.tmp.path().join("cache").join("staging").join(ino.to_string()).exists()
+        self.tmp
+            .path()
+            .join("cache")
+            .join("staging")
+            .join(ino.to_string())
+            .exists()
     }
 
     /// The committed metadata row of `ino` (what the engine holds, without overlay).
@@ -255,7 +304,8 @@ impl Harness {
 
     /// `mkdir` with mode 0777 and umask 022.
     pub(crate) fn dir(&self, parent: Ino, name: &str) -> Attr {
-        self.mkdir(&CTX, parent, name.as_bytes(), 0o777, 0o022).expect("mkdir")
+        self.mkdir(&CTX, parent, name.as_bytes(), 0o777, 0o022)
+            .expect("mkdir")
     }
 
     /// `create` (O_RDWR, mode 0666, umask 022): the new file's attributes and handle.
@@ -279,7 +329,9 @@ impl Harness {
     pub(crate) fn put(&self, ino: Ino, fh: u64, off: u64, data: &[u8]) {
         let mut done = 0usize;
         for chunk in data.chunks(256 << 10) {
-            let n = self.write(ino, fh, off + done as u64, chunk).expect("write");
+            let n = self
+                .write(ino, fh, off + done as u64, chunk)
+                .expect("write");
             assert_eq!(n as usize, chunk.len(), "short write");
             done += chunk.len();
         }
@@ -294,7 +346,9 @@ impl Harness {
     pub(crate) fn read_to_end(&self, ino: Ino, fh: u64, off: u64, chunk: u32) -> Vec<u8> {
         let mut out = Vec::new();
         loop {
-            let d = self.read(ino, fh, off + out.len() as u64, chunk).expect("read");
+            let d = self
+                .read(ino, fh, off + out.len() as u64, chunk)
+                .expect("read");
             if d.is_empty() {
                 return out;
             }
@@ -313,7 +367,9 @@ impl Harness {
 
     /// The whole content of the file at `path`.
     pub(crate) fn cat_path(&self, path: &str) -> Vec<u8> {
-        let a = self.walk(path).unwrap_or_else(|e| panic!("lookup {path}: {e}"));
+        let a = self
+            .walk(path)
+            .unwrap_or_else(|e| panic!("lookup {path}: {e}"));
         self.cat(a.ino)
     }
 

@@ -21,7 +21,7 @@ use deskfs_meta::{Ino, InodeRow, Kind, Local, ObjectRow, PendingRow};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 
-use crate::paths::{join, key_of, resolve};
+use crate::paths::{join, resolve};
 use crate::{now_ns, Result, Vfs, VfsError};
 
 /// Longest time a file with uncommitted writes delays its upload, ns.
@@ -34,6 +34,9 @@ pub(crate) struct UploaderShared {
     stop: AtomicBool,
     stopped: tokio::sync::Notify,
     running: AtomicBool,
+    /// Held by reconciles that copy from, overwrite or delete objects that may hold
+    /// another inode's content, so a copy never reads a source being replaced.
+    content_lock: tokio::sync::Mutex<()>,
 }
 
 impl UploaderShared {
@@ -73,6 +76,7 @@ async fn run(vfs: Arc<Vfs>) {
     let mut inflight: HashSet<Vec<u8>> = HashSet::new();
     let mut tasks = FuturesUnordered::new();
     let mut last_evict = std::time::Instant::now();
+    let mut last_beat = std::time::Instant::now();
     loop {
         let stopping = vfs.uploader.stop.load(Ordering::SeqCst);
         if stopping && tasks.is_empty() {
@@ -105,6 +109,11 @@ async fn run(vfs: Arc<Vfs>) {
                 }
                 Err(e) => tracing::error!(error = %e, "uploader cannot read pending work"),
             }
+        }
+        if last_beat.elapsed() > crate::locks::HEARTBEAT && !stopping {
+            last_beat = std::time::Instant::now();
+            let v = vfs.clone();
+            let _ = tokio::task::spawn_blocking(move || v.heartbeat()).await;
         }
         if last_evict.elapsed() > Duration::from_secs(2) {
             last_evict = std::time::Instant::now();
@@ -143,23 +152,41 @@ async fn process(vfs: &Arc<Vfs>, row: PendingRow) {
 
 async fn reconcile(vfs: &Arc<Vfs>, row: &PendingRow) -> Result<Outcome> {
     let mut outcome = Outcome::Done;
-    if row.recursive {
-        // Children first (deepest first), so directory markers go last on delete.
-        let path = row.path.clone();
-        let children: BTreeSet<Vec<u8>> = {
-            let v = vfs.clone();
-            tokio::task::spawn_blocking(move || subtree_paths(&v, &path))
-                .await
-                .map_err(|e| VfsError::Io(std::io::Error::other(e.to_string())))??
-        };
-        for p in children.iter().rev() {
-            if let Outcome::Defer(d) = reconcile_one(vfs, p).await? {
-                outcome = Outcome::Defer(d);
-            }
+    let defer = |o: Outcome, acc: &mut Outcome| {
+        if let Outcome::Defer(d) = o {
+            *acc = Outcome::Defer(d);
         }
+    };
+    if !row.recursive {
+        return reconcile_one(vfs, &row.path).await;
     }
-    if let Outcome::Defer(d) = reconcile_one(vfs, &row.path).await? {
-        outcome = Outcome::Defer(d);
+    let path = row.path.clone();
+    let (children, self_dir) = {
+        let v = vfs.clone();
+        tokio::task::spawn_blocking(move || -> Result<(BTreeSet<Vec<u8>>, bool)> {
+            let kids = subtree_paths(&v, &path)?;
+            let is_dir = deskfs_meta::read(&*v.meta, |t| {
+                Ok(match resolve(t, &path)? {
+                    Some(i) => t.get_inode(i)?.is_some_and(|r| r.kind == Kind::Dir),
+                    None => false,
+                })
+            })?;
+            Ok((kids, is_dir))
+        })
+        .await
+        .map_err(|e| VfsError::Io(std::io::Error::other(e.to_string())))??
+    };
+    // A directory now at `path`: its marker first (replacing whatever object was there),
+    // then the children. Otherwise the children (deepest first) go before the path itself,
+    // so directory markers are removed last.
+    if self_dir {
+        defer(reconcile_one(vfs, &row.path).await?, &mut outcome);
+    }
+    for p in children.iter().rev() {
+        defer(reconcile_one(vfs, p).await?, &mut outcome);
+    }
+    if !self_dir {
+        defer(reconcile_one(vfs, &row.path).await?, &mut outcome);
     }
     Ok(outcome)
 }
@@ -223,10 +250,9 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| VfsError::Io(std::io::Error::other(e.to_string())))?
 }
 
-/// Reconciles one path with the bucket.
-async fn reconcile_one(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Outcome> {
+async fn snapshot(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Snapshot> {
     let p = path.to_vec();
-    let snap = blocking(vfs, move |v| {
+    blocking(vfs, move |v| {
         Ok(deskfs_meta::read(&*v.meta, |t| {
             let ino = resolve(t, &p)?;
             let row = match ino {
@@ -241,8 +267,37 @@ async fn reconcile_one(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Outcome> {
             Ok(Snapshot { row, obj, src })
         })?)
     })
-    .await?;
-    let key = key_of(path, vfs.bucket.spec().prefix.len());
+    .await
+}
+
+/// Whether reconciling `snap` copies from, overwrites or deletes an object that may be
+/// another inode's content (then it runs under the content lock).
+fn touches_shared_content(snap: &Snapshot) -> bool {
+    let other_content = snap
+        .obj
+        .as_ref()
+        .is_some_and(|o| o.kind == Kind::File && snap.row.as_ref().is_none_or(|r| r.ino != o.ino));
+    let needs_copy = snap
+        .row
+        .as_ref()
+        .is_some_and(|r| r.kind == Kind::File && r.local != Local::Full && r.size > 0);
+    other_content || needs_copy
+}
+
+/// Reconciles one path with the bucket.
+async fn reconcile_one(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Outcome> {
+    let snap = snapshot(vfs, path).await?;
+    if touches_shared_content(&snap) {
+        let _guard = vfs.uploader.content_lock.lock().await;
+        // Re-read under the lock: another reconcile may have moved content meanwhile.
+        let snap = snapshot(vfs, path).await?;
+        return apply(vfs, path, snap).await;
+    }
+    apply(vfs, path, snap).await
+}
+
+async fn apply(vfs: &Arc<Vfs>, path: &[u8], snap: Snapshot) -> Result<Outcome> {
+    let key = vfs.key_for(path);
     let Some(r) = snap.row else {
         // Nothing at this path any more: remove what the bucket holds there.
         if let Some(obj) = snap.obj {
@@ -257,7 +312,9 @@ async fn reconcile_one(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Outcome> {
         }
     }
     let obj = match &snap.obj {
-        Some(o) if (o.kind == Kind::Dir) == (r.kind == Kind::Dir) && o.key == key => Some(o.clone()),
+        Some(o) if (o.kind == Kind::Dir) == (r.kind == Kind::Dir) && o.key == key => {
+            Some(o.clone())
+        }
         _ => None,
     };
     let meta = posix_of(&r);
@@ -272,7 +329,10 @@ async fn reconcile_one(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Outcome> {
         }
         Kind::File => reconcile_file(vfs, path, &key, r, obj, snap.src).await,
         Kind::Symlink => {
-            if obj.as_ref().is_some_and(|o| o.ino == r.ino && o.meta_stamp == r.ctime_ns) {
+            if obj
+                .as_ref()
+                .is_some_and(|o| o.ino == r.ino && o.meta_stamp == r.ctime_ns)
+            {
                 return Ok(Outcome::Done);
             }
             let body = Bytes::from(r.target.clone().unwrap_or_default());
@@ -281,10 +341,16 @@ async fn reconcile_one(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Outcome> {
             Ok(Outcome::Done)
         }
         Kind::Fifo | Kind::Socket | Kind::CharDev | Kind::BlockDev => {
-            if obj.as_ref().is_some_and(|o| o.ino == r.ino && o.meta_stamp == r.ctime_ns) {
+            if obj
+                .as_ref()
+                .is_some_and(|o| o.ino == r.ino && o.meta_stamp == r.ctime_ns)
+            {
                 return Ok(Outcome::Done);
             }
-            let put = vfs.bucket.put_bytes(&key, Bytes::new(), Some(&meta)).await?;
+            let put = vfs
+                .bucket
+                .put_bytes(&key, Bytes::new(), Some(&meta))
+                .await?;
             record(vfs, path, &key, &r, r.data_version, put.etag, 0).await?;
             Ok(Outcome::Done)
         }
@@ -391,7 +457,9 @@ async fn reconcile_file(
 }
 
 fn snap_other(obj: &Option<ObjectRow>, ino: Ino) -> Option<ObjectRow> {
-    obj.as_ref().filter(|o| o.ino != ino && o.kind == Kind::File).cloned()
+    obj.as_ref()
+        .filter(|o| o.ino != ino && o.kind == Kind::File)
+        .cloned()
 }
 
 /// Before the object `o` is overwritten or deleted: if it holds the current content of a
@@ -405,7 +473,8 @@ async fn preserve_content(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
         let row = deskfs_meta::read(&*v.meta, |t| t.get_inode(o.ino))?;
         let Some(row) = row else { return Ok(()) };
         let live = row.nlink > 0 || v.is_open(row.ino);
-        if !live || row.local == Local::Full || row.data_version != o.data_version || row.size == 0 {
+        if !live || row.local == Local::Full || row.data_version != o.data_version || row.size == 0
+        {
             return Ok(());
         }
         v.download_full(&row)?;
@@ -433,7 +502,9 @@ async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     let o = o.clone();
     blocking(vfs, move |v| {
         deskfs_meta::txn(&*v.meta, |t| {
-            if t.get_object(&o.path)?.is_some_and(|cur| cur.key == o.key && cur.ino == o.ino) {
+            if t.get_object(&o.path)?
+                .is_some_and(|cur| cur.key == o.key && cur.ino == o.ino)
+            {
                 t.delete_object(&o.path)?;
             }
             Ok(())

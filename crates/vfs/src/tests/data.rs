@@ -44,9 +44,17 @@ fn reads_at_offsets_and_sparse_holes_read_zeros() {
         assert_eq!(h.read(a.ino, fh, 1 << 20, 4096).unwrap(), vec![0u8; 4096]);
         let mut tail = vec![0u8; 5];
         tail.extend_from_slice(b"xyz");
-        assert_eq!(h.read(a.ino, fh, far - 5, 100).unwrap(), tail, "short read at EOF");
+        assert_eq!(
+            h.read(a.ino, fh, far - 5, 100).unwrap(),
+            tail,
+            "short read at EOF"
+        );
         assert_eq!(h.read(a.ino, fh, size, 10).unwrap(), b"", "read at EOF");
-        assert_eq!(h.read(a.ino, fh, size + 1000, 10).unwrap(), b"", "read past EOF");
+        assert_eq!(
+            h.read(a.ino, fh, size + 1000, 10).unwrap(),
+            b"",
+            "read past EOF"
+        );
         let all = h.read_to_end(a.ino, fh, 0, 1 << 20);
         assert_eq!(all.len() as u64, size);
         assert!(all[3..far as usize].iter().all(|b| *b == 0));
@@ -85,7 +93,10 @@ fn large_content_roundtrip_in_odd_chunks() {
     assert_eq!(a.blocks, (data.len() as u64).div_ceil(512));
     let fh = h.op(a.ino, libc::O_RDONLY);
     assert_eq!(h.read_to_end(a.ino, fh, 0, 77_777), data);
-    assert_eq!(h.read(a.ino, fh, 1_234_567, 10).unwrap(), &data[1_234_567..1_234_577]);
+    assert_eq!(
+        h.read(a.ino, fh, 1_234_567, 10).unwrap(),
+        &data[1_234_567..1_234_577]
+    );
     h.release(a.ino, fh).unwrap();
 }
 
@@ -138,7 +149,10 @@ fn o_append_is_atomic_across_threads() {
             let vfs = h.arc();
             let ino = a.ino;
             std::thread::spawn(move || {
-                let fh = vfs.open(&CTX, ino, libc::O_WRONLY | libc::O_APPEND).unwrap().fh;
+                let fh = vfs
+                    .open(&CTX, ino, libc::O_WRONLY | libc::O_APPEND)
+                    .unwrap()
+                    .fh;
                 for _ in 0..100 {
                     vfs.write(ino, fh, 0, &[b'a' + t; 16]).unwrap();
                 }
@@ -153,10 +167,57 @@ fn o_append_is_atomic_across_threads() {
     assert_eq!(data.len(), 4 * 100 * 16);
     let mut counts = [0; 4];
     for rec in data.chunks(16) {
-        assert!(rec.iter().all(|b| *b == rec[0]), "torn append record {rec:?}");
+        assert!(
+            rec.iter().all(|b| *b == rec[0]),
+            "torn append record {rec:?}"
+        );
         counts[(rec[0] - b'a') as usize] += 1;
     }
     assert_eq!(counts, [100; 4]);
+}
+
+/// Writers that each open, append and close, concurrently (shell `>>` from several
+/// processes): no append may be lost or overlap another.
+#[test]
+fn concurrent_open_append_close_cycles_lose_nothing() {
+    let h = Harness::new();
+    let a = h.file(ROOT_INO, "log", b"");
+    let (threads, rounds) = (4u8, 1500);
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let vfs = h.arc();
+            let ino = a.ino;
+            std::thread::spawn(move || {
+                for _ in 0..rounds {
+                    let fh = vfs
+                        .open(&CTX, ino, libc::O_WRONLY | libc::O_APPEND)
+                        .unwrap()
+                        .fh;
+                    vfs.write(ino, fh, 0, &[b'a' + t; 16]).unwrap();
+                    vfs.flush(ino, fh).unwrap();
+                    vfs.release(ino, fh).unwrap();
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let data = h.cat(a.ino);
+    let mut counts = vec![0; threads as usize];
+    for rec in data.chunks(16) {
+        assert!(
+            rec.len() == 16 && rec.iter().all(|b| *b == rec[0]),
+            "torn append record {rec:?}"
+        );
+        counts[(rec[0] - b'a') as usize] += 1;
+    }
+    assert_eq!(
+        counts,
+        vec![rounds; threads as usize],
+        "appends lost; file is {} bytes",
+        data.len()
+    );
 }
 
 #[test]
@@ -166,6 +227,26 @@ fn handle_errors() {
     let ro = h.op(a.ino, libc::O_RDONLY);
     assert_eq!(errno(h.write(a.ino, ro, 0, b"x")), libc::EBADF);
     h.release(a.ino, ro).unwrap();
+    let wo = h.op(a.ino, libc::O_WRONLY);
+    assert_eq!(
+        errno(h.read(a.ino, wo, 0, 10)),
+        libc::EBADF,
+        "read through a write-only handle"
+    );
+    h.release(a.ino, wo).unwrap();
+    let other = h.file(ROOT_INO, "other", b"zz");
+    let rw = h.op(other.ino, libc::O_RDWR);
+    assert_eq!(
+        errno(h.read(a.ino, rw, 0, 10)),
+        libc::EBADF,
+        "handle of another inode"
+    );
+    assert_eq!(
+        errno(h.write(a.ino, rw, 0, b"x")),
+        libc::EBADF,
+        "handle of another inode"
+    );
+    h.release(other.ino, rw).unwrap();
     assert_eq!(errno(h.read(a.ino, 999_999, 0, 10)), libc::EBADF);
     assert_eq!(errno(h.write(a.ino, 999_999, 0, b"x")), libc::EBADF);
     // A released handle is gone.
@@ -194,7 +275,10 @@ fn fsync_commits_size_and_data() {
     h.fsync(a.ino, fh, false).unwrap();
     let row = h.row(a.ino).unwrap();
     assert_eq!(row.size, 7);
-    assert!(row.dirty, "not uploaded yet, or at least not before the commit");
+    assert!(
+        row.dirty,
+        "not uploaded yet, or at least not before the commit"
+    );
     h.put(a.ino, fh, 7, b"!");
     h.fsync(a.ino, fh, true).unwrap();
     assert_eq!(h.row(a.ino).unwrap().size, 8);
@@ -212,8 +296,16 @@ fn write_updates_mtime_and_ctime() {
     let h = Harness::new();
     let a = h.file(ROOT_INO, "f", b"x");
     let t0 = 1_000_000_000;
-    h.setattr(&CTX, a.ino, &SetAttr { mtime: Some(SetTime::At(t0)), atime: Some(SetTime::At(t0)), ..Default::default() })
-        .unwrap();
+    h.setattr(
+        &CTX,
+        a.ino,
+        &SetAttr {
+            mtime: Some(SetTime::At(t0)),
+            atime: Some(SetTime::At(t0)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let fh = h.op(a.ino, libc::O_WRONLY);
     h.put(a.ino, fh, 1, b"y");
     let mid = h.getattr(a.ino).unwrap();
@@ -221,7 +313,10 @@ fn write_updates_mtime_and_ctime() {
     h.release(a.ino, fh).unwrap();
     let after = h.getattr(a.ino).unwrap();
     assert!(after.mtime_ns > t0);
-    assert_eq!(after.mtime_ns, mid.mtime_ns, "close keeps the write's mtime");
+    assert_eq!(
+        after.mtime_ns, mid.mtime_ns,
+        "close keeps the write's mtime"
+    );
     assert!(after.ctime_ns >= after.mtime_ns);
     assert_eq!(after.atime_ns, t0);
     assert_eq!(h.row(a.ino).unwrap().mtime_ns, after.mtime_ns);
@@ -232,7 +327,17 @@ fn ftruncate_through_a_handle_with_pending_writes() {
     let h = Harness::new();
     let (a, fh) = h.create_rw(ROOT_INO, "f");
     h.put(a.ino, fh, 0, b"0123456789");
-    let at = h.setattr(&CTX, a.ino, &SetAttr { size: Some(4), fh: Some(fh), ..Default::default() }).unwrap();
+    let at = h
+        .setattr(
+            &CTX,
+            a.ino,
+            &SetAttr {
+                size: Some(4),
+                fh: Some(fh),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(at.size, 4);
     assert_eq!(h.read(a.ino, fh, 0, 100).unwrap(), b"0123");
     h.put(a.ino, fh, 6, b"Z");

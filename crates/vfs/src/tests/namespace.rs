@@ -8,7 +8,10 @@ use crate::SetTime;
 fn lookup_and_getattr() {
     let h = Harness::new();
     let root = h.getattr(ROOT_INO).unwrap();
-    assert_eq!((root.ino, root.kind, root.perm, root.nlink), (ROOT_INO, Kind::Dir, 0o755, 2));
+    assert_eq!(
+        (root.ino, root.kind, root.perm, root.nlink),
+        (ROOT_INO, Kind::Dir, 0o755, 2)
+    );
     assert_eq!(root.mode(), libc::S_IFDIR | 0o755);
 
     assert_eq!(errno(h.lk(ROOT_INO, "missing")), libc::ENOENT);
@@ -45,12 +48,21 @@ fn names_longer_than_255_bytes_are_enametoolong() {
     let f = h.file(ROOT_INO, "f", b"x");
     let e = libc::ENAMETOOLONG;
     assert_eq!(errno(h.lk(ROOT_INO, &long)), e);
-    assert_eq!(errno(h.create(&CTX, ROOT_INO, long.as_bytes(), 0o644, 0, libc::O_RDWR)), e);
+    assert_eq!(
+        errno(h.create(&CTX, ROOT_INO, long.as_bytes(), 0o644, 0, libc::O_RDWR)),
+        e
+    );
     assert_eq!(errno(h.mkdir(&CTX, ROOT_INO, long.as_bytes(), 0o755, 0)), e);
     assert_eq!(errno(h.symlink(&CTX, ROOT_INO, long.as_bytes(), b"t")), e);
-    assert_eq!(errno(h.mknod(&CTX, ROOT_INO, long.as_bytes(), libc::S_IFIFO | 0o644, 0, 0)), e);
+    assert_eq!(
+        errno(h.mknod(&CTX, ROOT_INO, long.as_bytes(), libc::S_IFIFO | 0o644, 0, 0)),
+        e
+    );
     assert_eq!(errno(h.link(&CTX, f.ino, ROOT_INO, long.as_bytes())), e);
-    assert_eq!(errno(h.rename(&CTX, ROOT_INO, b"f", ROOT_INO, long.as_bytes(), 0)), e);
+    assert_eq!(
+        errno(h.rename(&CTX, ROOT_INO, b"f", ROOT_INO, long.as_bytes(), 0)),
+        e
+    );
     assert_eq!(errno(h.unlink(&CTX, ROOT_INO, long.as_bytes())), e);
     assert_eq!(errno(h.rmdir(&CTX, ROOT_INO, long.as_bytes())), e);
     // 255 bytes is fine.
@@ -64,8 +76,16 @@ fn names_longer_than_255_bytes_are_enametoolong() {
 fn invalid_names_are_einval() {
     let h = Harness::new();
     for bad in [&b""[..], b".", b"..", b"a/b"] {
-        assert_eq!(errno(h.create(&CTX, ROOT_INO, bad, 0o644, 0, libc::O_RDWR)), libc::EINVAL, "{bad:?}");
-        assert_eq!(errno(h.mkdir(&CTX, ROOT_INO, bad, 0o755, 0)), libc::EINVAL, "{bad:?}");
+        assert_eq!(
+            errno(h.create(&CTX, ROOT_INO, bad, 0o644, 0, libc::O_RDWR)),
+            libc::EINVAL,
+            "{bad:?}"
+        );
+        assert_eq!(
+            errno(h.mkdir(&CTX, ROOT_INO, bad, 0o755, 0)),
+            libc::EINVAL,
+            "{bad:?}"
+        );
     }
     assert_eq!(errno(h.rmdir(&CTX, ROOT_INO, b".")), libc::EINVAL);
     assert_eq!(errno(h.rmdir(&CTX, ROOT_INO, b"..")), libc::ENOTEMPTY);
@@ -82,7 +102,9 @@ fn mkdir_sets_nlink_and_errors() {
     assert_eq!(h.lk(ROOT_INO, "d").unwrap(), h.getattr(d.ino).unwrap());
 
     // umask and mode bits beyond 0o7777 are dropped.
-    let m = h.mkdir(&CTX, ROOT_INO, b"m", libc::S_IFDIR | 0o1777, 0o077).unwrap();
+    let m = h
+        .mkdir(&CTX, ROOT_INO, b"m", libc::S_IFDIR | 0o1777, 0o077)
+        .unwrap();
     assert_eq!(m.perm, 0o1700);
     assert_eq!(h.getattr(ROOT_INO).unwrap().nlink, 4);
 
@@ -141,17 +163,36 @@ fn create_is_exclusive_and_checks_parent() {
     h.release(a.ino, fh).unwrap();
 
     let flags = libc::O_RDWR | libc::O_CREAT | libc::O_EXCL;
-    assert_eq!(errno(h.create(&CTX, ROOT_INO, b"f", 0o644, 0, flags)), libc::EEXIST);
+    assert_eq!(
+        errno(h.create(&CTX, ROOT_INO, b"f", 0o644, 0, flags)),
+        libc::EEXIST
+    );
     h.dir(ROOT_INO, "d");
-    assert_eq!(errno(h.create(&CTX, ROOT_INO, b"d", 0o644, 0, flags)), libc::EEXIST);
-    assert_eq!(errno(h.create(&CTX, a.ino, b"x", 0o644, 0, flags)), libc::ENOTDIR);
-    assert_eq!(errno(h.create(&CTX, 987_654, b"x", 0o644, 0, flags)), libc::ENOENT);
+    assert_eq!(
+        errno(h.create(&CTX, ROOT_INO, b"d", 0o644, 0, flags)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        errno(h.create(&CTX, a.ino, b"x", 0o644, 0, flags)),
+        libc::ENOTDIR
+    );
+    assert_eq!(
+        errno(h.create(&CTX, 987_654, b"x", 0o644, 0, flags)),
+        libc::ENOENT
+    );
     // The existing file is untouched by the failed create.
     assert_eq!(h.lk(ROOT_INO, "f").unwrap().ino, a.ino);
 
     // Mode: permission bits only, umask applied.
     let (b, fh) = h
-        .create(&CTX, ROOT_INO, b"g", libc::S_IFREG | 0o4777, 0o027, libc::O_WRONLY)
+        .create(
+            &CTX,
+            ROOT_INO,
+            b"g",
+            libc::S_IFREG | 0o4777,
+            0o027,
+            libc::O_WRONLY,
+        )
         .map(|(a, o)| (a, o.fh))
         .unwrap();
     assert_eq!(b.perm, 0o4750);
@@ -163,7 +204,10 @@ fn creating_in_an_unlinked_directory_is_enoent() {
     let h = Harness::new();
     let d = h.dir(ROOT_INO, "d");
     h.rmdir(&CTX, ROOT_INO, b"d").unwrap();
-    assert_eq!(errno(h.create(&CTX, d.ino, b"x", 0o644, 0, libc::O_RDWR)), libc::ENOENT);
+    assert_eq!(
+        errno(h.create(&CTX, d.ino, b"x", 0o644, 0, libc::O_RDWR)),
+        libc::ENOENT
+    );
     assert_eq!(errno(h.mkdir(&CTX, d.ino, b"x", 0o755, 0)), libc::ENOENT);
 }
 
@@ -182,8 +226,14 @@ fn parent_times_change_on_entry_changes() {
         assert_eq!(before.mtime_ns, 1_000_000_000);
         f();
         let after = h.getattr(d.ino).unwrap();
-        assert!(after.mtime_ns > before.mtime_ns, "{what}: parent mtime not updated");
-        assert!(after.ctime_ns >= before.ctime_ns, "{what}: parent ctime went back");
+        assert!(
+            after.mtime_ns > before.mtime_ns,
+            "{what}: parent mtime not updated"
+        );
+        assert!(
+            after.ctime_ns >= before.ctime_ns,
+            "{what}: parent ctime went back"
+        );
         assert_eq!(after.atime_ns, 1_000_000_000, "{what}: atime changed");
     };
     step("create", &|| {
@@ -199,7 +249,9 @@ fn parent_times_change_on_entry_changes() {
         let f = h.lk(d.ino, "f").unwrap();
         h.link(&CTX, f.ino, d.ino, b"g").unwrap();
     });
-    step("rename", &|| h.rename(&CTX, d.ino, b"g", d.ino, b"g2", 0).unwrap());
+    step("rename", &|| {
+        h.rename(&CTX, d.ino, b"g", d.ino, b"g2", 0).unwrap()
+    });
     step("unlink", &|| h.unlink(&CTX, d.ino, b"g2").unwrap());
     step("rmdir", &|| h.rmdir(&CTX, d.ino, b"s").unwrap());
 }
@@ -208,8 +260,16 @@ fn parent_times_change_on_entry_changes() {
 fn setgid_directory_passes_its_group_down() {
     let h = Harness::new();
     let d = h.dir(ROOT_INO, "d");
-    h.setattr(&CTX, d.ino, &SetAttr { gid: Some(50), mode: Some(0o2775), ..Default::default() })
-        .unwrap();
+    h.setattr(
+        &CTX,
+        d.ino,
+        &SetAttr {
+            gid: Some(50),
+            mode: Some(0o2775),
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let f = h.file(d.ino, "f", b"");
     assert_eq!(f.gid, 50, "file in setgid dir takes the dir's group");
     let s = h.dir(d.ino, "s");
@@ -232,7 +292,11 @@ fn statfs_is_sane() {
     h.file(ROOT_INO, "big", &vec![7u8; 1 << 20]);
     h.dir(ROOT_INO, "d");
     let s1 = h.statfs().unwrap();
-    assert_eq!(s0.bfree - s1.bfree, 256, "1 MiB = 256 blocks of 4 KiB in use");
+    assert_eq!(
+        s0.bfree - s1.bfree,
+        256,
+        "1 MiB = 256 blocks of 4 KiB in use"
+    );
     assert_eq!(s0.ffree - s1.ffree, 2, "two more inodes in use");
     assert_eq!(s1.blocks, s0.blocks);
 }
@@ -241,10 +305,30 @@ fn statfs_is_sane() {
 fn access_checks_mode_bits() {
     let h = Harness::new();
     let f = h.file(ROOT_INO, "f", b"x");
-    h.setattr(&CTX, f.ino, &SetAttr { mode: Some(0o640), ..Default::default() }).unwrap();
-    let other = Ctx { uid: 2000, gid: 2000, pid: 1 };
-    let group = Ctx { uid: 2000, gid: CTX.gid, pid: 1 };
-    let root = Ctx { uid: 0, gid: 0, pid: 1 };
+    h.setattr(
+        &CTX,
+        f.ino,
+        &SetAttr {
+            mode: Some(0o640),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let other = Ctx {
+        uid: 2000,
+        gid: 2000,
+        pid: 1,
+    };
+    let group = Ctx {
+        uid: 2000,
+        gid: CTX.gid,
+        pid: 1,
+    };
+    let root = Ctx {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
     let (r, w, x) = (libc::R_OK, libc::W_OK, libc::X_OK);
     h.access(&CTX, f.ino, r | w).unwrap();
     assert_eq!(errno(h.access(&CTX, f.ino, x)), libc::EACCES);
@@ -253,7 +337,11 @@ fn access_checks_mode_bits() {
     assert_eq!(errno(h.access(&other, f.ino, r)), libc::EACCES);
     h.access(&other, f.ino, libc::F_OK).unwrap();
     h.access(&root, f.ino, r | w).unwrap();
-    assert_eq!(errno(h.access(&root, f.ino, x)), libc::EACCES, "root needs some x bit");
+    assert_eq!(
+        errno(h.access(&root, f.ino, x)),
+        libc::EACCES,
+        "root needs some x bit"
+    );
     h.access(&root, ROOT_INO, x).unwrap();
     assert_eq!(errno(h.access(&CTX, 987_654, r)), libc::ENOENT);
 }
@@ -273,5 +361,77 @@ fn status_reports_pending_then_clean() {
     h.release(a.ino, fh).unwrap();
     h.sync_all();
     let st = h.status().unwrap();
-    assert_eq!((st.pending_uploads, st.failing_uploads, st.dirty_files, st.open_files), (0, 0, 0, 0), "{st:?}");
+    assert_eq!(
+        (
+            st.pending_uploads,
+            st.failing_uploads,
+            st.dirty_files,
+            st.open_files
+        ),
+        (0, 0, 0, 0),
+        "{st:?}"
+    );
+}
+
+#[test]
+fn concurrent_namespace_changes_keep_counts_right() {
+    let h = Harness::new();
+    let d = h.dir(ROOT_INO, "d");
+    let workers: Vec<_> = (0..4)
+        .map(|t| {
+            let vfs = h.arc();
+            let parent = d.ino;
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    vfs.mkdir(&CTX, parent, format!("d{t}-{i}").as_bytes(), 0o755, 0)
+                        .unwrap();
+                    let (a, o) = vfs
+                        .create(
+                            &CTX,
+                            parent,
+                            format!("f{t}-{i}").as_bytes(),
+                            0o644,
+                            0,
+                            libc::O_RDWR,
+                        )
+                        .unwrap();
+                    vfs.write(a.ino, o.fh, 0, format!("{t}-{i}").as_bytes())
+                        .unwrap();
+                    vfs.release(a.ino, o.fh).unwrap();
+                    if i % 2 == 0 {
+                        vfs.rmdir(&CTX, parent, format!("d{t}-{i}").as_bytes())
+                            .unwrap();
+                        vfs.rename(
+                            &CTX,
+                            parent,
+                            format!("f{t}-{i}").as_bytes(),
+                            parent,
+                            format!("g{t}-{i}").as_bytes(),
+                            0,
+                        )
+                        .unwrap();
+                    }
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.join().unwrap();
+    }
+    let names = h.ls(d.ino);
+    assert_eq!(names.len(), 4 * 25 + 4 * 50);
+    assert_eq!(h.getattr(d.ino).unwrap().nlink, 2 + 4 * 25);
+    for t in 0..4 {
+        for i in 0..50 {
+            let name = if i % 2 == 0 {
+                format!("g{t}-{i}")
+            } else {
+                format!("f{t}-{i}")
+            };
+            assert_eq!(
+                h.cat_path(&format!("d/{name}")),
+                format!("{t}-{i}").as_bytes()
+            );
+        }
+    }
 }

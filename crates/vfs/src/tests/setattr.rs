@@ -4,15 +4,24 @@ use super::*;
 use crate::{SetAttr, SetTime};
 
 fn mode(m: u32) -> SetAttr {
-    SetAttr { mode: Some(m), ..Default::default() }
+    SetAttr {
+        mode: Some(m),
+        ..Default::default()
+    }
 }
 
 #[test]
 fn chmod_changes_permission_bits_only() {
     let h = Harness::new();
     let f = h.file(ROOT_INO, "f", b"abc");
-    let a = h.setattr(&CTX, f.ino, &mode(libc::S_IFDIR | 0o4751)).unwrap();
-    assert_eq!((a.kind, a.perm, a.size), (Kind::File, 0o4751, 3), "type bits in mode are ignored");
+    let a = h
+        .setattr(&CTX, f.ino, &mode(libc::S_IFDIR | 0o4751))
+        .unwrap();
+    assert_eq!(
+        (a.kind, a.perm, a.size),
+        (Kind::File, 0o4751, 3),
+        "type bits in mode are ignored"
+    );
     assert_eq!(a.mode(), libc::S_IFREG | 0o4751);
     assert_eq!(h.getattr(f.ino).unwrap().perm, 0o4751);
     assert!(a.ctime_ns >= f.ctime_ns);
@@ -31,29 +40,98 @@ fn chmod_changes_permission_bits_only() {
 fn chown_sets_owner_and_clears_setid_bits() {
     let h = Harness::new();
     let f = h.file(ROOT_INO, "f", b"");
-    let a = h.setattr(&CTX, f.ino, &SetAttr { uid: Some(7), gid: Some(8), ..Default::default() }).unwrap();
+    let a = h
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                uid: Some(7),
+                gid: Some(8),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!((a.uid, a.gid), (7, 8));
-    let a = h.setattr(&CTX, f.ino, &SetAttr { uid: Some(9), ..Default::default() }).unwrap();
+    let a = h
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                uid: Some(9),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!((a.uid, a.gid), (9, 8), "gid left alone");
-    let a = h.setattr(&CTX, f.ino, &SetAttr { gid: Some(10), ..Default::default() }).unwrap();
+    let a = h
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                gid: Some(10),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!((a.uid, a.gid), (9, 10), "uid left alone");
     assert_eq!(h.getattr(f.ino).unwrap(), a);
 
     // Linux: chown of a regular file drops setuid, and setgid when group-executable.
     h.setattr(&CTX, f.ino, &mode(0o6755)).unwrap();
-    let a = h.setattr(&CTX, f.ino, &SetAttr { uid: Some(11), ..Default::default() }).unwrap();
+    let a = h
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                uid: Some(11),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(a.perm, 0o0755);
     h.setattr(&CTX, f.ino, &mode(0o6745)).unwrap();
-    let a = h.setattr(&CTX, f.ino, &SetAttr { gid: Some(12), ..Default::default() }).unwrap();
-    assert_eq!(a.perm, 0o2745, "setgid without group-exec is mandatory locking: kept");
+    let a = h
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                gid: Some(12),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        a.perm, 0o2745,
+        "setgid without group-exec is mandatory locking: kept"
+    );
     // chown to the same owner changes nothing.
     h.setattr(&CTX, f.ino, &mode(0o4755)).unwrap();
-    let a = h.setattr(&CTX, f.ino, &SetAttr { uid: Some(11), gid: Some(12), ..Default::default() }).unwrap();
+    let a = h
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                uid: Some(11),
+                gid: Some(12),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(a.perm, 0o4755);
     // Directories keep their bits.
     let d = h.dir(ROOT_INO, "d");
     h.setattr(&CTX, d.ino, &mode(0o2775)).unwrap();
-    let a = h.setattr(&CTX, d.ino, &SetAttr { uid: Some(1), gid: Some(2), ..Default::default() }).unwrap();
+    let a = h
+        .setattr(
+            &CTX,
+            d.ino,
+            &SetAttr {
+                uid: Some(1),
+                gid: Some(2),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!((a.uid, a.gid, a.perm), (1, 2, 0o2775));
 }
 
@@ -61,7 +139,10 @@ fn chown_sets_owner_and_clears_setid_bits() {
 fn truncate_shrinks_and_extends_with_zeros() {
     let h = Harness::new();
     let f = h.file(ROOT_INO, "f", b"abcdefghij");
-    let size = |n| SetAttr { size: Some(n), ..Default::default() };
+    let size = |n| SetAttr {
+        size: Some(n),
+        ..Default::default()
+    };
     let a = h.setattr(&CTX, f.ino, &size(4)).unwrap();
     assert_eq!((a.size, a.blocks), (4, 1));
     assert!(a.mtime_ns >= f.mtime_ns);
@@ -85,7 +166,10 @@ fn truncate_shrinks_and_extends_with_zeros() {
     let l = h.symlink(&CTX, ROOT_INO, b"l", b"target").unwrap();
     assert_eq!(errno(h.setattr(&CTX, l.ino, &size(0))), libc::EINVAL);
     assert_eq!(h.readlink(l.ino).unwrap(), b"target");
-    assert_eq!(errno(h.setattr(&CTX, f.ino, &size((16 << 40) + 1))), libc::EFBIG);
+    assert_eq!(
+        errno(h.setattr(&CTX, f.ino, &size((16 << 40) + 1))),
+        libc::EFBIG
+    );
 }
 
 #[test]
@@ -95,29 +179,76 @@ fn utimens_exact_now_and_omit() {
     let at = 1_234_567_890_123_456_789i64;
     let mt = 987_654_321_987_654_321i64;
     let a = h
-        .setattr(&CTX, f.ino, &SetAttr { atime: Some(SetTime::At(at)), mtime: Some(SetTime::At(mt)), ..Default::default() })
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                atime: Some(SetTime::At(at)),
+                mtime: Some(SetTime::At(mt)),
+                ..Default::default()
+            },
+        )
         .unwrap();
     assert_eq!((a.atime_ns, a.mtime_ns), (at, mt), "exact nanoseconds");
     assert_eq!(h.getattr(f.ino).unwrap(), a);
     assert!(a.ctime_ns >= f.ctime_ns);
 
     // UTIME_OMIT (None) for mtime: only atime moves.
-    let b = h.setattr(&CTX, f.ino, &SetAttr { atime: Some(SetTime::At(5)), ..Default::default() }).unwrap();
+    let b = h
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                atime: Some(SetTime::At(5)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!((b.atime_ns, b.mtime_ns), (5, mt));
     // And the other way round.
-    let c = h.setattr(&CTX, f.ino, &SetAttr { mtime: Some(SetTime::At(6)), ..Default::default() }).unwrap();
+    let c = h
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                mtime: Some(SetTime::At(6)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!((c.atime_ns, c.mtime_ns), (5, 6));
     // Negative times (before 1970) are kept too.
-    let n = h.setattr(&CTX, f.ino, &SetAttr { mtime: Some(SetTime::At(-1_500_000_000)), ..Default::default() }).unwrap();
+    let n = h
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                mtime: Some(SetTime::At(-1_500_000_000)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(n.mtime_ns, -1_500_000_000);
 
     // UTIME_NOW.
     let before = now_ns();
     let d = h
-        .setattr(&CTX, f.ino, &SetAttr { atime: Some(SetTime::Now), mtime: Some(SetTime::Now), ..Default::default() })
+        .setattr(
+            &CTX,
+            f.ino,
+            &SetAttr {
+                atime: Some(SetTime::Now),
+                mtime: Some(SetTime::Now),
+                ..Default::default()
+            },
+        )
         .unwrap();
     let after = now_ns();
-    assert!(d.atime_ns >= before && d.atime_ns <= after, "atime {} not in [{before}, {after}]", d.atime_ns);
+    assert!(
+        d.atime_ns >= before && d.atime_ns <= after,
+        "atime {} not in [{before}, {after}]",
+        d.atime_ns
+    );
     assert!(d.mtime_ns >= before && d.mtime_ns <= after);
     assert!(d.ctime_ns >= before && d.ctime_ns <= after);
 
@@ -127,10 +258,28 @@ fn utimens_exact_now_and_omit() {
     assert_eq!(h.getattr(f.ino).unwrap(), d);
     // Times on directories and symlinks.
     let dir = h.dir(ROOT_INO, "d");
-    let g = h.setattr(&CTX, dir.ino, &SetAttr { mtime: Some(SetTime::At(mt)), ..Default::default() }).unwrap();
+    let g = h
+        .setattr(
+            &CTX,
+            dir.ino,
+            &SetAttr {
+                mtime: Some(SetTime::At(mt)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(g.mtime_ns, mt);
     let l = h.symlink(&CTX, ROOT_INO, b"l", b"f").unwrap();
-    let g = h.setattr(&CTX, l.ino, &SetAttr { atime: Some(SetTime::At(at)), ..Default::default() }).unwrap();
+    let g = h
+        .setattr(
+            &CTX,
+            l.ino,
+            &SetAttr {
+                atime: Some(SetTime::At(at)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(g.atime_ns, at);
 }
 
@@ -140,12 +289,25 @@ fn explicit_mtime_wins_over_pending_writes() {
     let (a, fh) = h.create_rw(ROOT_INO, "f");
     h.put(a.ino, fh, 0, b"data");
     let mt = 1_600_000_000_000_000_001;
-    let s = h.setattr(&CTX, a.ino, &SetAttr { mtime: Some(SetTime::At(mt)), ..Default::default() }).unwrap();
+    let s = h
+        .setattr(
+            &CTX,
+            a.ino,
+            &SetAttr {
+                mtime: Some(SetTime::At(mt)),
+                ..Default::default()
+            },
+        )
+        .unwrap();
     assert_eq!(s.mtime_ns, mt);
     assert_eq!(s.size, 4);
     assert_eq!(h.getattr(a.ino).unwrap().mtime_ns, mt);
     h.flush(a.ino, fh).unwrap();
-    assert_eq!(h.getattr(a.ino).unwrap().mtime_ns, mt, "the close must not replace the explicit mtime");
+    assert_eq!(
+        h.getattr(a.ino).unwrap().mtime_ns,
+        mt,
+        "the close must not replace the explicit mtime"
+    );
     assert_eq!(h.row(a.ino).unwrap().mtime_ns, mt);
     // A later write moves it again.
     h.put(a.ino, fh, 4, b"!");

@@ -1,0 +1,234 @@
+//! Persistence across a restart (remount on the same database, bucket and cache).
+
+use super::*;
+use crate::{SetAttr, SetTime};
+
+#[test]
+fn content_and_attributes_survive_remount() {
+    let mut h = Harness::new();
+    let d = h.dir(ROOT_INO, "d");
+    let f = h.file(d.ino, "f", b"persistent content");
+    let big = pattern(3 << 20, 9);
+    let b = h.file(ROOT_INO, "big", &big);
+    h.setattr(
+        &CTX,
+        f.ino,
+        &SetAttr {
+            mode: Some(0o640),
+            uid: Some(4321),
+            gid: Some(8765),
+            atime: Some(SetTime::At(1_111_111_111_222_333_444)),
+            mtime: Some(SetTime::At(1_222_222_222_333_444_555)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    h.link(&CTX, f.ino, ROOT_INO, b"hard").unwrap();
+    let l = h.symlink(&CTX, d.ino, b"l", b"f").unwrap();
+    let p = h
+        .mknod(&CTX, ROOT_INO, b"p", libc::S_IFIFO | 0o600, 0, 0)
+        .unwrap();
+    let fa = h.getattr(f.ino).unwrap();
+    let da = h.getattr(d.ino).unwrap();
+    let ra = h.getattr(ROOT_INO).unwrap();
+    let root_list = h.ls_entries(ROOT_INO, true);
+
+    h.remount();
+    assert_eq!(
+        h.walk("d/f").unwrap(),
+        fa,
+        "attributes identical after remount"
+    );
+    assert_eq!(h.getattr(d.ino).unwrap(), da);
+    assert_eq!(h.getattr(ROOT_INO).unwrap(), ra);
+    assert_eq!(h.cat_path("d/f"), b"persistent content");
+    assert_eq!(h.cat_path("hard"), b"persistent content");
+    assert_eq!(h.lk(ROOT_INO, "hard").unwrap().nlink, 2);
+    assert!(h.cat(b.ino) == big, "big file content after remount");
+    assert_eq!(h.readlink(l.ino).unwrap(), b"f");
+    assert_eq!(h.getattr(p.ino).unwrap().kind, Kind::Fifo);
+    assert_eq!(
+        h.ls_entries(ROOT_INO, true),
+        root_list,
+        "listing (names, cookies, attrs) identical"
+    );
+    // New inodes do not reuse old numbers.
+    let n = h.file(ROOT_INO, "new", b"");
+    assert!(n.ino > p.ino);
+}
+
+#[test]
+fn writes_of_a_file_left_open_survive_remount() {
+    let mut h = Harness::new();
+    let (a, fh) = h.create_rw(ROOT_INO, "open");
+    h.put(a.ino, fh, 0, b"fsynced");
+    h.fsync(a.ino, fh, false).unwrap();
+    h.put(a.ino, fh, 7, b"+unsynced");
+    // The daemon stops with the file open (shutdown commits what it can).
+    h.remount();
+    assert_eq!(h.cat_path("open"), b"fsynced+unsynced");
+    h.sync_all();
+    assert_eq!(
+        h.bucket_file("open").as_deref(),
+        Some(&b"fsynced+unsynced"[..])
+    );
+}
+
+#[test]
+fn pending_uploads_resume_after_remount() {
+    // A long coalescing delay: nothing is uploaded before the restart.
+    let mut h = Harness::with_config(VfsConfig {
+        upload_delay: Duration::from_secs(3600),
+        ..test_cfg()
+    });
+    let d = h.dir(ROOT_INO, "d");
+    h.file(d.ino, "a", b"waiting in the journal");
+    let big = pattern(2 << 20, 5);
+    h.file(ROOT_INO, "big", &big);
+    h.symlink(&CTX, ROOT_INO, b"l", b"d/a").unwrap();
+    h.file(ROOT_INO, "renamed-before", b"r");
+    h.rename(
+        &CTX,
+        ROOT_INO,
+        b"renamed-before",
+        d.ino,
+        b"renamed-after",
+        0,
+    )
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(150));
+    assert!(
+        h.bucket_files().is_empty(),
+        "nothing uploaded yet: {:?}",
+        h.bucket_files()
+    );
+    assert!(h.status().unwrap().pending_uploads >= 5);
+
+    h.remount_with(test_cfg());
+    // The uploader resumes on its own (no sync call needed) ...
+    let resumed = wait_until(Duration::from_secs(20), || {
+        h.bucket_file("d/a").is_some() && h.bucket_file("big").is_some()
+    });
+    assert!(resumed, "pending uploads did not resume after remount");
+    // ... and a sync barrier completes the rest.
+    h.sync_all();
+    assert_eq!(
+        h.bucket_file("d/a").as_deref(),
+        Some(&b"waiting in the journal"[..])
+    );
+    assert!(h.bucket_file("big").as_deref() == Some(&big[..]));
+    assert_eq!(h.bucket_file("l").as_deref(), Some(&b"d/a"[..]));
+    assert_eq!(h.bucket_file("d/renamed-after").as_deref(), Some(&b"r"[..]));
+    assert!(h.bucket_file("renamed-before").is_none());
+    assert_eq!(h.status().unwrap().dirty_files, 0);
+}
+
+#[test]
+fn content_comes_back_from_the_bucket_when_the_cache_is_lost() {
+    let mut h = Harness::new();
+    let small = b"small file".to_vec();
+    let big = pattern((2 << 20) + 77, 11);
+    h.file(ROOT_INO, "small", &small);
+    let b = h.file(ROOT_INO, "big", &big);
+    h.sync_all();
+    // The machine loses its cache dir (new disk); the database and bucket remain.
+    h.remount_after(|dir| {
+        std::fs::remove_dir_all(dir.join("cache")).unwrap();
+    });
+    assert!(!h.staging_exists(b.ino));
+    assert_eq!(h.cat_path("small"), small);
+    let fh = h.op(b.ino, libc::O_RDONLY);
+    // Unaligned ranged reads across block boundaries, then the whole file.
+    assert_eq!(
+        h.read(b.ino, fh, (1 << 20) - 5, 10).unwrap(),
+        &big[(1 << 20) - 5..(1 << 20) + 5]
+    );
+    assert!(h.read_to_end(b.ino, fh, 0, 100_000) == big);
+    h.release(b.ino, fh).unwrap();
+    // Writing to it fetches it first, then keeps the rest intact.
+    let fh = h.op(b.ino, libc::O_WRONLY);
+    h.put(b.ino, fh, 10, b"PATCH");
+    h.release(b.ino, fh).unwrap();
+    let mut want = big.clone();
+    want[10..15].copy_from_slice(b"PATCH");
+    assert!(h.cat(b.ino) == want);
+    h.sync_all();
+    assert!(h.bucket_file("big").unwrap() == want);
+}
+
+#[test]
+fn deletions_and_renames_made_before_remount_reach_the_bucket() {
+    let mut h = Harness::new();
+    h.file(ROOT_INO, "keep", b"k");
+    h.file(ROOT_INO, "del", b"d");
+    h.file(ROOT_INO, "mv", b"m");
+    h.sync_all();
+    h.remount_with(VfsConfig {
+        upload_delay: Duration::from_secs(3600),
+        ..test_cfg()
+    });
+    h.unlink(&CTX, ROOT_INO, b"del").unwrap();
+    h.rename(&CTX, ROOT_INO, b"mv", ROOT_INO, b"mv2", 0)
+        .unwrap();
+    h.remount_with(test_cfg());
+    h.sync_all();
+    assert_eq!(h.bucket_files(), ["keep", "mv2"]);
+    assert_eq!(h.bucket_file("mv2").as_deref(), Some(&b"m"[..]));
+}
+
+#[test]
+fn closed_and_fsynced_writes_survive_a_crash() {
+    let mut h = Harness::with_config(VfsConfig {
+        upload_delay: Duration::from_secs(3600),
+        ..test_cfg()
+    });
+    let closed = h.file(ROOT_INO, "closed", b"returned from close");
+    let (f, fh) = h.create_rw(ROOT_INO, "fsynced");
+    h.put(f.ino, fh, 0, b"fsync acknowledged");
+    h.fsync(f.ino, fh, false).unwrap();
+    let d = h.dir(ROOT_INO, "d");
+    h.rename(&CTX, ROOT_INO, b"closed", d.ino, b"closed", 0)
+        .unwrap();
+    h.crash_and_remount();
+    assert_eq!(h.walk("d/closed").unwrap().ino, closed.ino);
+    assert_eq!(h.cat_path("d/closed"), b"returned from close");
+    assert_eq!(h.cat_path("fsynced"), b"fsync acknowledged");
+    h.remount_with(test_cfg());
+    h.sync_all();
+    assert_eq!(h.bucket_files(), ["d/closed", "fsynced"]);
+    assert_eq!(
+        h.bucket_file("d/closed").as_deref(),
+        Some(&b"returned from close"[..])
+    );
+    assert_eq!(
+        h.bucket_file("fsynced").as_deref(),
+        Some(&b"fsync acknowledged"[..])
+    );
+}
+
+/// A crash while a file has writes that were neither closed nor fsynced: those writes may
+/// be lost, but the workspace must stay consistent: `sync` completes and the bucket holds
+/// what the mount shows.
+#[test]
+fn crash_with_unclosed_writes_leaves_a_consistent_workspace() {
+    let mut h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"committed");
+    h.sync_all();
+    let fh = h.op(f.ino, libc::O_WRONLY | libc::O_APPEND);
+    h.put(f.ino, fh, 0, b" + never closed");
+    h.crash_and_remount();
+    let shown = h.cat_path("f");
+    assert!(
+        shown == b"committed" || shown == b"committed + never closed",
+        "content after crash: {:?}",
+        String::from_utf8_lossy(&shown)
+    );
+    assert_eq!(h.getattr(f.ino).unwrap().size, shown.len() as u64);
+    h.sync(Duration::from_secs(5))
+        .expect("sync after crash recovery");
+    assert_eq!(
+        h.bucket_file("f").as_deref(),
+        Some(&shown[..]),
+        "bucket matches the mount"
+    );
+}

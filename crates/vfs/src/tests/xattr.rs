@@ -1,0 +1,152 @@
+//! Extended attributes.
+
+use super::*;
+use crate::xattr_flags::{CREATE, REPLACE};
+
+#[test]
+fn set_get_list_remove() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    assert_eq!(h.listxattr(f.ino).unwrap(), b"");
+    h.setxattr(f.ino, b"user.b", b"two", 0).unwrap();
+    h.setxattr(f.ino, b"user.a", b"one", 0).unwrap();
+    h.setxattr(f.ino, b"trusted.t", b"", 0).unwrap();
+    h.setxattr(f.ino, b"security.s", b"\0bin\xff", 0).unwrap();
+    assert_eq!(h.getxattr(f.ino, b"user.a").unwrap(), b"one");
+    assert_eq!(h.getxattr(f.ino, b"user.b").unwrap(), b"two");
+    assert_eq!(h.getxattr(f.ino, b"trusted.t").unwrap(), b"");
+    assert_eq!(h.getxattr(f.ino, b"security.s").unwrap(), b"\0bin\xff");
+    let list = h.listxattr(f.ino).unwrap();
+    let mut names: Vec<&[u8]> = list.split(|b| *b == 0).filter(|n| !n.is_empty()).collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [&b"security.s"[..], b"trusted.t", b"user.a", b"user.b"]
+    );
+    assert_eq!(list.last(), Some(&0), "each name NUL-terminated");
+    assert_eq!(list.iter().filter(|b| **b == 0).count(), 4);
+
+    // Overwrite without flags.
+    let before = h.getattr(f.ino).unwrap();
+    h.setxattr(f.ino, b"user.a", b"uno", 0).unwrap();
+    assert_eq!(h.getxattr(f.ino, b"user.a").unwrap(), b"uno");
+    let after = h.getattr(f.ino).unwrap();
+    assert!(after.ctime_ns >= before.ctime_ns, "setxattr changes ctime");
+    assert_eq!(after.mtime_ns, before.mtime_ns, "setxattr leaves mtime");
+
+    h.removexattr(f.ino, b"user.a").unwrap();
+    assert_eq!(errno(h.getxattr(f.ino, b"user.a")), libc::ENODATA);
+    assert_eq!(errno(h.removexattr(f.ino, b"user.a")), libc::ENODATA);
+    let list = h.listxattr(f.ino).unwrap();
+    assert!(!list.windows(7).any(|w| w == b"user.a\0"));
+    assert_eq!(h.cat(f.ino), b"x", "content untouched");
+}
+
+#[test]
+fn xattrs_on_directories_and_symlinks() {
+    let h = Harness::new();
+    let d = h.dir(ROOT_INO, "d");
+    let l = h.symlink(&CTX, ROOT_INO, b"l", b"d").unwrap();
+    h.setxattr(d.ino, b"user.k", b"dir", 0).unwrap();
+    h.setxattr(l.ino, b"trusted.k", b"link", 0).unwrap();
+    assert_eq!(h.getxattr(d.ino, b"user.k").unwrap(), b"dir");
+    assert_eq!(h.getxattr(l.ino, b"trusted.k").unwrap(), b"link");
+    assert_eq!(errno(h.getxattr(ROOT_INO, b"user.k")), libc::ENODATA);
+}
+
+#[test]
+fn create_and_replace_flags() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"");
+    assert_eq!(
+        errno(h.setxattr(f.ino, b"user.k", b"v", REPLACE)),
+        libc::ENODATA
+    );
+    assert_eq!(
+        errno(h.getxattr(f.ino, b"user.k")),
+        libc::ENODATA,
+        "failed REPLACE created nothing"
+    );
+    h.setxattr(f.ino, b"user.k", b"v1", CREATE).unwrap();
+    assert_eq!(
+        errno(h.setxattr(f.ino, b"user.k", b"v2", CREATE)),
+        libc::EEXIST
+    );
+    assert_eq!(
+        h.getxattr(f.ino, b"user.k").unwrap(),
+        b"v1",
+        "failed CREATE changed nothing"
+    );
+    h.setxattr(f.ino, b"user.k", b"v3", REPLACE).unwrap();
+    assert_eq!(h.getxattr(f.ino, b"user.k").unwrap(), b"v3");
+}
+
+#[test]
+fn namespaces_sizes_and_missing_inodes() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"");
+    for name in [
+        &b"system.posix_acl_access"[..],
+        b"system.foo",
+        b"other.x",
+        b"user.",
+        b"user",
+    ] {
+        assert_eq!(
+            errno(h.setxattr(f.ino, name, b"v", 0)),
+            libc::EOPNOTSUPP,
+            "{name:?}"
+        );
+        assert_eq!(errno(h.getxattr(f.ino, name)), libc::EOPNOTSUPP, "{name:?}");
+    }
+    assert_eq!(errno(h.setxattr(f.ino, b"", b"v", 0)), libc::EINVAL);
+    // Value size limit: 64 KiB is the largest value.
+    let max = vec![0xabu8; 65536];
+    h.setxattr(f.ino, b"user.big", &max, 0).unwrap();
+    assert_eq!(h.getxattr(f.ino, b"user.big").unwrap(), max);
+    assert_eq!(
+        errno(h.setxattr(f.ino, b"user.big", &vec![0u8; 65537], 0)),
+        libc::E2BIG
+    );
+    assert_eq!(
+        h.getxattr(f.ino, b"user.big").unwrap().len(),
+        65536,
+        "failed set changed nothing"
+    );
+    // Name length limit: 255 bytes.
+    let name255 = format!("user.{}", "n".repeat(250));
+    h.setxattr(f.ino, name255.as_bytes(), b"v", 0).unwrap();
+    let name256 = format!("user.{}", "n".repeat(251));
+    assert_eq!(
+        errno(h.setxattr(f.ino, name256.as_bytes(), b"v", 0)),
+        libc::ERANGE
+    );
+    // Missing inode.
+    assert_eq!(errno(h.setxattr(987_654, b"user.k", b"v", 0)), libc::ENOENT);
+    assert_eq!(errno(h.getxattr(987_654, b"user.k")), libc::ENOENT);
+    assert_eq!(errno(h.listxattr(987_654)), libc::ENOENT);
+    assert_eq!(errno(h.removexattr(987_654, b"user.k")), libc::ENOENT);
+}
+
+#[test]
+fn xattrs_follow_the_inode() {
+    let mut h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"");
+    h.setxattr(f.ino, b"user.k", b"v", 0).unwrap();
+    h.link(&CTX, f.ino, ROOT_INO, b"g").unwrap();
+    h.rename(&CTX, ROOT_INO, b"f", ROOT_INO, b"h", 0).unwrap();
+    let g = h.lk(ROOT_INO, "g").unwrap();
+    assert_eq!(h.getxattr(g.ino, b"user.k").unwrap(), b"v");
+    h.remount();
+    let hh = h.lk(ROOT_INO, "h").unwrap();
+    assert_eq!(
+        h.getxattr(hh.ino, b"user.k").unwrap(),
+        b"v",
+        "xattrs survive a remount"
+    );
+    // A new inode never inherits xattrs of a deleted one.
+    h.unlink(&CTX, ROOT_INO, b"g").unwrap();
+    h.unlink(&CTX, ROOT_INO, b"h").unwrap();
+    let n = h.file(ROOT_INO, "h", b"");
+    assert_eq!(h.listxattr(n.ino).unwrap(), b"");
+}
