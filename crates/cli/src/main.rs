@@ -4,6 +4,7 @@
 mod control;
 mod daemon;
 mod format;
+mod fsck;
 mod home;
 mod size;
 mod status;
@@ -50,6 +51,12 @@ enum Cmd {
     /// Show workspaces, mounts, cache use, dirty data and pending/failed uploads.
     #[command(after_help = "Examples:\n  deskfs status\n  deskfs status work --json")]
     Status(status::StatusArgs),
+    /// Check (and with --repair, fix) an unmounted workspace: metadata, namespace,
+    /// staging files and the objects recorded in the bucket.
+    #[command(
+        after_help = "Examples:\n  deskfs fsck work\n  deskfs fsck work --repair\n  deskfs fsck work --check-bucket --json\n\nExit status: 0 when no problem remains, 1 otherwise."
+    )]
+    Fsck(fsck::FsckArgs),
     /// Run a mount daemon in the foreground (used by `mount`; not for direct use).
     #[command(hide = true)]
     Daemon(daemon::MountArgs),
@@ -66,6 +73,7 @@ fn main() -> ExitCode {
         Cmd::Umount(a) => daemon::umount(a),
         Cmd::Sync(a) => daemon::sync(a),
         Cmd::Status(a) => status::run(a),
+        Cmd::Fsck(a) => fsck::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

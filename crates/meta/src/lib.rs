@@ -81,6 +81,12 @@ pub trait MetaTxn {
     fn update_inode(&mut self, row: &InodeRow) -> Result<()>;
     /// Deletes an inode and its xattrs. Dentries must already be gone.
     fn delete_inode(&mut self, ino: Ino) -> Result<()>;
+    /// Up to `limit` inodes with number greater than `after`, in order (full scans: fsck).
+    fn scan_inodes(&mut self, after: Ino, limit: usize) -> Result<Vec<InodeRow>>;
+    /// Up to `limit` dentries with cookie greater than `after`, in order (full scans: fsck).
+    fn scan_dentries(&mut self, after: u64, limit: usize) -> Result<Vec<Dentry>>;
+    /// Sets an inode's link count (fsck repairs).
+    fn set_nlink(&mut self, ino: Ino, nlink: u32) -> Result<()>;
     /// Inodes with `nlink == 0` (orphans left by a crash or by open-unlinked files).
     fn orphan_inodes(&mut self) -> Result<Vec<Ino>>;
     /// Inodes whose data is dirty (local content not yet in the bucket).

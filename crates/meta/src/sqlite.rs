@@ -434,6 +434,42 @@ impl MetaTxn for SqlTxn<'_> {
         Ok(())
     }
 
+    fn scan_inodes(&mut self, after: Ino, limit: usize) -> Result<Vec<InodeRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {INODE_COLS} FROM inodes WHERE ino>?1 ORDER BY ino LIMIT ?2"
+        ))?;
+        let v = st
+            .query_map(params![after as i64, limit as i64], |r| {
+                inode_from_row(r, 0)
+            })?
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(v)
+    }
+
+    fn scan_dentries(&mut self, after: u64, limit: usize) -> Result<Vec<Dentry>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT cookie,parent,name,ino FROM dentries WHERE cookie>?1 ORDER BY cookie LIMIT ?2",
+        )?;
+        let v = st
+            .query_map(params![after as i64, limit as i64], |r| {
+                Ok(Dentry {
+                    cookie: r.get::<_, i64>(0)? as u64,
+                    parent: r.get::<_, i64>(1)? as u64,
+                    name: r.get(2)?,
+                    ino: r.get::<_, i64>(3)? as u64,
+                })
+            })?
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(v)
+    }
+
+    fn set_nlink(&mut self, ino: Ino, nlink: u32) -> Result<()> {
+        self.conn
+            .prepare_cached("UPDATE inodes SET nlink=?2 WHERE ino=?1")?
+            .execute(params![ino as i64, nlink])?;
+        Ok(())
+    }
+
     fn orphan_inodes(&mut self) -> Result<Vec<Ino>> {
         let mut st = self
             .conn

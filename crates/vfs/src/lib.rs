@@ -11,6 +11,7 @@
 
 mod data;
 pub mod error;
+pub mod fsck;
 mod handles;
 mod importer;
 pub mod locks;

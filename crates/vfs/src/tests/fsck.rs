@@ -1,0 +1,102 @@
+//! fsck: a healthy workspace has no problem; damage of each class is found and repaired.
+
+use std::path::Path;
+
+use deskfs_cache::Cache;
+use deskfs_meta::sqlite::SqliteEngine;
+
+use super::*;
+use crate::fsck::{fsck, FsckOptions, FsckReport};
+
+fn run(dir: &Path, repair: bool) -> FsckReport {
+    let meta = SqliteEngine::open(&dir.join("meta.db")).expect("open meta");
+    let cache = Cache::open(&dir.join("cache"), 64 << 20, 1 << 20).expect("open cache");
+    fsck(
+        &meta,
+        &cache,
+        None,
+        FsckOptions {
+            repair,
+            check_bucket: false,
+        },
+        &|_| {},
+    )
+    .expect("fsck")
+}
+
+fn kinds(r: &FsckReport) -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = r.problems.iter().map(|p| p.kind).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn healthy_workspace_has_no_problem_and_damage_is_repaired() {
+    let mut h = Harness::new();
+    let d = h.dir(ROOT_INO, "d");
+    let f = h.file(d.ino, "f", b"hello");
+    h.link(&CTX, f.ino, ROOT_INO, b"f2").unwrap();
+    h.dir(d.ino, "sub");
+    h.sync_all();
+    let f_ino = f.ino;
+    let mut seen = Vec::new();
+    h.remount_after(|dir| {
+        let clean = run(dir, false);
+        assert!(
+            clean.problems.is_empty(),
+            "healthy workspace: {:?}",
+            clean.problems
+        );
+        // Damage: wrong link counts, an entry naming nothing, a stray staging file.
+        let meta = SqliteEngine::open(&dir.join("meta.db")).unwrap();
+        deskfs_meta::txn(&meta, |t| {
+            t.set_nlink(f_ino, 7)?;
+            t.set_nlink(ROOT_INO, 9)?;
+            t.insert_dentry(ROOT_INO, b"ghost", 999_999)?;
+            Ok(())
+        })
+        .unwrap();
+        std::fs::write(dir.join("cache/staging/888888"), b"junk").unwrap();
+        let found = run(dir, false);
+        seen = kinds(&found);
+        assert_eq!(found.unrepaired(), found.problems.len());
+        let fixed = run(dir, true);
+        assert_eq!(fixed.unrepaired(), 0, "{:?}", fixed.problems);
+        let again = run(dir, false);
+        assert!(
+            again.problems.is_empty(),
+            "after repair: {:?}",
+            again.problems
+        );
+    });
+    assert_eq!(seen, ["dangling-dentry", "nlink", "nlink", "stray-staging"]);
+    // The repaired workspace works.
+    assert_eq!(h.getattr(f_ino).unwrap().nlink, 2);
+    assert_eq!(h.getattr(ROOT_INO).unwrap().nlink, 3);
+    assert_eq!(h.cat_path("f2"), b"hello");
+    assert_eq!(errno(h.lk(ROOT_INO, "ghost")), libc::ENOENT);
+}
+
+#[test]
+fn dirty_staging_longer_than_metadata_is_adopted() {
+    let mut h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"abc");
+    let ino = f.ino;
+    h.remount_after(|dir| {
+        // A crash after writes reached the staging file but before they were committed.
+        let meta = SqliteEngine::open(&dir.join("meta.db")).unwrap();
+        deskfs_meta::txn(&meta, |t| {
+            let mut r = t.get_inode(ino)?.unwrap();
+            r.dirty = true;
+            t.update_inode(&r)
+        })
+        .unwrap();
+        std::fs::write(dir.join(format!("cache/staging/{ino}")), b"abcdef").unwrap();
+        let found = run(dir, true);
+        assert_eq!(kinds(&found), ["staging-size"]);
+        assert_eq!(found.unrepaired(), 0);
+    });
+    assert_eq!(h.cat_path("f"), b"abcdef");
+    h.sync_all();
+    assert_eq!(h.bucket_file("f").as_deref(), Some(&b"abcdef"[..]));
+}
