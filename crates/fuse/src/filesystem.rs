@@ -346,6 +346,38 @@ impl Filesystem for DeskFs {
         reply_empty("flush", self.vfs.flush(ino.0, fh.0), reply);
     }
 
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply_empty(
+            "fallocate",
+            self.vfs.fallocate(ino.0, fh.0, offset, length, mode),
+            reply,
+        );
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: fuser::ReplyLseek,
+    ) {
+        match self.vfs.lseek(ino.0, fh.0, offset, whence) {
+            Ok(o) => reply.offset(o),
+            Err(e) => reply.error(errno("lseek", &e)),
+        }
+    }
+
     fn getlk(
         &self,
         _req: &Request,

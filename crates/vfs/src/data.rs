@@ -592,3 +592,98 @@ impl Vfs {
         self.commit_locked(ino, s, false)
     }
 }
+
+impl Vfs {
+    /// `fallocate(2)` on a regular file: mode 0 (allocate, extending the size),
+    /// `FALLOC_FL_KEEP_SIZE`, `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE` and
+    /// `FALLOC_FL_ZERO_RANGE`, applied to the staging file (the content becomes local).
+    /// Errors: `EOPNOTSUPP` for other modes, `EBADF` for a handle not open for writing,
+    /// `EFBIG`, `ENOSPC`.
+    pub fn fallocate(&self, ino: Ino, fh: u64, offset: u64, length: u64, mode: i32) -> Result<()> {
+        let h = self.handle(fh)?;
+        if !h.write || h.ino != ino {
+            return Err(VfsError::BadHandle);
+        }
+        let supported =
+            libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE;
+        if mode & !supported != 0
+            || (mode & libc::FALLOC_FL_PUNCH_HOLE != 0 && mode & libc::FALLOC_FL_KEEP_SIZE == 0)
+        {
+            return Err(VfsError::NotSupported);
+        }
+        let end = offset
+            .checked_add(length)
+            .filter(|e| *e <= MAX_FILE_SIZE)
+            .ok_or(VfsError::FileTooBig)?;
+        self.locked(ino, |s| {
+            let f = self.ensure_local(ino, s, None)?;
+            if !s.uncommitted {
+                self.begin_dirty(ino)?;
+            }
+            use std::os::fd::AsRawFd;
+            // SAFETY: plain syscall on an open fd owned by `f`.
+            let rc = unsafe { libc::fallocate(f.as_raw_fd(), mode, offset as i64, length as i64) };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error().into());
+            }
+            let now = now_ns();
+            if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
+                s.size = s.size.max(end);
+            }
+            s.mtime_ns = now;
+            s.ctime_ns = now;
+            if !s.uncommitted {
+                s.uncommitted = true;
+                s.dirty_since_ns = now;
+            }
+            s.write_gen += 1;
+            Ok(())
+        })
+    }
+
+    /// `lseek(2)` with `SEEK_DATA` / `SEEK_HOLE` (others are answered by the kernel).
+    /// Local content answers from the staging file's own holes; remote content is one data
+    /// extent. Errors: `ENXIO` at or past end of file, `EINVAL` for other `whence`.
+    pub fn lseek(&self, ino: Ino, _fh: u64, offset: i64, whence: i32) -> Result<i64> {
+        if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
+            return Err(VfsError::Invalid);
+        }
+        let (staging, size) = self.locked(ino, |s| {
+            if s.staging.is_none() {
+                let local = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?
+                    .is_some_and(|r| r.local == Local::Full);
+                if local {
+                    if let Ok(f) = self.cache.open_staging(ino, false) {
+                        s.staging = Some(Arc::new(f));
+                    }
+                }
+            }
+            Ok((s.staging.clone(), s.size))
+        })?;
+        if offset < 0 || offset as u64 >= size {
+            return Err(VfsError::NoSuchOffset);
+        }
+        if let Some(f) = staging {
+            use std::os::fd::AsRawFd;
+            // SAFETY: plain syscall on an open fd owned by `f`.
+            let r = unsafe { libc::lseek(f.as_raw_fd(), offset, whence) };
+            if r >= 0 {
+                return Ok(r.min(size as i64));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) && whence == libc::SEEK_HOLE {
+                return Ok(size as i64);
+            }
+            return Err(if e.raw_os_error() == Some(libc::ENXIO) {
+                VfsError::NoSuchOffset
+            } else {
+                e.into()
+            });
+        }
+        Ok(if whence == libc::SEEK_DATA {
+            offset
+        } else {
+            size as i64
+        })
+    }
+}

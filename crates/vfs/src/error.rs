@@ -62,6 +62,9 @@ pub enum VfsError {
     /// `EINTR`: the waiting process went away.
     #[error("interrupted")]
     Interrupted,
+    /// `ENXIO`: `SEEK_DATA`/`SEEK_HOLE` at or past end of file.
+    #[error("no such device or address")]
+    NoSuchOffset,
     /// `ENOSPC`: the cache disk is full.
     #[error("no space left on the cache device")]
     NoSpace,
@@ -101,6 +104,7 @@ impl VfsError {
             FileTooBig => libc::EFBIG,
             TooManyLinks => libc::EMLINK,
             WouldBlock => libc::EAGAIN,
+            NoSuchOffset => libc::ENXIO,
             Interrupted => libc::EINTR,
             NoSpace => libc::ENOSPC,
             Meta(MetaError::NotFound(_)) => libc::ENOENT,
