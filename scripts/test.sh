@@ -3,16 +3,16 @@
 #
 #   bash scripts/test.sh [OPTIONS] [FILTER...]
 #
-# Steps: install missing Debian packages (apt, only when missing) -> install Garage (cargo
-# install, only when `garage` is not on PATH) -> cargo build --release -p deskfs -> start a
-# private Garage S3 server -> cargo test --workspace --release -> every tests/e2e/*.sh
+# Steps: install missing Debian packages (apt, only when missing) -> install Garage and
+# pjdfstest (cargo install, each only when not on PATH) -> cargo build --release -p deskfs
+# -> start a private Garage S3 server -> cargo test --workspace --release -> every tests/e2e/*.sh
 # (exit 0 pass, 77 skip, anything else fail) -> summary, ending with the line
 #   N passed, N failed, N skipped
 # The exit status is non-zero when anything failed. "cargo build" and "cargo test" count as
 # one result each, next to one per e2e script.
 #
 # Options:
-#   --no-deps        do not check/install apt packages or Garage
+#   --no-deps        do not check/install apt packages, Garage or pjdfstest
 #   --no-build       do not run cargo build (use the existing target/release/deskfs)
 #   --no-cargo-test  skip cargo test
 #   --e2e-only       = --no-deps --no-build --no-cargo-test
@@ -22,6 +22,7 @@
 #   DESKFS_TEST_S3_PORT  Garage S3 port (default: 3900 if 3900/3901/3903 are free, else the
 #                        first free of 3910, 3920, ...)
 #   GARAGE_VERSION       version for `cargo install garage` (default 2.5.0)
+#   PJDFSTEST_VERSION    version for `cargo install pjdfstest` (default 0.2.2)
 #   DESKFS_BIN           binary the e2e tests run (default target/release/deskfs)
 #   DESKFS_TEST_LOGDIR   where logs go (default target/test-logs; emptied at the start)
 #   DESKFS_E2E_TIMEOUT   default per-test time limit in seconds (default 600); a test can
@@ -55,6 +56,7 @@ done
 
 APT_PACKAGES=(fuse3 libfuse3-dev pkg-config git sqlite3 python3-venv rclone fio bubblewrap make)
 GARAGE_VERSION=${GARAGE_VERSION:-2.5.0}
+PJDFSTEST_VERSION=${PJDFSTEST_VERSION:-0.2.2}
 S3_SCRIPT=$ROOT/scripts/s3-server.sh
 LOGDIR=${DESKFS_TEST_LOGDIR:-$ROOT/target/test-logs}
 T0=$SECONDS
@@ -203,6 +205,18 @@ if ((DO_DEPS)); then
     fi
   else
     note "garage: $(command -v garage) ($(garage --version 2>/dev/null | head -n 1))"
+  fi
+  if ! command -v pjdfstest >/dev/null; then
+    note "pjdfstest not on PATH: cargo install pjdfstest --version $PJDFSTEST_VERSION --locked (log target/test-logs/pjdfstest-install.log)"
+    t=$SECONDS
+    if cargo install pjdfstest --version "$PJDFSTEST_VERSION" --locked > "$LOGDIR/pjdfstest-install.log" 2>&1; then
+      record "pjdfstest-install" PASS $((SECONDS - t)) "pjdfstest $PJDFSTEST_VERSION into ${CARGO_HOME:-$HOME/.cargo}/bin"
+    else
+      tail -n 30 "$LOGDIR/pjdfstest-install.log"
+      record "pjdfstest-install" FAIL $((SECONDS - t)) "cargo install pjdfstest failed, see target/test-logs/pjdfstest-install.log"
+    fi
+  else
+    note "pjdfstest: $(command -v pjdfstest) ($(pjdfstest --version 2>/dev/null | head -n 1))"
   fi
   if [[ ! -e /dev/fuse ]]; then
     as_root modprobe fuse > /dev/null 2>&1

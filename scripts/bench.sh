@@ -1,0 +1,157 @@
+#!/usr/bin/env bash
+# scripts/bench.sh — the deskfs benchmark: the same agent workloads, in one run, on a local
+# directory (the physical limit), on deskfs over a real S3 server on 127.0.0.1, and on
+# rclone mount (--vfs-cache-mode full) and s3fs-fuse over the same server when installed.
+#
+#   bash scripts/bench.sh [--short] [--targets local,deskfs,rclone,s3fs] [--out DIR]
+#                         [--workloads smallfiles,untar,git,cargo,npm,lsdir,sqlite,seq,fio]
+#                         [--no-build]
+#
+#   --short      small sizes (300 small files, 200-file untar, 64 MiB seq, 5 s fio, 200
+#                sqlite tx, 30 s phase cap), targets local,deskfs unless --targets; ~2-3 min.
+#                Results go to $DESKFS_BENCH_STATE/results unless --out.
+#   (default)    full sizes (5,000 small files, 5,000-file untar, 1 GiB seq, 20 s fio per
+#                direction, 2,000 sqlite tx, 60 s phase cap), all four targets (peers that are
+#                not installed are reported as not run). Results go to bench/results/.
+#   --no-build   use the existing target/release/deskfs (default: cargo build --release -p
+#                deskfs first, which is quick when it is up to date)
+#
+# Output: a table on stdout; bench-{full,short}.json, .md and .png (chart, needs matplotlib:
+# taken from python3, else from a venv at $DESKFS_BENCH_VENV, created with pip on first
+# use unless DESKFS_BENCH_NO_PIP=1; without it there is no PNG) in the output dir.
+#
+# S3 server: if BENCH_S3_ENDPOINT/BENCH_S3_ACCESS_KEY/... are set and the endpoint answers,
+# that server is used (e.g. under scripts/test.sh). Otherwise a private Garage is started with
+# scripts/s3-server.sh (state $DESKFS_BENCH_STATE/s3srv, first free port of 3930, 3940, ...,
+# or DESKFS_BENCH_S3_PORT) and stopped at the end (only the PID it recorded).
+# Every target uses its own prefix deskfs-bench-<run>-<target>, purged after its run.
+#
+# Environment: DESKFS_BENCH_STATE (default /tmp/deskfs-bench: inputs, mounts, caches, logs
+# in run/), DESKFS_BIN, BENCH_LOCAL_DIR (the local target's directory), size overrides
+# BENCH_SMALL_N, BENCH_TREE_FILES, BENCH_SEQ_MB, BENCH_FIO_MB, BENCH_FIO_SECONDS,
+# BENCH_SQLITE_TX, BENCH_NPM_PKGS, BENCH_LSDIR_N, BENCH_PHASE_LIMIT; extra mount flags
+# BENCH_DESKFS_ARGS, BENCH_RCLONE_ARGS, BENCH_S3FS_ARGS.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export DESKFS_BENCH_STATE=${DESKFS_BENCH_STATE:-/tmp/deskfs-bench}
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+STATE=$DESKFS_BENCH_STATE
+VENV=${DESKFS_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/deskfs-bench-venv}
+SHORT=0 BUILD=1 TARGETS="" ARGS=()
+while (($#)); do
+  case $1 in
+    --short) SHORT=1; ARGS+=(--short) ;;
+    --targets) TARGETS=$2; ARGS+=(--targets "$2"); shift ;;
+    --targets=*) TARGETS=${1#*=}; ARGS+=(--targets "$TARGETS") ;;
+    --out|--workloads) ARGS+=("$1" "$2"); shift ;;
+    --out=*|--workloads=*) ARGS+=("${1%%=*}" "${1#*=}") ;;
+    --no-build) BUILD=0 ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [[ -z $TARGETS ]]; then
+  if ((SHORT)); then TARGETS=local,deskfs; else TARGETS=local,deskfs,rclone,s3fs; fi
+fi
+say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+mkdir -p "$STATE/run"
+
+for tool in python3 git tar dd fusermount3; do
+  command -v "$tool" > /dev/null || { say "missing $tool"; exit 1; }
+done
+command -v fio > /dev/null || say "fio is not installed: the fio workload is skipped"
+
+# peers that are not installed are left out (reported in the summary)
+keep=()
+IFS=, read -ra want <<< "$TARGETS"
+for t in "${want[@]}"; do
+  case $t in
+    rclone|s3fs)
+      if ! command -v "$t" > /dev/null; then say "$t is not installed: not run (apt-get install -y $t)"; continue; fi ;;
+  esac
+  keep+=("$t")
+done
+TARGETS=$(IFS=,; echo "${keep[*]}")
+for i in "${!ARGS[@]}"; do [[ ${ARGS[$i]} == --targets ]] && ARGS[$((i + 1))]=$TARGETS; done
+[[ " ${ARGS[*]} " == *" --targets "* ]] || ARGS+=(--targets "$TARGETS")
+
+# ---------------------------------------------------------------- deskfs binary
+if [[ ,$TARGETS, == *,deskfs,* ]]; then
+  if [[ -z ${DESKFS_BIN:-} ]]; then
+    export DESKFS_BIN=$ROOT/target/release/deskfs
+    if ((BUILD)); then
+      say "cargo build --release -p deskfs"
+      (cd "$ROOT" && cargo build --release -p deskfs -q) || { say "cargo build failed"; exit 1; }
+    fi
+  fi
+  [[ -x $DESKFS_BIN ]] || { say "no deskfs binary at $DESKFS_BIN"; exit 1; }
+fi
+
+# ---------------------------------------------------------------- S3 server
+S3_STARTED=0 S3CTL=()
+cleanup() {
+  local rc=$?
+  if ((S3_STARTED)); then
+    say "stopping the Garage server this run started"
+    "${S3CTL[@]}" stop > /dev/null 2>&1 || say "stopping Garage failed"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+port_busy() { (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
+endpoint_up() {
+  local hp=${BENCH_S3_ENDPOINT#*://}
+  hp=${hp%%/*}
+  (exec 3<> "/dev/tcp/${hp%%:*}/${hp##*:}") 2> /dev/null
+}
+if [[ ,$TARGETS, == *,deskfs,* || ,$TARGETS, == *,rclone,* || ,$TARGETS, == *,s3fs,* ]]; then
+  if [[ -n ${BENCH_S3_ENDPOINT:-} && -n ${BENCH_S3_ACCESS_KEY:-} && -n ${BENCH_S3_SECRET_KEY:-} && -n ${BENCH_S3_BUCKET:-} ]] && endpoint_up; then
+    say "using the S3 server at $BENCH_S3_ENDPOINT (bucket $BENCH_S3_BUCKET)"
+  else
+    command -v rclone > /dev/null || { say "rclone is needed as the raw S3 client (apt-get install -y rclone)"; exit 1; }
+    port=${DESKFS_BENCH_S3_PORT:-}
+    if [[ -z $port ]]; then
+      for p in 3930 3940 3950 3960 3970 3980 3990 4930 4940 4950; do
+        port_busy "$p" || port_busy $((p + 1)) || port_busy $((p + 3)) || { port=$p; break; }
+      done
+    fi
+    [[ -n $port ]] || { say "no free port for Garage"; exit 1; }
+    S3CTL=(env BENCH_STATE="$STATE/s3srv" BENCH_S3_PORT="$port" BENCH_S3_BUCKET=bench bash "$ROOT/scripts/s3-server.sh")
+    say "starting Garage on 127.0.0.1:$port (state $STATE/s3srv)"
+    S3_STARTED=1
+    "${S3CTL[@]}" start > "$STATE/run/s3.env" 2> "$STATE/run/s3-start.log" || {
+      cat "$STATE/run/s3-start.log" >&2; say "Garage did not start"; exit 1; }
+    # shellcheck disable=SC1091
+    source "$STATE/run/s3.env"
+  fi
+  export BENCH_S3_ENDPOINT BENCH_S3_ACCESS_KEY BENCH_S3_SECRET_KEY BENCH_S3_BUCKET BENCH_S3_REGION
+  if [[ -z ${BENCH_S3_SERVER_VERSION:-} ]] && command -v garage > /dev/null; then
+    export BENCH_S3_SERVER_VERSION="$(garage --version 2> /dev/null | head -n 1)"
+  fi
+fi
+
+# ---------------------------------------------------------------- python (+ matplotlib for the chart)
+PY=python3
+if ! python3 -c 'import matplotlib' 2> /dev/null; then
+  if [[ -x $VENV/bin/python ]] && "$VENV/bin/python" -c 'import matplotlib' 2> /dev/null; then
+    PY=$VENV/bin/python
+  elif [[ ${DESKFS_BENCH_NO_PIP:-0} != 1 ]]; then
+    say "matplotlib missing: pip install matplotlib into $VENV (for the PNG chart)"
+    if python3 -m venv "$VENV" > "$STATE/run/venv.log" 2>&1 &&
+       "$VENV/bin/pip" install -q matplotlib >> "$STATE/run/venv.log" 2>&1; then
+      PY=$VENV/bin/python
+    else
+      say "could not install matplotlib (see $STATE/run/venv.log): no PNG chart"
+    fi
+  else
+    say "matplotlib missing and DESKFS_BENCH_NO_PIP=1: no PNG chart"
+  fi
+fi
+
+say "targets: $TARGETS; state $STATE"
+"$PY" "$ROOT/bench/bench.py" "${ARGS[@]}"
