@@ -239,6 +239,13 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     };
     let handle = deskfs_fuse::mount(vfs.clone(), &mnt, &opts)
         .with_context(|| format!("cannot mount FUSE at {}", mnt.display()))?;
+    let inval = std::sync::Mutex::new(handle.invalidator());
+    vfs.set_invalidator(Box::new(move |ino| {
+        if let Ok(i) = inval.lock() {
+            // offset 0, len 0: drop cached attributes and every cached page.
+            let _ = i.inval_inode(ino, 0, 0);
+        }
+    }));
     let pid = std::process::id();
     let run_dir = ws_dir(&a.name).join("run");
     std::fs::create_dir_all(&run_dir)?;

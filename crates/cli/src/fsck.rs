@@ -92,6 +92,13 @@ pub fn run(a: FsckArgs) -> Result<()> {
     if a.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
+        for n in &report.notes {
+            let tag = if n.repaired { "settled " } else { "note    " };
+            println!(
+                "{tag} [{}] {} (crash leftover; the next mount settles it)",
+                n.kind, n.detail
+            );
+        }
         for p in &report.problems {
             let tag = if p.repaired { "repaired" } else { "PROBLEM " };
             println!("{tag} [{}] {}", p.kind, p.detail);

@@ -378,6 +378,21 @@ impl Filesystem for DeskFs {
         }
     }
 
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        // No ioctls (TCGETS probes from isatty() land here): "not a typewriter", as ext4.
+        reply.error(Errno::ENOTTY);
+    }
+
     fn getlk(
         &self,
         _req: &Request,

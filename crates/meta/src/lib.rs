@@ -157,6 +157,8 @@ pub trait MetaTxn {
     fn fail_pending(&mut self, path: &[u8], gen: u64, error: &str, retry_at_ns: i64) -> Result<()>;
     /// Postpones a pending row without counting an attempt (e.g. file still being written).
     fn defer_pending(&mut self, path: &[u8], gen: u64, retry_at_ns: i64) -> Result<()>;
+    /// Whether `path` is pending, itself or through a recursive mark of an ancestor.
+    fn is_pending(&mut self, path: &[u8]) -> Result<bool>;
     /// Counts and the oldest sequence number of pending work.
     fn pending_stats(&mut self) -> Result<PendingStats>;
     /// Whether any pending row has `seq <= upto`.
@@ -187,6 +189,8 @@ pub trait MetaTxn {
         owner: u64,
         locks: &[LockRow],
     ) -> Result<()>;
+    /// Removes the locks of (`ino`, `session`, `owner`) taken through open file `fh`.
+    fn delete_fh_locks(&mut self, ino: Ino, session: u64, owner: u64, fh: u64) -> Result<()>;
     /// Number of locks held through `session` (status).
     fn session_lock_count(&mut self, session: u64) -> Result<u64>;
 

@@ -51,7 +51,8 @@ CREATE TABLE sessions(id INTEGER PRIMARY KEY AUTOINCREMENT, host TEXT NOT NULL,
 CREATE TABLE open_files(ino INTEGER NOT NULL, session INTEGER NOT NULL, count INTEGER NOT NULL,
   PRIMARY KEY(ino, session)) WITHOUT ROWID;
 CREATE TABLE locks(ino INTEGER NOT NULL, session INTEGER NOT NULL, owner INTEGER NOT NULL,
-  write INTEGER NOT NULL, start INTEGER NOT NULL, end_ INTEGER NOT NULL, pid INTEGER NOT NULL);
+  write INTEGER NOT NULL, start INTEGER NOT NULL, end_ INTEGER NOT NULL, pid INTEGER NOT NULL,
+  fh INTEGER NOT NULL);
 CREATE INDEX locks_ino ON locks(ino);
 CREATE INDEX locks_session ON locks(session);
 "#;
@@ -751,6 +752,24 @@ impl MetaTxn for SqlTxn<'_> {
         Ok(())
     }
 
+    fn is_pending(&mut self, path: &[u8]) -> Result<bool> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT recursive FROM pending WHERE path=?1")?;
+        if st.exists(params![path])? {
+            return Ok(true);
+        }
+        let mut anc = self
+            .conn
+            .prepare_cached("SELECT 1 FROM pending WHERE path=?1 AND recursive=1")?;
+        for (i, b) in path.iter().enumerate() {
+            if *b == b'/' && anc.exists(params![&path[..i]])? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     fn pending_stats(&mut self) -> Result<PendingStats> {
         let (pending, failing): (i64, i64) = self.conn.query_row(
             "SELECT count(*), coalesce(sum(attempts>0),0) FROM pending",
@@ -856,7 +875,7 @@ impl MetaTxn for SqlTxn<'_> {
 
     fn locks_on(&mut self, ino: Ino) -> Result<Vec<LockRow>> {
         let mut st = self.conn.prepare_cached(
-            "SELECT session,owner,write,start,end_,pid FROM locks WHERE ino=?1 ORDER BY start",
+            "SELECT session,owner,write,start,end_,pid,fh FROM locks WHERE ino=?1 ORDER BY start",
         )?;
         let v = st
             .query_map(params![ino as i64], |r| {
@@ -868,6 +887,7 @@ impl MetaTxn for SqlTxn<'_> {
                     start: r.get::<_, i64>(3)? as u64,
                     end: r.get::<_, i64>(4)? as u64,
                     pid: r.get(5)?,
+                    fh: r.get::<_, i64>(6)? as u64,
                 })
             })?
             .collect::<std::result::Result<_, _>>()?;
@@ -885,7 +905,7 @@ impl MetaTxn for SqlTxn<'_> {
             .prepare_cached("DELETE FROM locks WHERE ino=?1 AND session=?2 AND owner=?3")?
             .execute(params![ino as i64, session as i64, owner as i64])?;
         let mut ins = self.conn.prepare_cached(
-            "INSERT INTO locks(ino,session,owner,write,start,end_,pid) VALUES(?1,?2,?3,?4,?5,?6,?7)",
+            "INSERT INTO locks(ino,session,owner,write,start,end_,pid,fh) VALUES(?1,?2,?3,?4,?5,?6,?7,?8)",
         )?;
         for l in locks {
             ins.execute(params![
@@ -895,9 +915,17 @@ impl MetaTxn for SqlTxn<'_> {
                 l.write as i64,
                 l.start as i64,
                 l.end as i64,
-                l.pid
+                l.pid,
+                l.fh as i64
             ])?;
         }
+        Ok(())
+    }
+
+    fn delete_fh_locks(&mut self, ino: Ino, session: u64, owner: u64, fh: u64) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM locks WHERE ino=?1 AND session=?2 AND owner=?3 AND fh=?4")?
+            .execute(params![ino as i64, session as i64, owner as i64, fh as i64])?;
         Ok(())
     }
 

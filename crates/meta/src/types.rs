@@ -204,6 +204,8 @@ pub struct LockRow {
     pub end: u64,
     /// Process that took it (reported by `F_GETLK`).
     pub pid: u32,
+    /// Open file (handle) it was last taken through.
+    pub fh: u64,
 }
 
 /// A mount session: one live mount of the workspace, kept alive by heartbeats (a lease).

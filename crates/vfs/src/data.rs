@@ -84,8 +84,45 @@ impl Vfs {
         s.size = row.size;
         s.mtime_ns = row.mtime_ns;
         s.ctime_ns = row.ctime_ns;
+        s.version = row.data_version;
         s.loaded = true;
         Ok(())
+    }
+
+    /// Close-to-open (and lock-to-read) coherence between mounts: when the committed
+    /// content version changed since this mount loaded it (another mount wrote), reload
+    /// size and times, reopen the staging file, and (with `kernel`) drop the kernel's
+    /// cached pages and attributes. Nothing happens while this mount has uncommitted
+    /// writes (they win at their commit).
+    pub(crate) fn revalidate(&self, ino: Ino, kernel: bool) -> Result<()> {
+        let changed = self.locked(ino, |s| {
+            if s.uncommitted {
+                return Ok(false);
+            }
+            let row =
+                deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+            if row.data_version == s.version && row.size == s.size {
+                return Ok(false);
+            }
+            s.size = row.size;
+            s.mtime_ns = row.mtime_ns;
+            s.ctime_ns = row.ctime_ns;
+            s.version = row.data_version;
+            s.staging = None;
+            Ok(true)
+        })?;
+        if changed && kernel {
+            if let Some(inval) = self.invalidator.get() {
+                inval(ino);
+            }
+        }
+        Ok(())
+    }
+
+    /// Installs the hook that drops the kernel's cached pages and attributes of an inode
+    /// (the FUSE adapter's `inval_inode`). Set once, after mounting.
+    pub fn set_invalidator(&self, f: Box<dyn Fn(Ino) + Send + Sync>) {
+        let _ = self.invalidator.set(f);
     }
 
     /// Removes an idle state from the table (caller holds the state's lock).
@@ -136,6 +173,9 @@ impl Vfs {
         let acc = flags & libc::O_ACCMODE;
         if row.kind == Kind::Dir && acc != libc::O_RDONLY {
             return Err(VfsError::IsDir);
+        }
+        if row.kind == Kind::File {
+            self.revalidate(ino, false)?;
         }
         self.locked(ino, |s| {
             if flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY && row.kind == Kind::File {
@@ -487,6 +527,9 @@ impl Vfs {
                 Ok(())
             })?;
             s.uncommitted = false;
+            s.version = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?
+                .map(|r| r.data_version)
+                .unwrap_or(s.version);
             self.cache.drop_blocks(ino);
             self.uploader.kick();
         }
@@ -516,7 +559,7 @@ impl Vfs {
                 .map(|o| o.iter().copied().collect())
                 .unwrap_or_default();
             for owner in owners {
-                self.release_locks(ino, owner)?;
+                self.release_fh_locks(ino, owner, fh)?;
             }
         }
         let session = self.session.load(Ordering::SeqCst);

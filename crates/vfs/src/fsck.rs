@@ -37,6 +37,10 @@ pub struct FsckReport {
     pub objects_checked: u64,
     /// Problems, repaired or not.
     pub problems: Vec<Problem>,
+    /// Expected leftovers of a crash that the next mount settles by itself (an open
+    /// unlinked file, a staging file longer than its last commit, uploads still queued);
+    /// `--repair` settles them now. Not problems.
+    pub notes: Vec<Problem>,
 }
 
 impl FsckReport {
@@ -219,15 +223,17 @@ pub fn fsck(
             }
         } else {
             if n == 0 {
-                add(
-                    &mut rep,
-                    "orphan",
-                    format!(
-                        "inode {ino} ({:?}, {} bytes) has no name and no open handle",
-                        r.kind, r.size
-                    ),
-                    opts.repair,
-                );
+                let p = Problem {
+                    kind: "orphan",
+                    detail: format!("inode {ino} ({:?}, {} bytes) has no name", r.kind, r.size),
+                    repaired: opts.repair,
+                };
+                if r.nlink == 0 {
+                    // Unlinked while open when the daemon stopped: purged at the next mount.
+                    rep.notes.push(p);
+                } else {
+                    rep.problems.push(p);
+                }
                 orphans.push(*ino);
                 continue;
             }
@@ -312,7 +318,13 @@ pub fn fsck(
                     }
                 }
                 Some(l) if l != r.size && r.dirty => {
-                    add(&mut rep, "staging-size", format!("inode {ino}: staging file is {l} bytes, metadata says {}", r.size), opts.repair);
+                    // Writes that reached the staging file after the last commit: the next
+                    // mount adopts them (crash recovery).
+                    rep.notes.push(Problem {
+                        kind: "staging-size",
+                        detail: format!("inode {ino}: staging file is {l} bytes, last commit says {}", r.size),
+                        repaired: opts.repair,
+                    });
                     if opts.repair {
                         adopt_staging(meta, ino, l)?;
                     }
@@ -338,12 +350,27 @@ pub fn fsck(
             let local = r.local == Local::Full && len == Some(r.size);
             match obj {
                 None if local => {
-                    add(
-                        &mut rep,
-                        "not-uploaded",
-                        format!("inode {ino} is marked uploaded but no object holds its content"),
-                        opts.repair,
-                    );
+                    let queued = deskfs_meta::read(meta, |t| {
+                        let mut any = false;
+                        for (parent, name) in t.names_of(ino)? {
+                            if let Some(dir) = dir_path(t, parent)? {
+                                any |= t.is_pending(&join(&dir, &name))?;
+                            }
+                        }
+                        Ok(any)
+                    })?;
+                    let p = Problem {
+                        kind: "not-uploaded",
+                        detail: format!(
+                            "inode {ino}: no object holds its content yet (local copy kept)"
+                        ),
+                        repaired: opts.repair,
+                    };
+                    if queued {
+                        rep.notes.push(p);
+                    } else {
+                        rep.problems.push(p);
+                    }
                     if opts.repair {
                         mark_dirty(meta, ino)?;
                     }
@@ -404,10 +431,22 @@ pub fn fsck(
     progress("checking bucket records");
     let objects = deskfs_meta::read(meta, |t| t.objects_under(b"", usize::MAX >> 1))?;
     let mut stale = Vec::new();
+    let mut queued = 0usize;
     for o in objects {
         if o.ino != 0 && !inodes.contains_key(&o.ino) {
-            stale.push(o.path);
+            if deskfs_meta::read(meta, |t| t.is_pending(&o.path))? {
+                queued += 1;
+            } else {
+                stale.push(o.path);
+            }
         }
+    }
+    if queued > 0 {
+        rep.notes.push(Problem {
+            kind: "queued-deletes",
+            detail: format!("{queued} bucket object(s) of deleted files are queued for deletion"),
+            repaired: false,
+        });
     }
     if !stale.is_empty() {
         let still_pending = stale.len();

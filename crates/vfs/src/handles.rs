@@ -44,6 +44,8 @@ pub(crate) struct InodeState {
     pub(crate) write_gen: u64,
     /// Time of the first uncommitted write, ns (bounds upload deferral).
     pub(crate) dirty_since_ns: i64,
+    /// Committed content version the in-memory values belong to.
+    pub(crate) version: u64,
     /// Removed from the state table: whoever locks it must fetch the current state.
     pub(crate) detached: bool,
 }

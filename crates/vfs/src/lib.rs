@@ -85,6 +85,8 @@ pub struct Vfs {
     pub(crate) fetches: data::Inflight,
     /// This mount's session id in the metadata engine (lease for locks and open files).
     pub(crate) session: AtomicU64,
+    /// Drops the kernel's caches of an inode (set by the FUSE adapter's owner).
+    pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(Ino) + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Vfs {
@@ -149,6 +151,7 @@ impl Vfs {
             urgent: AtomicUsize::new(0),
             fetches: data::Inflight::default(),
             session: AtomicU64::new(0),
+            invalidator: std::sync::OnceLock::new(),
         });
         vfs.start_session()?;
         vfs.recover()?;

@@ -216,11 +216,17 @@ impl Vfs {
                     start,
                     end,
                     pid,
+                    fh,
                 };
                 t.set_owner_locks(ino, s, owner, &apply(&mine, &new, typ))?;
                 Ok(true)
             })?;
             if granted {
+                if typ != LockType::Unlock {
+                    // Like NFS: taking a lock revalidates what this mount has cached, so
+                    // the holder sees what the previous holder wrote on another mount.
+                    self.revalidate(ino, true)?;
+                }
                 return Ok(());
             }
             if !sleep {
@@ -250,6 +256,14 @@ impl Vfs {
         Ok(())
     }
 
+    /// Drops the locks `owner` took through open file `fh` (the file's last close). A
+    /// late release cannot drop a lock that a new open file with a recycled owner id took.
+    pub fn release_fh_locks(&self, ino: Ino, owner: u64, fh: u64) -> Result<()> {
+        let s = self.session();
+        deskfs_meta::txn(&*self.meta, |t| t.delete_fh_locks(ino, s, owner, fh))?;
+        Ok(())
+    }
+
     /// Registers this mount's session and releases sessions that are dead: same host with
     /// their daemon gone, or any host without heartbeat for [`LEASE_NS`].
     pub(crate) fn start_session(&self) -> Result<()> {
@@ -275,8 +289,11 @@ impl Vfs {
         let now = now_ns();
         let s = self.session();
         let r = deskfs_meta::txn(&*self.meta, |t| {
+            let host = hostname();
             for other in t.sessions()? {
-                if other.id != s && now - other.heartbeat_ns > LEASE_NS {
+                let gone_here =
+                    other.host == host && other.pid != std::process::id() && !pid_alive(other.pid);
+                if other.id != s && (gone_here || now - other.heartbeat_ns > LEASE_NS) {
                     tracing::warn!(session = other.id, host = %other.host, pid = other.pid, "mount session expired: releasing its locks");
                     t.delete_session(other.id)?;
                 }
@@ -320,6 +337,7 @@ mod unit {
             start,
             end,
             pid: 1,
+            fh: 1,
         }
     }
 
