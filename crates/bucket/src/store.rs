@@ -154,6 +154,7 @@ impl Bucket {
                         root.display()
                     )));
                 }
+                clean_local_tmp(&root);
                 let fs =
                     object_store::local::LocalFileSystem::new_with_prefix(&root).map_err(cfg)?;
                 (Arc::new(fs), Some(root))
@@ -235,6 +236,9 @@ impl Bucket {
         meta: Option<&PosixMeta>,
     ) -> Result<PutInfo> {
         let size = data.len() as u64;
+        if let Some(root) = &self.local_root {
+            return self.local_put(root, key, LocalSource::Bytes(data)).await;
+        }
         let opts = PutOptions {
             mode: PutMode::Overwrite,
             attributes: self.attrs(meta),
@@ -267,6 +271,11 @@ impl Bucket {
         src: &FsPath,
         meta: Option<&PosixMeta>,
     ) -> Result<PutInfo> {
+        if let Some(root) = &self.local_root {
+            return self
+                .local_put(root, key, LocalSource::File(src.to_path_buf()))
+                .await;
+        }
         let mut f = tokio::fs::File::open(src).await?;
         let len = f.metadata().await?.len();
         if len < MULTIPART_THRESHOLD {
@@ -364,6 +373,11 @@ impl Bucket {
 
     /// Server-side copy of `from` to `to` (metadata copied with it).
     pub async fn copy(&self, from: &str, to: &str) -> Result<()> {
+        if let Some(root) = &self.local_root {
+            self.local_put(root, to, LocalSource::File(root.join(from)))
+                .await?;
+            return Ok(());
+        }
         self.store
             .copy(&self.path(from)?, &self.path(to)?)
             .await
@@ -493,6 +507,81 @@ impl Bucket {
             });
         }
         Ok(out)
+    }
+}
+
+/// What a local-bucket write copies from.
+enum LocalSource {
+    Bytes(Bytes),
+    File(PathBuf),
+}
+
+/// Directory (under the local bucket root) of in-flight writes: `<pid>-<n>` files.
+const LOCAL_TMP: &str = ".deskfs/tmp";
+
+static LOCAL_SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Bucket {
+    /// Writes an object of the local bucket: data goes to `.deskfs/tmp/<pid>-<n>`, is
+    /// fsynced, then renamed into place (and the directory fsynced), so a crash leaves
+    /// either the old or the new object, never a partial one, and no stray temp file
+    /// in the tree (leftovers of dead processes are removed at open).
+    async fn local_put(&self, root: &FsPath, key: &str, src: LocalSource) -> Result<PutInfo> {
+        let root = root.to_path_buf();
+        let dest = root.join(key);
+        let size = tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
+            use std::io::Write;
+            let tmpdir = root.join(LOCAL_TMP);
+            std::fs::create_dir_all(&tmpdir)?;
+            let n = LOCAL_SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = tmpdir.join(format!("{}-{n}", std::process::id()));
+            let size = match src {
+                LocalSource::Bytes(b) => {
+                    let mut f = std::fs::File::create(&tmp)?;
+                    f.write_all(&b)?;
+                    f.sync_data()?;
+                    b.len() as u64
+                }
+                LocalSource::File(p) => {
+                    let size = std::fs::copy(&p, &tmp)?;
+                    std::fs::File::open(&tmp)?.sync_data()?;
+                    size
+                }
+            };
+            let parent = dest
+                .parent()
+                .map(|p| p.to_path_buf())
+                .unwrap_or(root.clone());
+            std::fs::create_dir_all(&parent)?;
+            if let Err(e) = std::fs::rename(&tmp, &dest) {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            std::fs::File::open(&parent)?.sync_all()?;
+            Ok(size)
+        })
+        .await
+        .map_err(|e| BucketError::Other(e.to_string()))??;
+        let etag = self.head(key).await?.and_then(|h| h.etag);
+        Ok(PutInfo { etag, size })
+    }
+}
+
+/// Removes in-flight write files of processes that no longer exist.
+fn clean_local_tmp(root: &FsPath) {
+    let Ok(rd) = std::fs::read_dir(root.join(LOCAL_TMP)) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let pid = name
+            .to_str()
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let alive = pid.is_some_and(|p| std::path::Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            let _ = std::fs::remove_file(e.path());
+        }
     }
 }
 

@@ -242,12 +242,15 @@ impl Vfs {
                     s.staging = Some(f.clone());
                     return Ok(f);
                 }
-                Err(e) => {
+                // An empty file whose staging file was never created (crash right after
+                // its create committed) falls through and gets an empty one.
+                Err(e) if row.size > 0 => {
                     tracing::error!(ino, error = %e, "staging file missing for a local inode");
                     if row.dirty {
                         return Err(e.into());
                     }
                 }
+                Err(_) => {}
             }
         }
         if row.size == 0 || truncating_to == Some(0) {

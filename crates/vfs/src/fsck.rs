@@ -299,7 +299,17 @@ pub fn fsck(
                     false,
                 ),
                 None => {
-                    add(&mut rep, "staging-missing", format!("inode {ino} is marked local but has no staging file"), opts.repair);
+                    let p = Problem {
+                        kind: "staging-missing",
+                        detail: format!("inode {ino} ({} bytes) is marked local but has no staging file", r.size),
+                        repaired: opts.repair,
+                    };
+                    if r.size == 0 {
+                        // Crash between a create's commit and its (empty) staging file.
+                        rep.notes.push(p);
+                    } else {
+                        rep.problems.push(p);
+                    }
                     if opts.repair {
                         deskfs_meta::txn(meta, |t| {
                             if let Some(mut cur) = t.get_inode(ino)? {

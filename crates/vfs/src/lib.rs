@@ -203,7 +203,10 @@ impl Vfs {
             let md = match std::fs::metadata(&staging) {
                 Ok(md) => md,
                 Err(_) => {
-                    if r.size > 0 {
+                    if r.size == 0 {
+                        // Crash between a create's commit and its staging file.
+                        self.cache.open_staging(r.ino, true)?;
+                    } else {
                         tracing::error!(
                             ino = r.ino,
                             cache = %self.cache.root().display(),

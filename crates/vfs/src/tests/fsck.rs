@@ -95,7 +95,11 @@ fn dirty_staging_longer_than_metadata_is_adopted() {
         let found = run(dir, true);
         assert!(found.problems.is_empty(), "{:?}", found.problems);
         let notes: Vec<&str> = found.notes.iter().map(|n| n.kind).collect();
-        assert_eq!(notes, ["staging-size"], "a crash leftover, settled by --repair");
+        assert_eq!(
+            notes,
+            ["staging-size"],
+            "a crash leftover, settled by --repair"
+        );
     });
     assert_eq!(h.cat_path("f"), b"abcdef");
     h.sync_all();
