@@ -471,15 +471,8 @@ impl Vfs {
                 self.begin_dirty(ino)?;
             }
             f.write_all_at(data, off)?;
-            let now = now_ns();
             s.size = s.size.max(end);
-            s.mtime_ns = now;
-            s.ctime_ns = now;
-            if !s.uncommitted {
-                s.uncommitted = true;
-                s.dirty_since_ns = now;
-            }
-            s.write_gen += 1;
+            s.note_change(now_ns());
             Ok(data.len() as u32)
         })
     }
@@ -629,12 +622,8 @@ impl Vfs {
             self.begin_dirty(ino)?;
         }
         f.set_len(size)?;
-        let now = now_ns();
         s.size = size;
-        s.mtime_ns = now;
-        s.ctime_ns = now;
-        s.uncommitted = true;
-        s.write_gen += 1;
+        s.note_change(now_ns());
         self.commit_locked(ino, s, false)
     }
 }
@@ -672,17 +661,10 @@ impl Vfs {
             if rc != 0 {
                 return Err(std::io::Error::last_os_error().into());
             }
-            let now = now_ns();
             if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
                 s.size = s.size.max(end);
             }
-            s.mtime_ns = now;
-            s.ctime_ns = now;
-            if !s.uncommitted {
-                s.uncommitted = true;
-                s.dirty_since_ns = now;
-            }
-            s.write_gen += 1;
+            s.note_change(now_ns());
             Ok(())
         })
     }

@@ -49,3 +49,17 @@ pub(crate) struct InodeState {
     /// Removed from the state table: whoever locks it must fetch the current state.
     pub(crate) detached: bool,
 }
+
+impl InodeState {
+    /// Records a content change at `now` (ns): mtime and ctime, the start of the
+    /// uncommitted period, and a new write generation.
+    pub(crate) fn note_change(&mut self, now: i64) {
+        self.mtime_ns = now;
+        self.ctime_ns = now;
+        if !self.uncommitted {
+            self.uncommitted = true;
+            self.dirty_since_ns = now;
+        }
+        self.write_gen += 1;
+    }
+}
