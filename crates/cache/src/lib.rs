@@ -12,6 +12,7 @@
 
 mod blocks;
 mod lru;
+mod pool;
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -77,6 +78,7 @@ pub struct Cache {
     block_size: u64,
     capacity: u64,
     lru: std::sync::Mutex<Lru>,
+    pool: pool::Pool,
 }
 
 impl std::fmt::Debug for Cache {
@@ -101,6 +103,7 @@ impl Cache {
             block_size,
             capacity,
             lru: std::sync::Mutex::new(Lru::default()),
+            pool: pool::Pool::new(&root.join("staging")),
         };
         cache.index_blocks()?;
         Ok(cache)
@@ -125,6 +128,11 @@ impl Cache {
     /// Errors: `NotFound` inside [`CacheError::Io`] when absent and not `create`.
     pub fn open_staging(&self, ino: u64, create: bool) -> Result<File> {
         let p = self.staging_path(ino);
+        if create && !p.exists() {
+            // A pre-made empty file, renamed into place: file creation (inode allocation)
+            // stays off the request path.
+            self.pool.take_into(&p);
+        }
         OpenOptions::new()
             .read(true)
             .write(true)
@@ -137,6 +145,12 @@ impl Cache {
     /// Whether `ino` has a staging file.
     pub fn has_staging(&self, ino: u64) -> bool {
         self.staging_path(ino).exists()
+    }
+
+    /// Keeps up to `target` empty files ready for new staging files, made by a background
+    /// thread (which ends when the cache is dropped).
+    pub fn start_pool(self: &std::sync::Arc<Self>, target: usize) {
+        pool::Pool::start(std::sync::Arc::downgrade(self), target);
     }
 
     /// Deletes the staging file of `ino` (no error if absent) and forgets it in the LRU.

@@ -174,7 +174,7 @@ impl SqliteEngine {
             return Err(MetaError::Db(format!("cannot enable WAL (got {mode})")));
         }
         conn.execute_batch(
-            "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF; PRAGMA cache_size=-65536;",
+            "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF; PRAGMA cache_size=-65536; PRAGMA wal_autocheckpoint=100000;",
         )?;
         Ok(())
     }
@@ -209,21 +209,27 @@ impl SqliteEngine {
     }
 }
 
+/// Runs a parameterless statement through the statement cache (no re-parse per call).
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
+}
+
 impl MetaEngine for SqliteEngine {
     fn txn(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()> {
         let conn = self.lock()?;
-        conn.execute_batch("BEGIN IMMEDIATE")?;
+        exec(&conn, "BEGIN IMMEDIATE")?;
         let mut t = SqlTxn { conn: &conn };
         match f(&mut t) {
-            Ok(()) => match conn.execute_batch("COMMIT") {
+            Ok(()) => match exec(&conn, "COMMIT") {
                 Ok(()) => Ok(()),
                 Err(e) => {
-                    let _ = conn.execute_batch("ROLLBACK");
+                    let _ = exec(&conn, "ROLLBACK");
                     Err(e.into())
                 }
             },
             Err(e) => {
-                let _ = conn.execute_batch("ROLLBACK");
+                let _ = exec(&conn, "ROLLBACK");
                 Err(e)
             }
         }
@@ -231,10 +237,10 @@ impl MetaEngine for SqliteEngine {
 
     fn read(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()> {
         let conn = self.lock()?;
-        conn.execute_batch("BEGIN DEFERRED")?;
+        exec(&conn, "BEGIN DEFERRED")?;
         let mut t = SqlTxn { conn: &conn };
         let r = f(&mut t);
-        let _ = conn.execute_batch("COMMIT");
+        let _ = exec(&conn, "COMMIT");
         r
     }
 

@@ -147,7 +147,9 @@ impl Vfs {
             .ok_or(VfsError::BadHandle)
     }
 
-    fn new_handle(&self, ino: Ino, flags: i32) -> Result<u64> {
+    /// A new handle; with `record`, the open is also recorded for other mounts (`create`
+    /// records it in its own transaction).
+    fn new_handle(&self, ino: Ino, flags: i32, record: bool) -> Result<u64> {
         let acc = flags & libc::O_ACCMODE;
         let h = Arc::new(Handle {
             ino,
@@ -158,8 +160,10 @@ impl Vfs {
             last_read_end: AtomicU64::new(u64::MAX),
             lock_owners: Default::default(),
         });
-        let session = self.session.load(Ordering::SeqCst);
-        deskfs_meta::txn(&*self.meta, |t| t.add_open(ino, session, 1))?;
+        if record {
+            let session = self.session.load(Ordering::SeqCst);
+            deskfs_meta::txn(&*self.meta, |t| t.add_open(ino, session, 1))?;
+        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles.lock().map_err(|_| poisoned())?.insert(fh, h);
         Ok(fh)
@@ -184,7 +188,7 @@ impl Vfs {
             s.open_count += 1;
             Ok(())
         })?;
-        let fh = self.new_handle(ino, flags)?;
+        let fh = self.new_handle(ino, flags, true)?;
         Ok(Opened {
             fh,
             keep_cache: false,
@@ -206,13 +210,16 @@ impl Vfs {
             ctx,
             parent,
             name,
-            NodeSpec::new(Kind::File, mode & !umask & 0o7777),
+            NodeSpec {
+                open_in: Some(self.session.load(Ordering::SeqCst)),
+                ..NodeSpec::new(Kind::File, mode & !umask & 0o7777)
+            },
         )?;
         self.locked(row.ino, |s| {
             s.open_count += 1;
             Ok(())
         })?;
-        let fh = self.new_handle(row.ino, flags)?;
+        let fh = self.new_handle(row.ino, flags, false)?;
         Ok((
             crate::attr_of(&row),
             Opened {
@@ -481,6 +488,12 @@ impl Vfs {
     /// bucket, so a crash before the next commit still uploads what reached the staging
     /// file (recovery re-reads its length).
     fn begin_dirty(&self, ino: Ino) -> Result<()> {
+        self.cache.staging_dirty(ino);
+        // Usually already dirty (a new file, or writes since the last upload): a read
+        // suffices.
+        if deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.is_some_and(|r| r.dirty) {
+            return Ok(());
+        }
         deskfs_meta::txn(&*self.meta, |t| {
             if let Some(mut r) = t.get_inode(ino)? {
                 if !r.dirty {
@@ -567,25 +580,30 @@ impl Vfs {
             }
             Ok((s.open_count == 0, s.size))
         })?;
-        if h.is_some() {
-            deskfs_meta::txn(&*self.meta, |t| t.add_open(ino, session, -1))?;
-        }
-        if last {
-            let purge = deskfs_meta::txn(&*self.meta, |t| match t.get_inode(ino)? {
-                Some(r) if r.nlink == 0 => {
-                    if self.is_open(ino) || t.open_elsewhere(ino, 0)? {
-                        return Ok(false);
-                    }
-                    t.delete_inode(ino)?;
-                    Ok(true)
+        if h.is_some() || last {
+            let purge = deskfs_meta::txn(&*self.meta, |t| {
+                if h.is_some() {
+                    t.add_open(ino, session, -1)?;
                 }
-                Some(r) => {
-                    if r.local == Local::Full && !r.dirty {
-                        self.cache.staging_clean(ino, size);
-                    }
-                    Ok(false)
+                if !last {
+                    return Ok(false);
                 }
-                None => Ok(false),
+                match t.get_inode(ino)? {
+                    Some(r) if r.nlink == 0 => {
+                        if self.is_open(ino) || t.open_elsewhere(ino, 0)? {
+                            return Ok(false);
+                        }
+                        t.delete_inode(ino)?;
+                        Ok(true)
+                    }
+                    Some(r) => {
+                        if r.local == Local::Full && !r.dirty {
+                            self.cache.staging_clean(ino, size);
+                        }
+                        Ok(false)
+                    }
+                    None => Ok(false),
+                }
             })?;
             if purge {
                 self.purge_local(ino);

@@ -37,6 +37,9 @@ pub use types::*;
 
 use handles::{Handle, InodeState};
 
+/// Empty staging files kept ready (file creation stays off the request path).
+const STAGING_POOL: usize = 64;
+
 /// Tunables of one mounted workspace.
 #[derive(Clone, Debug)]
 pub struct VfsConfig {
@@ -155,6 +158,7 @@ impl Vfs {
         });
         vfs.start_session()?;
         vfs.recover()?;
+        vfs.cache.start_pool(STAGING_POOL);
         uploader::start(&vfs);
         Ok(vfs)
     }

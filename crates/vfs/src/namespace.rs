@@ -29,6 +29,8 @@ pub(crate) struct NodeSpec<'a> {
     pub(crate) perm: u32,
     pub(crate) rdev: u32,
     pub(crate) target: Option<&'a [u8]>,
+    /// Record the new inode as open through this session (create = mknod + open).
+    pub(crate) open_in: Option<u64>,
 }
 
 impl NodeSpec<'_> {
@@ -38,6 +40,7 @@ impl NodeSpec<'_> {
             perm,
             rdev: 0,
             target: None,
+            open_in: None,
         }
     }
 }
@@ -173,6 +176,7 @@ impl Vfs {
             perm,
             rdev,
             target,
+            open_in,
         } = spec;
         check_name(name)?;
         self.ensure_listed(parent, false)?;
@@ -201,6 +205,9 @@ impl Vfs {
             }
             row.ino = t.insert_inode(&row)?;
             t.insert_dentry(parent, name, row.ino)?;
+            if let Some(session) = open_in {
+                t.add_open(row.ino, session, 1)?;
+            }
             touch_dirs(
                 t,
                 &[(parent, if kind == Kind::Dir { 1 } else { 0 })],

@@ -346,3 +346,58 @@ fn ftruncate_through_a_handle_with_pending_writes() {
     assert_eq!(h.cat(a.ino), b"0123\0\0Z");
     assert_eq!(h.row(a.ino).unwrap().size, 7);
 }
+
+/// Not a check: prints in-process timings of the small-file path (run with --ignored --nocapture).
+#[test]
+#[ignore = "timing probe, prints numbers only"]
+fn probe_small_file_timings() {
+    let delay = std::env::var("PROBE_UPLOAD_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let h = Harness::with_config(VfsConfig {
+        upload_delay: std::time::Duration::from_millis(delay),
+        ..test_cfg()
+    });
+    let d = h.dir(ROOT_INO, "d");
+    let n = 2000;
+    let mut tc = std::time::Duration::ZERO;
+    let mut tw = std::time::Duration::ZERO;
+    let mut tf = std::time::Duration::ZERO;
+    let mut tr = std::time::Duration::ZERO;
+    for i in 0..n {
+        let t = std::time::Instant::now();
+        let (a, o) = h
+            .create(
+                &CTX,
+                d.ino,
+                format!("f{i}").as_bytes(),
+                0o644,
+                0,
+                libc::O_WRONLY,
+            )
+            .unwrap();
+        tc += t.elapsed();
+        let t = std::time::Instant::now();
+        h.write(a.ino, o.fh, 0, &[7u8; 4096]).unwrap();
+        tw += t.elapsed();
+        let t = std::time::Instant::now();
+        h.flush(a.ino, o.fh).unwrap();
+        tf += t.elapsed();
+        let t = std::time::Instant::now();
+        h.release(a.ino, o.fh).unwrap();
+        tr += t.elapsed();
+    }
+    eprintln!(
+        "create {:?} write {:?} flush {:?} release {:?} per file",
+        tc / n,
+        tw / n,
+        tf / n,
+        tr / n
+    );
+    let t = std::time::Instant::now();
+    for i in 0..n {
+        h.lookup(&CTX, d.ino, format!("f{i}").as_bytes()).unwrap();
+    }
+    eprintln!("lookup: {:?} per file", t.elapsed() / n);
+}
