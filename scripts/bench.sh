@@ -74,7 +74,7 @@ for t in "${want[@]}"; do
   keep+=("$t")
 done
 TARGETS=$(IFS=,; echo "${keep[*]}")
-for i in "${!ARGS[@]}"; do [[ ${ARGS[$i]} == --targets ]] && ARGS[$((i + 1))]=$TARGETS; done
+for i in "${!ARGS[@]}"; do [[ ${ARGS[$i]} == --targets ]] && ARGS[i + 1]=$TARGETS; done
 [[ " ${ARGS[*]} " == *" --targets "* ]] || ARGS+=(--targets "$TARGETS")
 
 # ---------------------------------------------------------------- deskfs binary
@@ -131,7 +131,8 @@ if [[ ,$TARGETS, == *,deskfs,* || ,$TARGETS, == *,rclone,* || ,$TARGETS, == *,s3
   fi
   export BENCH_S3_ENDPOINT BENCH_S3_ACCESS_KEY BENCH_S3_SECRET_KEY BENCH_S3_BUCKET BENCH_S3_REGION
   if [[ -z ${BENCH_S3_SERVER_VERSION:-} ]] && command -v garage > /dev/null; then
-    export BENCH_S3_SERVER_VERSION="$(garage --version 2> /dev/null | head -n 1)"
+    BENCH_S3_SERVER_VERSION=$(garage --version 2> /dev/null | head -n 1)
+    export BENCH_S3_SERVER_VERSION
   fi
 fi
 

@@ -249,7 +249,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     let pid = std::process::id();
     let run_dir = ws_dir(&a.name).join("run");
     std::fs::create_dir_all(&run_dir)?;
-    let sock = run_dir.join(format!("{pid}.sock"));
+    let sock = control_socket_path(&run_dir, pid)?;
     crate::control::serve(rt.handle(), &sock, vfs.clone())?;
     let rec = MountRecord {
         workspace: a.name.clone(),
@@ -307,6 +307,24 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     drop(vfs);
     rt.shutdown_timeout(Duration::from_secs(2));
     res.context("FUSE session ended with an error")
+}
+
+/// Where the control socket goes: `run/PID.sock` in the workspace dir, or, when that path
+/// is too long for a Unix socket (108 bytes, `sun_path`), a private directory under the
+/// temp dir (`deskfs-UID/`, mode 0700) with a name derived from the workspace dir.
+fn control_socket_path(run_dir: &Path, pid: u32) -> Result<PathBuf> {
+    let p = run_dir.join(format!("{pid}.sock"));
+    if p.as_os_str().len() < 100 {
+        return Ok(p);
+    }
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    run_dir.hash(&mut h);
+    let dir = std::env::temp_dir().join(format!("deskfs-{}", nix::unistd::getuid().as_raw()));
+    std::fs::create_dir_all(&dir)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    Ok(dir.join(format!("{:016x}-{pid}.sock", h.finish())))
 }
 
 fn fusermount_u(mnt: &Path, lazy: bool) -> Result<()> {

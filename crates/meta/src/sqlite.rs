@@ -174,7 +174,7 @@ impl SqliteEngine {
             return Err(MetaError::Db(format!("cannot enable WAL (got {mode})")));
         }
         conn.execute_batch(
-            "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF; PRAGMA cache_size=-65536; PRAGMA wal_autocheckpoint=100000;",
+            "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF; PRAGMA cache_size=-65536; PRAGMA wal_autocheckpoint=10000;",
         )?;
         Ok(())
     }

@@ -270,12 +270,13 @@ pub fn fsck(
     for ino in &staged {
         let keep = inodes.get(ino).is_some_and(|r| r.local == Local::Full);
         if !keep {
-            add(
-                &mut rep,
-                "stray-staging",
-                format!("staging file of inode {ino} belongs to no local inode"),
-                opts.repair,
-            );
+            // Left by a crash between a delete's commit and the file's removal (or an
+            // interrupted download): the next mount removes it.
+            rep.notes.push(Problem {
+                kind: "stray-staging",
+                detail: format!("staging file of inode {ino} belongs to no local inode"),
+                repaired: opts.repair,
+            });
             if opts.repair {
                 cache.remove_staging(*ino)?;
             }

@@ -69,7 +69,7 @@ fn healthy_workspace_has_no_problem_and_damage_is_repaired() {
             again.problems
         );
     });
-    assert_eq!(seen, ["dangling-dentry", "nlink", "nlink", "stray-staging"]);
+    assert_eq!(seen, ["dangling-dentry", "nlink", "nlink"]);
     // The repaired workspace works.
     assert_eq!(h.getattr(f_ino).unwrap().nlink, 2);
     assert_eq!(h.getattr(ROOT_INO).unwrap().nlink, 3);

@@ -1,0 +1,440 @@
+"""Mount targets of the deskfs benchmark: local | deskfs | rclone | s3fs.
+
+Adapted from the project's shared fsbench harness (shared/bench/lib/targets.py).
+Every mount process is started by us in its own session; its PID and kernel start time
+are recorded in $STATE/run/<target>.pid and only that PID is ever signalled.
+Before each unmount the daemon's peak RSS (VmHWM) is appended to $STATE/run/<target>.rss.
+"""
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+
+STATE = os.environ.get("DESKFS_BENCH_STATE", "/tmp/deskfs-bench")
+RUN = os.path.join(STATE, "run")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def log(msg):
+    import sys
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True, file=sys.stderr)
+
+
+# ---------------------------------------------------------------- helpers
+def clean_env():
+    e = dict(os.environ)
+    e.pop("AWS_CA_BUNDLE", None)  # plain-http loopback endpoint
+    return e
+
+
+def s3():
+    return {k: os.environ[f"BENCH_S3_{k}"] for k in ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY", "BUCKET")} | \
+        {"REGION": os.environ.get("BENCH_S3_REGION", "us-east-1")}
+
+
+def have_s3():
+    return all(os.environ.get(f"BENCH_S3_{k}") for k in ("ENDPOINT", "ACCESS_KEY", "SECRET_KEY", "BUCKET"))
+
+
+def rclone_env():
+    c = s3()
+    e = clean_env()
+    os.makedirs(RUN, exist_ok=True)
+    conf = os.path.join(RUN, "rclone.conf")
+    if not os.path.exists(conf):
+        open(conf, "w").close()
+    e.update({
+        "RCLONE_CONFIG": conf,
+        "RCLONE_CONFIG_BENCHS3_TYPE": "s3",
+        "RCLONE_CONFIG_BENCHS3_PROVIDER": "Other",
+        "RCLONE_CONFIG_BENCHS3_ENV_AUTH": "false",
+        "RCLONE_CONFIG_BENCHS3_ACCESS_KEY_ID": c["ACCESS_KEY"],
+        "RCLONE_CONFIG_BENCHS3_SECRET_ACCESS_KEY": c["SECRET_KEY"],
+        "RCLONE_CONFIG_BENCHS3_ENDPOINT": c["ENDPOINT"],
+        "RCLONE_CONFIG_BENCHS3_REGION": c["REGION"],
+        "RCLONE_CONFIG_BENCHS3_FORCE_PATH_STYLE": "true",
+        "RCLONE_CONFIG_BENCHS3_NO_CHECK_BUCKET": "true",
+    })
+    return e
+
+
+def raw_s3(args, timeout=120):
+    """rclone as a plain S3 client against the bench bucket (remote `benchs3:`)."""
+    if not shutil.which("rclone"):
+        return None
+    try:
+        return subprocess.run(["rclone"] + args, env=rclone_env(), capture_output=True, text=True,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def raw_object_size(key):
+    r = raw_s3(["lsjson", f"benchs3:{s3()['BUCKET']}/{key}"], timeout=60)
+    if r is None or r.returncode != 0:
+        return None
+    try:
+        items = json.loads(r.stdout or "[]")
+    except ValueError:
+        return None
+    for it in items:
+        if not it.get("IsDir"):
+            return it.get("Size")
+    return None
+
+
+def mountinfo_points():
+    out = set()
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            out.add(line.split()[4].encode().decode("unicode_escape"))
+    return out
+
+
+def is_mounted(path):
+    return os.path.realpath(path) in mountinfo_points()
+
+
+def proc_start(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            s = f.read()
+        fields = s[s.rindex(")") + 2:].split()
+        return fields[0], fields[19]
+    except (OSError, ValueError, IndexError):
+        return None, None
+
+
+def pid_alive(pid, start=None):
+    st, t = proc_start(pid)
+    if st is None or st == "Z":
+        return False
+    return start is None or t == start
+
+
+def vm_hwm_kib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def drop_caches():
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+def abort_fuse(path):
+    p = os.path.realpath(path)
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                x = line.split()
+                if x[4] == p:
+                    dev = x[2].split(":")[1]
+                    with open(f"/sys/fs/fuse/connections/{dev}/abort", "w") as a:
+                        a.write("1")
+    except OSError:
+        pass
+
+
+# ---------------------------------------------------------------- targets
+class Target:
+    name = "base"
+    s3 = True
+    raw_layout = True   # one file = one object at <prefix>/<path>
+    daemon = True
+
+    def __init__(self, run_id):
+        self.run_id = run_id
+        self.prefix = f"deskfs-bench-{run_id}-{self.name}"
+
+    def mnt(self):
+        return os.path.join(STATE, "mnt", self.name)
+
+    def cache(self):
+        return os.path.join(STATE, "cache", self.name)
+
+    def pidfile(self):
+        return os.path.join(RUN, f"{self.name}.pid")
+
+    def logfile(self):
+        return os.path.join(RUN, f"{self.name}.log")
+
+    def rssfile(self):
+        return os.path.join(RUN, f"{self.name}.rss")
+
+    def mount_argv(self):
+        raise NotImplementedError
+
+    def mount_env(self):
+        return clean_env()
+
+    def umount_argv(self):
+        return ["fusermount3", "-u", self.mnt()]
+
+    def version(self):
+        return ""
+
+    def setup(self):
+        """Once per run, before the first mount."""
+        for f in (self.rssfile(), self.pidfile()):
+            if os.path.exists(f):
+                os.unlink(f)
+        shutil.rmtree(self.cache(), ignore_errors=True)
+
+    def teardown(self):
+        self.umount()
+        self.purge()
+
+    def read_pid(self):
+        try:
+            pid, start = open(self.pidfile()).read().split()
+            return int(pid), start
+        except (OSError, ValueError):
+            return None, None
+
+    def mount(self, fresh_cache=False, timeout=60):
+        m = self.mnt()
+        if is_mounted(m):
+            return
+        os.makedirs(m, exist_ok=True)
+        os.makedirs(RUN, exist_ok=True)
+        if fresh_cache:
+            shutil.rmtree(self.cache(), ignore_errors=True)
+        os.makedirs(self.cache(), exist_ok=True)
+        argv = self.mount_argv()
+        lf = open(self.logfile(), "ab")
+        lf.write(f"\n=== {time.ctime()} mount: {shlex.join(argv)}\n".encode())
+        lf.flush()
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=lf, stderr=lf,
+                             env=self.mount_env(), start_new_session=True)
+        _, start = proc_start(p.pid)
+        with open(self.pidfile(), "w") as f:
+            f.write(f"{p.pid} {start}\n")
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if is_mounted(m):
+                return
+            if p.poll() is not None:
+                raise RuntimeError(f"{self.name} mount exited rc={p.returncode}; see {self.logfile()}")
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} did not mount {m} within {timeout}s; see {self.logfile()}")
+
+    def record_rss(self):
+        pid, start = self.read_pid()
+        if pid and pid_alive(pid, start):
+            hwm = vm_hwm_kib(pid)
+            if hwm:
+                with open(self.rssfile(), "a") as f:
+                    f.write(f"{hwm}\n")
+
+    def peak_rss_mib(self):
+        try:
+            vals = [int(x) for x in open(self.rssfile()).read().split()]
+        except OSError:
+            return None
+        return round(max(vals) / 1024, 1) if vals else None
+
+    def umount(self, wait=300):
+        m = self.mnt()
+        self.record_rss()
+        if is_mounted(m):
+            try:
+                subprocess.run(self.umount_argv(), capture_output=True, text=True, timeout=wait,
+                               env=self.mount_env())
+            except subprocess.TimeoutExpired:
+                log(f"{self.name}: unmount command timed out after {wait}s")
+            if is_mounted(m):
+                log(f"{self.name}: unmount failed; aborting the FUSE connection + lazy unmount")
+                subprocess.run(["fusermount3", "-u", m], capture_output=True, timeout=30)
+                if is_mounted(m):
+                    abort_fuse(m)
+                    subprocess.run(["fusermount3", "-u", "-z", m], capture_output=True, timeout=30)
+        pid, start = self.read_pid()
+        if pid:
+            t0 = time.monotonic()
+            while pid_alive(pid, start) and time.monotonic() - t0 < 60:
+                time.sleep(0.05)
+            if pid_alive(pid, start):
+                log(f"{self.name}: pid {pid} still alive after unmount; SIGTERM")
+                os.kill(pid, signal.SIGTERM)
+                time.sleep(3)
+            if pid_alive(pid, start):
+                os.kill(pid, signal.SIGKILL)
+            try:
+                os.unlink(self.pidfile())
+            except OSError:
+                pass
+
+    def remount(self, fresh_cache=False):
+        self.umount()
+        drop_caches()
+        self.mount(fresh_cache=fresh_cache)
+
+    def settle(self, relpath, size, timeout=300):
+        """Wait until `relpath` is a complete object in the bucket; seconds waited."""
+        t0 = time.monotonic()
+        key = f"{self.prefix}/{relpath}"
+        while time.monotonic() - t0 < timeout:
+            if raw_object_size(key) == size:
+                return time.monotonic() - t0
+            time.sleep(0.25)
+        return None
+
+    def purge(self):
+        if self.s3:
+            raw_s3(["purge", f"benchs3:{s3()['BUCKET']}/{self.prefix}"], timeout=600)
+
+
+class Local(Target):
+    """A plain directory on the root disk: the physical limit."""
+    name = "local"
+    s3 = False
+    raw_layout = False
+    daemon = False
+
+    def mnt(self):
+        return os.environ.get("BENCH_LOCAL_DIR", os.path.join(STATE, "local-root"))
+
+    def setup(self):
+        shutil.rmtree(self.mnt(), ignore_errors=True)
+        os.makedirs(self.mnt(), exist_ok=True)
+
+    def mount(self, fresh_cache=False, timeout=30):
+        os.makedirs(self.mnt(), exist_ok=True)
+
+    def umount(self, wait=60):
+        pass
+
+    def remount(self, fresh_cache=False):
+        drop_caches()
+
+    def purge(self):
+        shutil.rmtree(self.mnt(), ignore_errors=True)
+
+    def peak_rss_mib(self):
+        return None
+
+    def version(self):
+        r = subprocess.run(["findmnt", "-n", "-o", "FSTYPE,SOURCE,OPTIONS", "-T", self.mnt()],
+                           capture_output=True, text=True)
+        return r.stdout.strip()
+
+
+class Deskfs(Target):
+    name = "deskfs"
+    ws = "bench"
+
+    def bin(self):
+        return os.environ.get("DESKFS_BIN", os.path.join(ROOT, "target", "release", "deskfs"))
+
+    def home(self):
+        return os.path.join(STATE, "deskfs-home")
+
+    def mount_env(self):
+        c = s3()
+        e = clean_env()
+        e.update({"DESKFS_HOME": self.home(), "AWS_ACCESS_KEY_ID": c["ACCESS_KEY"],
+                  "AWS_SECRET_ACCESS_KEY": c["SECRET_KEY"]})
+        return e
+
+    def setup(self):
+        super().setup()
+        shutil.rmtree(self.home(), ignore_errors=True)
+        os.makedirs(self.home())
+        c = s3()
+        r = subprocess.run([self.bin(), "format", self.ws, "--bucket", f"s3://{c['BUCKET']}/{self.prefix}",
+                            "--endpoint", c["ENDPOINT"], "--region", c["REGION"]],
+                           env=self.mount_env(), capture_output=True, text=True, timeout=120,
+                           stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise RuntimeError(f"deskfs format failed: {r.stderr.strip()[-500:]}")
+
+    def mount_argv(self):
+        extra = shlex.split(os.environ.get("BENCH_DESKFS_ARGS", ""))
+        return [self.bin(), "mount", self.ws, self.mnt(), "--foreground",
+                "--cache-dir", self.cache()] + extra
+
+    def umount_argv(self):
+        return [self.bin(), "umount", self.mnt()]
+
+    def version(self):
+        r = subprocess.run([self.bin(), "--version"], capture_output=True, text=True)
+        v = r.stdout.strip()
+        g = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
+                           capture_output=True, text=True)
+        return f"{v} ({g.stdout.strip()})" if g.returncode == 0 else v
+
+    def teardown(self):
+        super().teardown()
+        shutil.rmtree(self.home(), ignore_errors=True)
+        shutil.rmtree(self.cache(), ignore_errors=True)
+
+
+class Rclone(Target):
+    name = "rclone"
+
+    def mount_argv(self):
+        extra = shlex.split(os.environ.get("BENCH_RCLONE_ARGS", ""))
+        return ["rclone", "mount", f"benchs3:{s3()['BUCKET']}/{self.prefix}", self.mnt(),
+                "--vfs-cache-mode", "full", "--cache-dir", self.cache(), "--log-level", "NOTICE"] + extra
+
+    def mount_env(self):
+        return rclone_env()
+
+    def setup(self):
+        super().setup()
+        raw_s3(["mkdir", f"benchs3:{s3()['BUCKET']}/{self.prefix}"])
+
+    def version(self):
+        r = subprocess.run(["rclone", "version"], capture_output=True, text=True)
+        return r.stdout.splitlines()[0] if r.stdout else ""
+
+    def teardown(self):
+        super().teardown()
+        shutil.rmtree(self.cache(), ignore_errors=True)
+
+
+class S3fs(Target):
+    name = "s3fs"
+
+    def mount_argv(self):
+        c = s3()
+        pw = os.path.join(RUN, "s3fs.passwd")
+        with open(pw, "w") as f:
+            f.write(f"{c['ACCESS_KEY']}:{c['SECRET_KEY']}\n")
+        os.chmod(pw, 0o600)
+        extra = shlex.split(os.environ.get("BENCH_S3FS_ARGS", ""))
+        return ["s3fs", f"{c['BUCKET']}:/{self.prefix}", self.mnt(), "-f",
+                "-o", f"url={c['ENDPOINT']}", "-o", "use_path_request_style",
+                "-o", f"endpoint={c['REGION']}", "-o", f"passwd_file={pw}",
+                "-o", "dbglevel=warn"] + extra
+
+    def setup(self):
+        super().setup()
+        # s3fs needs the prefix "directory" to exist
+        raw_s3(["touch", f"benchs3:{s3()['BUCKET']}/{self.prefix}/.bench"])
+
+    def version(self):
+        r = subprocess.run(["s3fs", "--version"], capture_output=True, text=True)
+        return (r.stdout or r.stderr).splitlines()[0]
+
+
+def make(name, run_id):
+    cls = {"local": Local, "deskfs": Deskfs, "rclone": Rclone, "s3fs": S3fs}.get(name)
+    if cls is None:
+        raise SystemExit(f"unknown target {name!r} (local|deskfs|rclone|s3fs)")
+    return cls(run_id)
