@@ -80,7 +80,7 @@ for i in "${!ARGS[@]}"; do [[ ${ARGS[$i]} == --targets ]] && ARGS[i + 1]=$TARGET
 # ---------------------------------------------------------------- deskfs binary
 if [[ ,$TARGETS, == *,deskfs,* ]]; then
   if [[ -z ${DESKFS_BIN:-} ]]; then
-    export DESKFS_BIN=$ROOT/target/release/deskfs
+    export DESKFS_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/deskfs
     if ((BUILD)); then
       say "cargo build --release -p deskfs"
       (cd "$ROOT" && cargo build --release -p deskfs -q) || { say "cargo build failed"; exit 1; }

@@ -15,7 +15,7 @@ fi
 
 echo "== building deskfs (release)"
 cargo build --release -q -p deskfs
-D="$PWD/target/release/deskfs"
+D="${CARGO_TARGET_DIR:-$PWD/target}/release/deskfs"
 
 export DESKFS_HOME="${DESKFS_HOME:-$(mktemp -d /tmp/deskfs-demo.XXXXXX)}"
 MNT="$DESKFS_HOME/mnt"

@@ -103,7 +103,7 @@ cleanup_leftovers() { # unmount what tests mounted under $RUN, kill the PIDs the
   while IFS= read -r m; do
     [[ -n $m ]] || continue
     note "unmounting leftover mount $m"
-    timeout -k 2 20 "${DESKFS_BIN:-$ROOT/target/release/deskfs}" umount --no-wait "$m" >/dev/null 2>&1 < /dev/null
+    timeout -k 2 20 "${DESKFS_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/deskfs}" umount --no-wait "$m" >/dev/null 2>&1 < /dev/null
     is_mounted "$m" && timeout -k 2 15 fusermount3 -u "$m" >/dev/null 2>&1
     is_mounted "$m" && timeout -k 2 15 umount "$m" >/dev/null 2>&1
     if is_mounted "$m"; then
@@ -239,7 +239,7 @@ if ((DO_BUILD)); then
     BUILD_OK=0
   fi
 fi
-export DESKFS_BIN=${DESKFS_BIN:-$ROOT/target/release/deskfs}
+export DESKFS_BIN=${DESKFS_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/deskfs}
 if [[ ! -x $DESKFS_BIN ]]; then
   BUILD_OK=0
   note "$DESKFS_BIN does not exist"

@@ -33,7 +33,7 @@ set -Eeuo pipefail
 LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$LIB_DIR/.." && pwd)
 TEST_NAME=$(basename "$0" .sh)
-DESKFS=${DESKFS_BIN:-$ROOT/target/release/deskfs}
+DESKFS=${DESKFS_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/deskfs}
 SHARED_DIR=${DESKFS_SHARED_DIR:-$(cd "$ROOT/.." && pwd)/shared}
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
