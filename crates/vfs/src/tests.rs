@@ -179,16 +179,8 @@ impl Harness {
 
     /// [`Harness::remount`] with another configuration.
     pub(crate) fn remount_with(&mut self, cfg: VfsConfig) {
-        self.unmount();
-        let meta = SqliteEngine::open(&self.tmp.path().join("meta.db")).expect("reopen meta db");
-        let vfs = Self::open_vfs(
-            self.tmp.path(),
-            Arc::new(meta),
-            &cfg,
-            self.rt.as_ref().unwrap().handle(),
-        );
         self.cfg = cfg;
-        self.vfs = Some(vfs);
+        self.remount_after(|_| {});
     }
 
     /// Simulates `kill -9` of the daemon and a restart: the runtime (uploader included) is
@@ -215,12 +207,11 @@ impl Harness {
     pub(crate) fn remount_after(&mut self, f: impl FnOnce(&Path)) {
         self.unmount();
         f(self.tmp.path());
-        let cfg = self.cfg.clone();
         let meta = SqliteEngine::open(&self.tmp.path().join("meta.db")).expect("reopen meta db");
         let vfs = Self::open_vfs(
             self.tmp.path(),
             Arc::new(meta),
-            &cfg,
+            &self.cfg,
             self.rt.as_ref().unwrap().handle(),
         );
         self.vfs = Some(vfs);
