@@ -128,6 +128,13 @@ impl Filesystem for DeskFs {
         }
         // fcntl/OFD locks and flock go to the VFS, whose lock table is shared by every
         // mount of the workspace.
+        // readdirplus: `ls -l` gets names and attributes in one request per batch.
+        for flag in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+        ] {
+            let _ = config.add_capabilities(flag);
+        }
         for flag in [InitFlags::FUSE_POSIX_LOCKS, InitFlags::FUSE_FLOCK_LOCKS] {
             if let Err(missing) = config.add_capabilities(flag) {
                 tracing::warn!(

@@ -21,7 +21,7 @@ pub const XATTR_SIZE_MAX: usize = 65536;
 /// Most hard links of one inode (`LINK_MAX`; ext4's `EXT4_LINK_MAX`).
 pub const LINK_MAX: u32 = 65000;
 /// Directory entries returned per readdir call.
-const READDIR_BATCH: usize = 1024;
+const READDIR_BATCH: usize = 128;
 
 /// What a new inode is: type, permission bits, device number, symlink target.
 pub(crate) struct NodeSpec<'a> {
