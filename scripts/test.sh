@@ -171,6 +171,24 @@ trap 'exit 129' HUP
 # ------------------------------------------------------------ 1. dependencies
 as_root() { if ((EUID == 0)); then "$@"; elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo "$@"; else return 1; fi; }
 
+# cargo_tool NAME VERSION HOW_LONG: `cargo install NAME --version VERSION --locked` unless
+# NAME is already on PATH (the install is cached in ~/.cargo/bin).
+cargo_tool() {
+  local name=$1 version=$2 how_long=$3 t
+  if command -v "$name" >/dev/null; then
+    note "$name: $(command -v "$name") ($("$name" --version 2>/dev/null | head -n 1))"
+    return
+  fi
+  note "$name not on PATH: cargo install $name --version $version --locked ($how_long; log target/test-logs/$name-install.log)"
+  t=$SECONDS
+  if cargo install "$name" --version "$version" --locked > "$LOGDIR/$name-install.log" 2>&1; then
+    record "$name-install" PASS $((SECONDS - t)) "$name $version into ${CARGO_HOME:-$HOME/.cargo}/bin"
+  else
+    tail -n 30 "$LOGDIR/$name-install.log"
+    record "$name-install" FAIL $((SECONDS - t)) "cargo install $name failed, see target/test-logs/$name-install.log"
+  fi
+}
+
 if ((DO_DEPS)); then
   say "dependencies"
   if command -v dpkg-query >/dev/null; then
@@ -194,30 +212,8 @@ if ((DO_DEPS)); then
   else
     note "no dpkg-query: not a Debian system, not installing packages (${APT_PACKAGES[*]} expected)"
   fi
-  if ! command -v garage >/dev/null; then
-    note "garage not on PATH: cargo install garage --version $GARAGE_VERSION --locked (about 13 min on 2 cores; log target/test-logs/garage-install.log)"
-    t=$SECONDS
-    if cargo install garage --version "$GARAGE_VERSION" --locked > "$LOGDIR/garage-install.log" 2>&1; then
-      record "garage-install" PASS $((SECONDS - t)) "garage $GARAGE_VERSION into ${CARGO_HOME:-$HOME/.cargo}/bin"
-    else
-      tail -n 30 "$LOGDIR/garage-install.log"
-      record "garage-install" FAIL $((SECONDS - t)) "cargo install garage failed, see target/test-logs/garage-install.log"
-    fi
-  else
-    note "garage: $(command -v garage) ($(garage --version 2>/dev/null | head -n 1))"
-  fi
-  if ! command -v pjdfstest >/dev/null; then
-    note "pjdfstest not on PATH: cargo install pjdfstest --version $PJDFSTEST_VERSION --locked (log target/test-logs/pjdfstest-install.log)"
-    t=$SECONDS
-    if cargo install pjdfstest --version "$PJDFSTEST_VERSION" --locked > "$LOGDIR/pjdfstest-install.log" 2>&1; then
-      record "pjdfstest-install" PASS $((SECONDS - t)) "pjdfstest $PJDFSTEST_VERSION into ${CARGO_HOME:-$HOME/.cargo}/bin"
-    else
-      tail -n 30 "$LOGDIR/pjdfstest-install.log"
-      record "pjdfstest-install" FAIL $((SECONDS - t)) "cargo install pjdfstest failed, see target/test-logs/pjdfstest-install.log"
-    fi
-  else
-    note "pjdfstest: $(command -v pjdfstest) ($(pjdfstest --version 2>/dev/null | head -n 1))"
-  fi
+  cargo_tool garage "$GARAGE_VERSION" "about 13 min on 2 cores"
+  cargo_tool pjdfstest "$PJDFSTEST_VERSION" "a few minutes"
   if [[ ! -e /dev/fuse ]]; then
     as_root modprobe fuse > /dev/null 2>&1
     [[ -e /dev/fuse ]] || note "WARNING: /dev/fuse is missing: mount tests will fail"

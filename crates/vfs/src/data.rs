@@ -519,9 +519,10 @@ impl Vfs {
         }
         if s.uncommitted {
             let (size, mtime, ctime) = (s.size, s.mtime_ns, s.ctime_ns);
-            deskfs_meta::txn(&*self.meta, |t| {
+            // The transaction returns the new content version: no second read needed.
+            let version = deskfs_meta::txn(&*self.meta, |t| {
                 let Some(mut r) = t.get_inode(ino)? else {
-                    return Ok(());
+                    return Ok(None);
                 };
                 r.size = size;
                 r.mtime_ns = mtime;
@@ -533,12 +534,10 @@ impl Vfs {
                 for (parent, name) in t.names_of(ino)? {
                     self.mark_name(t, parent, &name, false)?;
                 }
-                Ok(())
+                Ok(Some(r.data_version))
             })?;
             s.uncommitted = false;
-            s.version = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?
-                .map(|r| r.data_version)
-                .unwrap_or(s.version);
+            s.version = version.unwrap_or(s.version);
             self.cache.drop_blocks(ino);
             self.uploader.kick();
         }
