@@ -240,10 +240,13 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     let handle = deskfs_fuse::mount(vfs.clone(), &mnt, &opts)
         .with_context(|| format!("cannot mount FUSE at {}", mnt.display()))?;
     let inval = std::sync::Mutex::new(handle.invalidator());
-    vfs.set_invalidator(Box::new(move |ino| {
+    vfs.set_invalidator(Box::new(move |inv| {
         if let Ok(i) = inval.lock() {
-            // offset 0, len 0: drop cached attributes and every cached page.
-            let _ = i.inval_inode(ino, 0, 0);
+            let _ = match inv {
+                // offset 0, len 0: drop cached attributes and every cached page.
+                deskfs_vfs::Invalidation::Inode(ino) => i.inval_inode(*ino, 0, 0),
+                deskfs_vfs::Invalidation::Entry { parent, name } => i.inval_entry(*parent, name),
+            };
         }
     }));
     let pid = std::process::id();

@@ -127,6 +127,12 @@ pub(crate) fn placeholder_attr(ino: u64, kind: Kind) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: node id 0 tells the kernel that the name does not
+/// exist, and the entry TTL how long it may remember that (FUSE protocol, `fuse_lookup`).
+pub(crate) fn negative_attr() -> FileAttr {
+    placeholder_attr(0, Kind::File)
+}
+
 /// Whether `name` is `.` or `..` (entries the kernel never counts as lookups).
 pub(crate) fn is_dot_or_dotdot(name: &[u8]) -> bool {
     name == b"." || name == b".."

@@ -17,7 +17,8 @@ use fuser::{
 };
 
 use crate::convert::{
-    file_attr, file_type, is_dot_or_dotdot, placeholder_attr, set_time, xattr_answer, XattrAnswer,
+    file_attr, file_type, is_dot_or_dotdot, negative_attr, placeholder_attr, set_time,
+    xattr_answer, XattrAnswer,
 };
 
 /// Largest read/write request and readahead window asked of the kernel, bytes.
@@ -26,39 +27,77 @@ const MAX_IO: u32 = 1 << 20;
 /// Generation number of every inode (deskfs inode numbers are not exported over NFS).
 const GENERATION: Generation = Generation(0);
 
+/// Kernel cache lifetimes (see [`crate::MountOptions`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ttls {
+    /// Attributes, while other mounts are live.
+    pub(crate) attr: Duration,
+    /// Entries, while other mounts are live.
+    pub(crate) entry: Duration,
+    /// Attributes and entries while this mount is alone (the change feed covers the
+    /// moment another mount appears).
+    pub(crate) alone: Duration,
+    /// Negative entries (a name that does not exist) while alone; none while shared.
+    pub(crate) negative: Duration,
+}
+
 /// A mounted deskfs as fuser sees it: the VFS plus the kernel cache lifetimes.
 pub(crate) struct DeskFs {
     vfs: Arc<Vfs>,
-    attr_ttl: Duration,
-    entry_ttl: Duration,
+    ttls: Ttls,
 }
 
 impl DeskFs {
-    /// Wraps `vfs`; the kernel may cache attributes for `attr_ttl` and name → inode
-    /// mappings for `entry_ttl`.
-    pub(crate) fn new(vfs: Arc<Vfs>, attr_ttl: Duration, entry_ttl: Duration) -> DeskFs {
-        DeskFs {
-            vfs,
-            attr_ttl,
-            entry_ttl,
+    /// Wraps `vfs` with the kernel cache lifetimes `ttls`.
+    pub(crate) fn new(vfs: Arc<Vfs>, ttls: Ttls) -> DeskFs {
+        DeskFs { vfs, ttls }
+    }
+
+    /// How long the kernel may cache attributes now.
+    fn attr_ttl(&self) -> Duration {
+        if self.vfs.shared() {
+            self.ttls.attr
+        } else {
+            self.ttls.alone
+        }
+    }
+
+    /// How long the kernel may cache a name → inode mapping now.
+    fn entry_ttl(&self) -> Duration {
+        if self.vfs.shared() {
+            self.ttls.entry
+        } else {
+            self.ttls.alone
         }
     }
 
     /// The TTL for replies that carry one lifetime for both the entry and its attributes
     /// (`create`, `readdirplus`): the shorter of the two.
     fn single_ttl(&self) -> Duration {
-        self.attr_ttl.min(self.entry_ttl)
+        self.attr_ttl().min(self.entry_ttl())
     }
 
-    /// Replies to an entry-creating request (lookup, mknod, mkdir, symlink, link).
+    /// Replies to an entry-creating request (lookup, mknod, mkdir, symlink, link). A
+    /// lookup's `ENOENT` becomes a negative entry (node id 0) the kernel may cache, when
+    /// this mount is alone.
     fn reply_entry(&self, op: &'static str, result: Result<Attr, VfsError>, reply: ReplyEntry) {
         match result {
             Ok(attr) => reply.entry_with_ttls(
-                &self.attr_ttl,
-                &self.entry_ttl,
+                &self.attr_ttl(),
+                &self.entry_ttl(),
                 &file_attr(&attr),
                 GENERATION,
             ),
+            Err(VfsError::NotFound)
+                if op == "lookup" && !self.ttls.negative.is_zero() && !self.vfs.shared() =>
+            {
+                reply.entry_with_ttls(
+                    &Duration::ZERO,
+                    &self.ttls.negative,
+                    &negative_attr(),
+                    GENERATION,
+                )
+            }
             Err(e) => reply.error(errno(op, &e)),
         }
     }
@@ -157,7 +196,7 @@ impl Filesystem for DeskFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.vfs.getattr(ino.0) {
-            Ok(attr) => reply.attr(&self.attr_ttl, &file_attr(&attr)),
+            Ok(attr) => reply.attr(&self.attr_ttl(), &file_attr(&attr)),
             Err(e) => reply.error(errno("getattr", &e)),
         }
     }
@@ -191,7 +230,7 @@ impl Filesystem for DeskFs {
             fh: fh.map(|fh| fh.0),
         };
         match self.vfs.setattr(&ctx(req), ino.0, &set) {
-            Ok(attr) => reply.attr(&self.attr_ttl, &file_attr(&attr)),
+            Ok(attr) => reply.attr(&self.attr_ttl(), &file_attr(&attr)),
             Err(e) => reply.error(errno("setattr", &e)),
         }
     }

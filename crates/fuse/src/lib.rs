@@ -35,7 +35,7 @@ use std::time::Duration;
 use deskfs_vfs::{Ino, Vfs};
 use fuser::{BackgroundSession, Config, INodeNo, MountOption, Notifier, Session, SessionACL};
 
-use crate::filesystem::DeskFs;
+use crate::filesystem::{DeskFs, Ttls};
 
 /// How to mount a workspace.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,10 +46,19 @@ pub struct MountOptions {
     /// Threads serving kernel requests (each with its own cloned `/dev/fuse` fd). At
     /// least 1; default 4.
     pub threads: usize,
-    /// How long the kernel may cache an inode's attributes. Default 1 s.
+    /// How long the kernel may cache an inode's attributes while other mounts of the
+    /// workspace are live. Default 1 s.
     pub attr_ttl: Duration,
-    /// How long the kernel may cache a name → inode mapping. Default 1 s.
+    /// How long the kernel may cache a name → inode mapping while other mounts of the
+    /// workspace are live. Default 1 s.
     pub entry_ttl: Duration,
+    /// Attribute and entry lifetime while this mount is the workspace's only one. Safe to
+    /// be long: the VFS invalidates what it changes behind the kernel, and once another
+    /// mount appears its changes arrive through the change feed. Default 60 s.
+    pub alone_ttl: Duration,
+    /// How long the kernel may remember that a name does not exist (negative entry), only
+    /// while alone; zero disables negative entries. Default 30 s.
+    pub negative_ttl: Duration,
     /// Source name shown in `/proc/mounts` and `df`, e.g. `deskfs:NAME`. Must not contain
     /// `,` or NUL. Default `deskfs`.
     pub fsname: String,
@@ -65,6 +74,8 @@ impl Default for MountOptions {
             threads: 4,
             attr_ttl: Duration::from_secs(1),
             entry_ttl: Duration::from_secs(1),
+            alone_ttl: Duration::from_secs(60),
+            negative_ttl: Duration::from_secs(30),
             fsname: "deskfs".to_owned(),
             default_permissions: true,
         }
@@ -72,6 +83,15 @@ impl Default for MountOptions {
 }
 
 impl MountOptions {
+    fn ttls(&self) -> Ttls {
+        Ttls {
+            attr: self.attr_ttl,
+            entry: self.entry_ttl,
+            alone: self.alone_ttl,
+            negative: self.negative_ttl,
+        }
+    }
+
     /// The fuser session configuration for these options.
     ///
     /// # Errors
@@ -121,7 +141,7 @@ fn invalid(msg: &str) -> io::Error {
 /// missing, not a directory, or not permitted).
 pub fn mount(vfs: Arc<Vfs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<MountHandle> {
     let config = opts.config()?;
-    let fs = DeskFs::new(vfs, opts.attr_ttl, opts.entry_ttl);
+    let fs = DeskFs::new(vfs, opts.ttls());
     let session = Session::new(fs, mountpoint, &config)?.spawn()?;
     Ok(MountHandle { session })
 }
@@ -134,7 +154,7 @@ pub fn mount(vfs: Arc<Vfs>, mountpoint: &Path, opts: &MountOptions) -> io::Resul
 /// As [`mount`], plus the error that ended the session, if any.
 pub fn mount_foreground(vfs: Arc<Vfs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<()> {
     let config = opts.config()?;
-    let fs = DeskFs::new(vfs, opts.attr_ttl, opts.entry_ttl);
+    let fs = DeskFs::new(vfs, opts.ttls());
     Session::new(fs, mountpoint, &config)?.run()
 }
 

@@ -40,6 +40,13 @@ pub trait MetaEngine: Send + Sync {
 
     /// Short description for logs and `deskfs status`, e.g. `sqlite:/path/meta.db`.
     fn describe(&self) -> String;
+
+    /// Starts logging this connection's namespace and attribute changes into the change
+    /// feed, tagged with `session`, whenever another session is registered (a mount that
+    /// is alone logs nothing). Engines without a feed return `Ok(())` and log nothing.
+    fn log_changes_as(&self, _session: u64) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Runs `f` in a write transaction and returns its value (convenience over [`MetaEngine::txn`]).
@@ -201,4 +208,18 @@ pub trait MetaTxn {
     fn set_kv(&mut self, key: &str, value: &str) -> Result<()>;
     /// Totals for statfs/status.
     fn usage(&mut self) -> Result<Usage>;
+
+    // ---- change feed (see `MetaEngine::log_changes_as`) ----
+    /// Up to `limit` feed entries after `after`, oldest first, leaving out those made by
+    /// session `not_session`.
+    fn changes_after(
+        &mut self,
+        after: u64,
+        not_session: u64,
+        limit: usize,
+    ) -> Result<Vec<ChangeRow>>;
+    /// The newest feed position (0 when the feed is empty).
+    fn last_change(&mut self) -> Result<u64>;
+    /// Drops feed entries older than `before_ms` (ms since the Unix epoch); returns how many.
+    fn prune_changes(&mut self, before_ms: i64) -> Result<u64>;
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension, Row};
 
 use crate::{
-    Dentry, Ino, InodeRow, Kind, Local, LockRow, MetaEngine, MetaError, MetaTxn, ObjectRow,
-    PendingRow, PendingStats, Result, SessionRow, Usage, ROOT_INO,
+    ChangeRow, Dentry, Ino, InodeRow, Kind, Local, LockRow, MetaEngine, MetaError, MetaTxn,
+    ObjectRow, PendingRow, PendingStats, Result, SessionRow, Usage, ROOT_INO,
 };
 
 /// Schema version written to `PRAGMA user_version`. Databases with a higher number are
@@ -57,6 +57,48 @@ CREATE INDEX locks_ino ON locks(ino);
 CREATE INDEX locks_session ON locks(session);
 "#;
 
+/// The change feed (added after schema 1 shipped; created on open when missing).
+const CHANGES_TABLE: &str = "CREATE TABLE IF NOT EXISTS changes(
+  seq INTEGER PRIMARY KEY AUTOINCREMENT, session INTEGER NOT NULL, ts INTEGER NOT NULL,
+  ino INTEGER NOT NULL, parent INTEGER, name BLOB);";
+
+/// Current time in ms since the Unix epoch, as SQL.
+const SQL_NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
+
+/// TEMP triggers (this connection only) that log changes into `changes` tagged with
+/// session `{S}`, only while another session is registered. Attribute-only updates the
+/// kernel cannot see (dirty/local/listed flags) are not logged.
+const CHANGE_TRIGGERS: &str = "
+DROP TRIGGER IF EXISTS temp.feed_dentry_ins;
+DROP TRIGGER IF EXISTS temp.feed_dentry_del;
+DROP TRIGGER IF EXISTS temp.feed_dentry_upd;
+DROP TRIGGER IF EXISTS temp.feed_inode_upd;
+DROP TRIGGER IF EXISTS temp.feed_inode_del;
+CREATE TEMP TRIGGER feed_dentry_ins AFTER INSERT ON main.dentries
+  WHEN EXISTS (SELECT 1 FROM sessions WHERE id <> {S})
+  BEGIN INSERT INTO changes(session, ts, ino, parent, name)
+    VALUES({S}, {NOW}, NEW.ino, NEW.parent, NEW.name); END;
+CREATE TEMP TRIGGER feed_dentry_del AFTER DELETE ON main.dentries
+  WHEN EXISTS (SELECT 1 FROM sessions WHERE id <> {S})
+  BEGIN INSERT INTO changes(session, ts, ino, parent, name)
+    VALUES({S}, {NOW}, OLD.ino, OLD.parent, OLD.name); END;
+CREATE TEMP TRIGGER feed_dentry_upd AFTER UPDATE ON main.dentries
+  WHEN EXISTS (SELECT 1 FROM sessions WHERE id <> {S})
+  BEGIN INSERT INTO changes(session, ts, ino, parent, name)
+    VALUES({S}, {NOW}, OLD.ino, OLD.parent, OLD.name), ({S}, {NOW}, NEW.ino, NEW.parent, NEW.name); END;
+CREATE TEMP TRIGGER feed_inode_upd AFTER UPDATE ON main.inodes
+  WHEN (OLD.size <> NEW.size OR OLD.mtime <> NEW.mtime OR OLD.ctime <> NEW.ctime
+        OR OLD.atime <> NEW.atime OR OLD.nlink <> NEW.nlink
+        OR OLD.data_version <> NEW.data_version)
+   AND EXISTS (SELECT 1 FROM sessions WHERE id <> {S})
+  BEGIN INSERT INTO changes(session, ts, ino, parent, name)
+    VALUES({S}, {NOW}, NEW.ino, NULL, NULL); END;
+CREATE TEMP TRIGGER feed_inode_del AFTER DELETE ON main.inodes
+  WHEN EXISTS (SELECT 1 FROM sessions WHERE id <> {S})
+  BEGIN INSERT INTO changes(session, ts, ino, parent, name)
+    VALUES({S}, {NOW}, OLD.ino, NULL, NULL); END;
+";
+
 /// A SQLite metadata database (`rusqlite`, bundled SQLite, WAL journal).
 pub struct SqliteEngine {
     path: PathBuf,
@@ -98,6 +140,7 @@ impl SqliteEngine {
         let res =
             (|| -> Result<()> {
                 conn.execute_batch(SCHEMA)?;
+                conn.execute_batch(CHANGES_TABLE)?;
                 conn.execute(
                 "INSERT INTO inodes(ino,kind,perm,uid,gid,rdev,nlink,size,atime,mtime,ctime,btime,
                  data_version,target,local,dirty,listed)
@@ -160,6 +203,7 @@ impl SqliteEngine {
         if root != Some(kind_code(Kind::Dir)) {
             return Err(corrupt(path, "root directory missing"));
         }
+        conn.execute_batch(CHANGES_TABLE)?;
         Ok(SqliteEngine {
             path: path.to_path_buf(),
             conn: Mutex::new(conn),
@@ -168,6 +212,9 @@ impl SqliteEngine {
 
     fn configure(conn: &Connection) -> Result<()> {
         conn.busy_timeout(Duration::from_secs(30))?;
+        // Every statement the engine uses stays prepared (rusqlite's default of 16 is
+        // fewer than one request path's statements: they were re-parsed on every call).
+        conn.set_prepared_statement_cache_capacity(256);
         // journal_mode returns a row; query it rather than execute.
         let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -242,6 +289,15 @@ impl MetaEngine for SqliteEngine {
         let r = f(&mut t);
         let _ = exec(&conn, "COMMIT");
         r
+    }
+
+    fn log_changes_as(&self, session: u64) -> Result<()> {
+        let conn = self.lock()?;
+        let sql = CHANGE_TRIGGERS
+            .replace("{S}", &session.to_string())
+            .replace("{NOW}", SQL_NOW_MS);
+        conn.execute_batch(&sql)?;
+        Ok(())
     }
 
     fn make_durable(&self) -> Result<()> {
@@ -857,6 +913,48 @@ impl MetaTxn for SqlTxn<'_> {
                 .execute(params![session as i64])?;
         }
         Ok(())
+    }
+
+    fn changes_after(
+        &mut self,
+        after: u64,
+        not_session: u64,
+        limit: usize,
+    ) -> Result<Vec<ChangeRow>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT seq, session, ino, parent, name FROM changes
+             WHERE seq > ?1 AND session <> ?2 ORDER BY seq LIMIT ?3",
+        )?;
+        let v = st
+            .query_map(
+                params![after as i64, not_session as i64, limit as i64],
+                |r| {
+                    Ok(ChangeRow {
+                        seq: r.get::<_, i64>(0)? as u64,
+                        session: r.get::<_, i64>(1)? as u64,
+                        ino: r.get::<_, i64>(2)? as u64,
+                        parent: r.get::<_, Option<i64>>(3)?.map(|p| p as u64),
+                        name: r.get(4)?,
+                    })
+                },
+            )?
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(v)
+    }
+
+    fn last_change(&mut self) -> Result<u64> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM changes")?;
+        Ok(st.query_row([], |r| r.get::<_, i64>(0))? as u64)
+    }
+
+    fn prune_changes(&mut self, before_ms: i64) -> Result<u64> {
+        let n = self
+            .conn
+            .prepare_cached("DELETE FROM changes WHERE ts < ?1")?
+            .execute(params![before_ms])?;
+        Ok(n as u64)
     }
 
     fn add_open(&mut self, ino: Ino, session: u64, delta: i64) -> Result<()> {

@@ -221,3 +221,19 @@ pub struct SessionRow {
     /// Last heartbeat, ns.
     pub heartbeat_ns: i64,
 }
+
+/// One entry of the change feed: a namespace or attribute change committed by a mount
+/// while other mounts were live. Followers turn it into kernel cache invalidations.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChangeRow {
+    /// Position in the feed (strictly increasing).
+    pub seq: u64,
+    /// Session (mount) that made the change.
+    pub session: u64,
+    /// Inode whose attributes or content changed (or that a dentry names).
+    pub ino: Ino,
+    /// For a dentry change: its directory and name (both `None` for an inode change).
+    pub parent: Option<Ino>,
+    /// See `parent`.
+    pub name: Option<Vec<u8>>,
+}

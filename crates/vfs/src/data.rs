@@ -111,18 +111,14 @@ impl Vfs {
             s.staging = None;
             Ok(true)
         })?;
-        if changed && kernel {
-            if let Some(inval) = self.invalidator.get() {
-                inval(ino);
+        if changed {
+            if kernel {
+                self.invalidate_now(&crate::Invalidation::Inode(ino));
+            } else {
+                self.kernel_pages.forget(ino);
             }
         }
         Ok(())
-    }
-
-    /// Installs the hook that drops the kernel's cached pages and attributes of an inode
-    /// (the FUSE adapter's `inval_inode`). Set once, after mounting.
-    pub fn set_invalidator(&self, f: Box<dyn Fn(Ino) + Send + Sync>) {
-        let _ = self.invalidator.set(f);
     }
 
     /// Removes an idle state from the table (caller holds the state's lock).
@@ -179,20 +175,22 @@ impl Vfs {
             return Err(VfsError::IsDir);
         }
         if row.kind == Kind::File {
-            self.revalidate(ino, false)?;
+            // Another mount's new content: the kernel's cached size and pages go (no
+            // directory or page lock of this inode is held by the kernel during OPEN).
+            self.revalidate(ino, true)?;
         }
-        self.locked(ino, |s| {
-            if flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY && row.kind == Kind::File {
+        let keep_cache = self.locked(ino, |s| {
+            let trunc = flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY;
+            if trunc && row.kind == Kind::File {
                 self.truncate_locked(ino, s, 0)?;
             }
             s.open_count += 1;
-            Ok(())
+            // The kernel's pages stay when they hold the current content (every change
+            // since came through this kernel, or was invalidated).
+            Ok(row.kind == Kind::File && !trunc && self.kernel_pages.opened(ino, s.version))
         })?;
         let fh = self.new_handle(ino, flags, true)?;
-        Ok(Opened {
-            fh,
-            keep_cache: false,
-        })
+        Ok(Opened { fh, keep_cache })
     }
 
     /// `create`: a new regular file, opened. Errors: `EEXIST`, `ENOENT`, `ENOTDIR`,
@@ -217,6 +215,7 @@ impl Vfs {
         )?;
         self.locked(row.ino, |s| {
             s.open_count += 1;
+            self.kernel_pages.opened(row.ino, s.version);
             Ok(())
         })?;
         let fh = self.new_handle(row.ino, flags, false)?;
@@ -537,7 +536,10 @@ impl Vfs {
                 Ok(Some(r.data_version))
             })?;
             s.uncommitted = false;
-            s.version = version.unwrap_or(s.version);
+            if let Some(v) = version {
+                self.kernel_pages.committed(ino, s.version, v);
+                s.version = v;
+            }
             self.cache.drop_blocks(ino);
             self.uploader.kick();
         }

@@ -112,9 +112,11 @@ impl Vfs {
             }
         }
         let mut changed: Vec<Ino> = Vec::new();
+        let mut added: Vec<Vec<u8>> = Vec::new();
         let cfg = &self.cfg;
         deskfs_meta::txn(&*self.meta, |t| {
             changed.clear();
+            added.clear();
             let mut new_dirs = 0i64;
             for (name, info) in &files {
                 let nb = name.as_bytes();
@@ -193,6 +195,7 @@ impl Vfs {
                 };
                 let ino = t.insert_inode(&row)?;
                 t.insert_dentry(dir, nb, ino)?;
+                added.push(nb.to_vec());
                 t.put_object(&ObjectRow {
                     path: cpath,
                     key: info.key.clone(),
@@ -235,6 +238,7 @@ impl Vfs {
                 };
                 let ino = t.insert_inode(&row)?;
                 t.insert_dentry(dir, nb, ino)?;
+                added.push(nb.to_vec());
                 // Recorded as known so that a local rmdir is not undone by a re-listing.
                 t.put_object(&ObjectRow {
                     path: cpath.clone(),
@@ -255,7 +259,13 @@ impl Vfs {
             }
             Ok(())
         })?;
+        // The kernel may hold negative entries for the new names and pages of the
+        // replaced contents (delivered after this request: see `feed`).
+        for name in added {
+            self.invalidate_later(crate::Invalidation::Entry { parent: dir, name });
+        }
         for ino in changed {
+            self.invalidate_later(crate::Invalidation::Inode(ino));
             self.cache.drop_blocks(ino);
             let _ = self.cache.remove_staging(ino);
         }

@@ -11,6 +11,7 @@
 
 mod data;
 pub mod error;
+pub mod feed;
 pub mod fsck;
 mod handles;
 mod importer;
@@ -31,6 +32,7 @@ use deskfs_cache::Cache;
 use deskfs_meta::{InodeRow, Local, MetaEngine};
 
 pub use error::{Result, VfsError};
+pub use feed::Invalidation;
 pub use locks::{LockInfo, LockType};
 pub use status::{FailedPath, VfsStatus};
 pub use types::*;
@@ -88,8 +90,20 @@ pub struct Vfs {
     pub(crate) fetches: data::Inflight,
     /// This mount's session id in the metadata engine (lease for locks and open files).
     pub(crate) session: AtomicU64,
-    /// Drops the kernel's caches of an inode (set by the FUSE adapter's owner).
-    pub(crate) invalidator: std::sync::OnceLock<Box<dyn Fn(Ino) + Send + Sync>>,
+    /// Delivers invalidations to the kernel (set by the FUSE adapter's owner).
+    pub(crate) invalidator: std::sync::OnceLock<feed::Invalidator>,
+    /// Invalidations queued for the feed thread (see [`feed`]).
+    pub(crate) deferred: Mutex<Vec<Invalidation>>,
+    /// Position in the metadata engine's change feed this mount has applied.
+    pub(crate) feed_cursor: AtomicU64,
+    /// When the request path last queued work for the uploader, ns (burst detection).
+    pub(crate) last_mark_ns: std::sync::atomic::AtomicI64,
+    /// Other mounts are live (see [`Vfs::shared`]).
+    pub(crate) shared: std::sync::atomic::AtomicBool,
+    /// Set at shutdown: the feed thread ends.
+    pub(crate) feed_stopped: std::sync::atomic::AtomicBool,
+    /// Content versions the kernel's page cache holds (keep_cache decisions).
+    pub(crate) kernel_pages: feed::KernelPages,
 }
 
 impl std::fmt::Debug for Vfs {
@@ -155,11 +169,18 @@ impl Vfs {
             fetches: data::Inflight::default(),
             session: AtomicU64::new(0),
             invalidator: std::sync::OnceLock::new(),
+            deferred: Mutex::new(Vec::new()),
+            feed_cursor: AtomicU64::new(0),
+            feed_stopped: std::sync::atomic::AtomicBool::new(false),
+            shared: std::sync::atomic::AtomicBool::new(true),
+            last_mark_ns: std::sync::atomic::AtomicI64::new(0),
+            kernel_pages: feed::KernelPages::default(),
         });
         vfs.start_session()?;
         vfs.recover()?;
         vfs.cache.start_pool(STAGING_POOL);
         uploader::start(&vfs);
+        feed::start(&vfs);
         Ok(vfs)
     }
 
@@ -301,6 +322,7 @@ impl Vfs {
         self.commit_all()?;
         let res = if wait { self.sync(timeout) } else { Ok(()) };
         self.uploader.stop();
+        self.feed_stopped.store(true, Ordering::SeqCst);
         self.end_session();
         res
     }

@@ -281,6 +281,9 @@ impl Vfs {
             t.register_session(&host, me, now)
         })?;
         self.session.store(id, Ordering::SeqCst);
+        // Follow other mounts' changes from here on; log ours while others are live.
+        self.meta.log_changes_as(id)?;
+        self.reset_feed_cursor()?;
         Ok(())
     }
 
@@ -298,6 +301,7 @@ impl Vfs {
                     t.delete_session(other.id)?;
                 }
             }
+            t.prune_changes(now / 1_000_000 - crate::feed::FEED_KEEP_MS)?;
             t.heartbeat(s, now)
         });
         if let Err(e) = r {

@@ -85,7 +85,10 @@ fn touch_dirs(t: &mut dyn MetaTxn, dirs: &[(Ino, i64)], now: i64) -> Result<()> 
 
 impl Vfs {
     pub(crate) fn not_before(&self) -> i64 {
-        now_ns() + self.cfg.upload_delay.as_nanos() as i64
+        let now = now_ns();
+        self.last_mark_ns
+            .store(now, std::sync::atomic::Ordering::Relaxed);
+        now + self.cfg.upload_delay.as_nanos() as i64
     }
 
     /// Marks `parent/name` pending for the uploader (no-op if `parent` is unreachable).

@@ -19,6 +19,7 @@ use crate::{now_ns, Attr, Ctx, DirEntry, Ino, Kind, Result, Vfs, VfsConfig, ROOT
 
 mod bucket;
 mod data;
+mod feed;
 mod fsck;
 mod import;
 mod links;

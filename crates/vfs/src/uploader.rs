@@ -57,6 +57,9 @@ enum Outcome {
     Defer(Duration),
 }
 
+/// Longest a burst of request-path changes postpones an upload that is due.
+pub const BURST_DEFER: Duration = Duration::from_secs(10);
+
 pub(crate) fn start(vfs: &Arc<Vfs>) {
     let v = vfs.clone();
     vfs.uploader.running.store(true, Ordering::SeqCst);
@@ -85,7 +88,19 @@ async fn run(vfs: Arc<Vfs>) {
         if !stopping && tasks.len() < vfs.cfg.upload_workers {
             let urgent = vfs.urgent.load(Ordering::SeqCst) > 0;
             let now = now_ns();
-            let horizon = if urgent { i64::MAX } else { now };
+            // While the request path keeps queueing work (a burst: untar, git checkout,
+            // npm install), uploads wait for a quiet moment so they do not compete with
+            // it for CPU and the metadata engine; the data is safe in the local journal
+            // meanwhile. A burst postpones an upload by at most BURST_DEFER.
+            let busy = now - vfs.last_mark_ns.load(Ordering::Relaxed)
+                < vfs.cfg.upload_delay.as_nanos() as i64;
+            let horizon = if urgent {
+                i64::MAX
+            } else if busy {
+                now - BURST_DEFER.as_nanos() as i64
+            } else {
+                now
+            };
             let want = vfs.cfg.upload_workers * 4;
             match deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want)) {
                 Ok(rows) => {

@@ -136,3 +136,64 @@ fn objects_subtree_range() {
     assert_eq!(under, vec!["a/b", "a/b/c"]);
     assert_eq!(read(&e, |t| t.objects_under(b"", 100)).unwrap().len(), 6);
 }
+
+#[test]
+fn change_feed_logs_only_while_another_session_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.db");
+    let a = SqliteEngine::create(&p, 0, 0, 5).unwrap();
+    let sa = txn(&a, |t| t.register_session("h", 1, 10)).unwrap();
+    a.log_changes_as(sa).unwrap();
+    // Alone: nothing is logged.
+    let ino = txn(&a, |t| {
+        let ino = t.insert_inode(&file_row())?;
+        t.insert_dentry(ROOT_INO, b"alone", ino)?;
+        Ok(ino)
+    })
+    .unwrap();
+    assert_eq!(read(&a, |t| t.last_change()).unwrap(), 0);
+
+    let b = SqliteEngine::open(&p).unwrap();
+    let sb = txn(&b, |t| t.register_session("h", 2, 10)).unwrap();
+    b.log_changes_as(sb).unwrap();
+    // A's rename and size change are logged under A's session; B's create under B's.
+    txn(&a, |t| {
+        t.move_dentry(ROOT_INO, b"alone", ROOT_INO, b"moved")?;
+        let mut r = t.get_inode(ino)?.unwrap();
+        r.size = 99;
+        t.update_inode(&r)?;
+        // A flag the kernel never sees: not logged.
+        r.dirty = false;
+        t.update_inode(&r)
+    })
+    .unwrap();
+    txn(&b, |t| {
+        let i = t.insert_inode(&file_row())?;
+        t.insert_dentry(ROOT_INO, b"fromb", i)
+    })
+    .unwrap();
+    let for_b = read(&b, |t| t.changes_after(0, sb, 100)).unwrap();
+    let names: Vec<_> = for_b.iter().map(|c| c.name.clone()).collect();
+    assert_eq!(
+        names,
+        vec![Some(b"alone".to_vec()), Some(b"moved".to_vec()), None],
+        "{for_b:?}"
+    );
+    assert!(for_b.iter().all(|c| c.session == sa && c.ino == ino));
+    let for_a = read(&a, |t| t.changes_after(0, sa, 100)).unwrap();
+    assert_eq!(for_a.len(), 1);
+    assert_eq!(for_a[0].name.as_deref(), Some(&b"fromb"[..]));
+    assert_eq!(for_a[0].parent, Some(ROOT_INO));
+    let last = read(&a, |t| t.last_change()).unwrap();
+    assert_eq!(
+        read(&a, |t| t.changes_after(last, sa, 100)).unwrap(),
+        vec![]
+    );
+    // Pruning by age.
+    assert_eq!(txn(&a, |t| t.prune_changes(0)).unwrap(), 0);
+    assert_eq!(txn(&a, |t| t.prune_changes(i64::MAX)).unwrap(), 4);
+    // B gone: A logs nothing again.
+    txn(&a, |t| t.delete_session(sb)).unwrap();
+    txn(&a, |t| t.delete_dentry(ROOT_INO, b"fromb")).unwrap();
+    assert_eq!(read(&a, |t| t.changes_after(0, 0, 100)).unwrap(), vec![]);
+}

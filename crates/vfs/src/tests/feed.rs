@@ -1,0 +1,140 @@
+//! The change feed and kernel-cache decisions: other mounts' changes become
+//! invalidations, this mount's own do not; `keep_cache` only while the kernel's pages
+//! hold the current content; names imported from the bucket drop negative entries.
+
+use std::sync::{Arc, Mutex};
+
+use deskfs_meta::sqlite::SqliteEngine;
+use deskfs_meta::{read, txn, MetaEngine};
+
+use super::*;
+use crate::Invalidation;
+
+type Seen = Arc<Mutex<Vec<Invalidation>>>;
+
+/// Installs an invalidator that records what it is given.
+fn record(h: &Harness) -> Seen {
+    let seen: Seen = Arc::default();
+    let s = seen.clone();
+    h.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv.clone())));
+    seen
+}
+
+/// A second connection to the workspace's database acting as another mount's session
+/// (another host, so this mount never reaps it as a dead local process).
+fn other_mount(h: &Harness) -> (SqliteEngine, u64) {
+    let other = SqliteEngine::open(&h.tmp.path().join("meta.db")).expect("open meta");
+    let sid = txn(&other, |t| t.register_session("other-host", 1, now_ns())).unwrap();
+    other.log_changes_as(sid).unwrap();
+    (other, sid)
+}
+
+fn entry(parent: Ino, name: &str) -> Invalidation {
+    Invalidation::Entry {
+        parent,
+        name: name.as_bytes().to_vec(),
+    }
+}
+
+#[test]
+fn other_mounts_changes_become_invalidations_and_own_do_not() {
+    let h = Harness::new();
+    let seen = record(&h);
+    assert!(!h.shared(), "a lone mount is not shared");
+    let f = h.file(ROOT_INO, "f", b"hello");
+    let (other, sid) = other_mount(&h);
+    h.feed_round();
+    assert!(h.shared(), "another live session makes the mount shared");
+    // The other mount renames f to g and changes its size.
+    txn(&other, |t| {
+        t.move_dentry(ROOT_INO, b"f", ROOT_INO, b"g")?;
+        let mut r = t.get_inode(f.ino)?.expect("inode");
+        r.size = 2;
+        r.data_version += 1;
+        t.update_inode(&r)
+    })
+    .unwrap();
+    // This mount's own create is logged for the other, not delivered to itself.
+    h.file(ROOT_INO, "mine", b"x");
+    h.feed_round();
+    let got = seen.lock().unwrap().clone();
+    for want in [
+        entry(ROOT_INO, "f"),
+        entry(ROOT_INO, "g"),
+        Invalidation::Inode(f.ino),
+    ] {
+        assert!(got.contains(&want), "missing {want:?} in {got:?}");
+    }
+    assert!(!got.contains(&entry(ROOT_INO, "mine")), "{got:?}");
+    let for_other = read(&other, |t| t.changes_after(0, sid, 100)).unwrap();
+    assert!(for_other
+        .iter()
+        .any(|c| c.name.as_deref() == Some(&b"mine"[..])));
+    // Nothing new: a round delivers nothing more.
+    let n = seen.lock().unwrap().len();
+    h.feed_round();
+    assert_eq!(seen.lock().unwrap().len(), n);
+    // The other mount ends: alone again.
+    txn(&other, |t| t.delete_session(sid)).unwrap();
+    h.feed_round();
+    assert!(!h.shared());
+}
+
+#[test]
+fn keep_cache_only_while_the_kernel_pages_are_current() {
+    let h = Harness::new();
+    let _seen = record(&h);
+    let f = h.file(ROOT_INO, "f", b"v1");
+    let open = |flags| h.open(&CTX, f.ino, flags).expect("open");
+    let rel = |fh| {
+        h.flush(f.ino, fh).unwrap();
+        h.release(f.ino, fh).unwrap();
+    };
+    // Written through this mount's create: the kernel saw every byte.
+    let o = open(libc::O_RDONLY);
+    assert!(o.keep_cache, "pages written through this mount are current");
+    rel(o.fh);
+    // Writes through this mount keep them current too.
+    let o = open(libc::O_RDWR);
+    assert!(o.keep_cache);
+    h.put(f.ino, o.fh, 0, b"v2");
+    rel(o.fh);
+    let o = open(libc::O_RDONLY);
+    assert!(o.keep_cache, "own committed writes keep the pages");
+    rel(o.fh);
+    // O_TRUNC never keeps them.
+    let o = open(libc::O_WRONLY | libc::O_TRUNC);
+    assert!(!o.keep_cache);
+    h.put(f.ino, o.fh, 0, b"v3");
+    rel(o.fh);
+    // Another mount commits new content: the next open drops the pages.
+    let (other, _sid) = other_mount(&h);
+    txn(&other, |t| {
+        let mut r = t.get_inode(f.ino)?.expect("inode");
+        r.data_version += 1;
+        t.update_inode(&r)
+    })
+    .unwrap();
+    h.feed_round();
+    let o = open(libc::O_RDONLY);
+    assert!(!o.keep_cache, "content changed elsewhere: pages must go");
+    rel(o.fh);
+    let o = open(libc::O_RDONLY);
+    assert!(o.keep_cache, "reloaded since: current again");
+    rel(o.fh);
+}
+
+#[test]
+fn names_imported_from_the_bucket_drop_negative_entries() {
+    let h = Harness::build(test_cfg(), |b| {
+        std::fs::write(b.join("from-tool.txt"), b"made elsewhere").unwrap();
+    });
+    let seen = record(&h);
+    assert_eq!(h.ls(ROOT_INO), vec!["from-tool.txt".to_string()]);
+    h.feed_round();
+    let got = seen.lock().unwrap().clone();
+    assert!(
+        got.contains(&entry(ROOT_INO, "from-tool.txt")),
+        "the kernel may hold a negative entry for an imported name: {got:?}"
+    );
+}
