@@ -44,8 +44,13 @@ fn handle(conn: UnixStream, vfs: &Vfs) -> Result<()> {
                 Err(e) => json!({"ok": false, "error": e.to_string()}),
             }
         }
-        Some("status") => match vfs.status() {
-            Ok(s) => json!({"ok": true, "status": s}),
+        Some("status") => match vfs.status().map(serde_json::to_value) {
+            Ok(Ok(mut s)) => {
+                // Kernel requests served by this daemon, per kind (count, total ns).
+                s["requests"] = json!(deskfs_fuse::stats::snapshot());
+                json!({"ok": true, "status": s})
+            }
+            Ok(Err(e)) => json!({"ok": false, "error": e.to_string()}),
             Err(e) => json!({"ok": false, "error": e.to_string()}),
         },
         Some("commit") => match vfs.commit_all() {

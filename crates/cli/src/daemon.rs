@@ -245,6 +245,8 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
             let _ = match inv {
                 // offset 0, len 0: drop cached attributes and every cached page.
                 deskfs_vfs::Invalidation::Inode(ino) => i.inval_inode(*ino, 0, 0),
+                // offset -1: attributes only, no page is touched.
+                deskfs_vfs::Invalidation::Attrs(ino) => i.inval_inode(*ino, -1, 0),
                 deskfs_vfs::Invalidation::Entry { parent, name } => i.inval_entry(*parent, name),
             };
         }

@@ -96,6 +96,31 @@ fn human(n: u64) -> String {
 }
 
 /// Runs `deskfs status`.
+/// "N served; most time in: write 12,903 x 45 us, ..." from a daemon's request table
+/// (`[{op, count, total_ns}]`); `None` when there is none.
+fn requests_line(v: Option<&Value>) -> Option<String> {
+    let rows = v?.as_array()?;
+    let mut rows: Vec<(&str, u64, u64)> = rows
+        .iter()
+        .filter_map(|r| {
+            Some((
+                r.get("op")?.as_str()?,
+                r.get("count")?.as_u64()?,
+                r.get("total_ns")?.as_u64()?,
+            ))
+        })
+        .filter(|r| r.1 > 0)
+        .collect();
+    let total: u64 = rows.iter().map(|r| r.1).sum();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.2));
+    let top: Vec<String> = rows
+        .iter()
+        .take(5)
+        .map(|(op, n, ns)| format!("{op} {n} x {} us", ns / n / 1000))
+        .collect();
+    Some(format!("{total} served; most time in: {}", top.join(", ")))
+}
+
 pub fn run(a: StatusArgs) -> Result<()> {
     let names = match &a.name {
         Some(n) => vec![n.clone()],
@@ -142,6 +167,9 @@ pub fn run(a: StatusArgs) -> Result<()> {
                     human(lg("cache_capacity")),
                     lg("open_files")
                 );
+                if let Some(line) = requests_line(l.get("requests")) {
+                    println!("  requests      {line}");
+                }
             }
         }
         println!(

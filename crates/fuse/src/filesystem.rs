@@ -168,9 +168,13 @@ impl Filesystem for DeskFs {
         // fcntl/OFD locks and flock go to the VFS, whose lock table is shared by every
         // mount of the workspace.
         // readdirplus: `ls -l` gets names and attributes in one request per batch.
+        // killpriv v2: the VFS clears setuid/setgid/capabilities on write, truncate and
+        // chown, so the kernel sets SB_NOSEC and stops asking getxattr("security.capability")
+        // before every write (one round trip per write(2) otherwise).
         for flag in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_HANDLE_KILLPRIV_V2,
         ] {
             let _ = config.add_capabilities(flag);
         }
@@ -186,6 +190,7 @@ impl Filesystem for DeskFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _op = crate::stats::timed(crate::stats::Op::Lookup);
         let result = self.vfs.lookup(&ctx(req), parent.0, name.as_bytes());
         self.reply_entry("lookup", result, reply);
     }
@@ -195,6 +200,7 @@ impl Filesystem for DeskFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _op = crate::stats::timed(crate::stats::Op::Getattr);
         match self.vfs.getattr(ino.0) {
             Ok(attr) => reply.attr(&self.attr_ttl(), &file_attr(&attr)),
             Err(e) => reply.error(errno("getattr", &e)),
@@ -219,6 +225,7 @@ impl Filesystem for DeskFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Setattr);
         // ctime is only sent with the writeback cache (not enabled); the others are macOS.
         let set = SetAttr {
             mode,
@@ -236,6 +243,7 @@ impl Filesystem for DeskFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let _op = crate::stats::timed(crate::stats::Op::Readlink);
         match self.vfs.readlink(ino.0) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(errno("readlink", &e)),
@@ -252,6 +260,7 @@ impl Filesystem for DeskFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Mknod);
         let result = self
             .vfs
             .mknod(&ctx(req), parent.0, name.as_bytes(), mode, umask, rdev);
@@ -267,6 +276,7 @@ impl Filesystem for DeskFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Mkdir);
         let result = self
             .vfs
             .mkdir(&ctx(req), parent.0, name.as_bytes(), mode, umask);
@@ -274,11 +284,13 @@ impl Filesystem for DeskFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _op = crate::stats::timed(crate::stats::Op::Unlink);
         let result = self.vfs.unlink(&ctx(req), parent.0, name.as_bytes());
         reply_empty("unlink", result, reply);
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _op = crate::stats::timed(crate::stats::Op::Rmdir);
         let result = self.vfs.rmdir(&ctx(req), parent.0, name.as_bytes());
         reply_empty("rmdir", result, reply);
     }
@@ -291,6 +303,7 @@ impl Filesystem for DeskFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Symlink);
         let result = self.vfs.symlink(
             &ctx(req),
             parent.0,
@@ -310,6 +323,7 @@ impl Filesystem for DeskFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Rename);
         let result = self.vfs.rename(
             &ctx(req),
             parent.0,
@@ -329,6 +343,7 @@ impl Filesystem for DeskFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Link);
         let result = self
             .vfs
             .link(&ctx(req), ino.0, newparent.0, newname.as_bytes());
@@ -336,6 +351,7 @@ impl Filesystem for DeskFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let _op = crate::stats::timed(crate::stats::Op::Open);
         match self.vfs.open(&ctx(req), ino.0, flags.0) {
             Ok(o) => reply.opened(FileHandle(o.fh), fopen_flags(o.keep_cache)),
             Err(e) => reply.error(errno("open", &e)),
@@ -353,6 +369,7 @@ impl Filesystem for DeskFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Read);
         match self.vfs.read(ino.0, fh.0, offset, size) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno("read", &e)),
@@ -361,16 +378,24 @@ impl Filesystem for DeskFs {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         _flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Write);
+        // FUSE_HANDLE_KILLPRIV_V2: the kernel asks us to drop setuid/setgid (and file
+        // capabilities) when a writer without CAP_FSETID writes.
+        if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
+            if let Err(e) = self.vfs.kill_privs(&ctx(req), ino.0) {
+                return reply.error(errno("write(kill_privs)", &e));
+            }
+        }
         match self.vfs.write(ino.0, fh.0, offset, data) {
             Ok(written) => reply.written(written),
             Err(e) => reply.error(errno("write", &e)),
@@ -385,6 +410,7 @@ impl Filesystem for DeskFs {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Flush);
         // close(2) of any descriptor drops the process's POSIX locks on the file.
         if let Err(e) = self.vfs.release_locks(ino.0, lock_owner.0) {
             errno("flush(unlock)", &e);
@@ -402,6 +428,7 @@ impl Filesystem for DeskFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Fallocate);
         reply_empty(
             "fallocate",
             self.vfs.fallocate(ino.0, fh.0, offset, length, mode),
@@ -418,6 +445,7 @@ impl Filesystem for DeskFs {
         whence: i32,
         reply: fuser::ReplyLseek,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Lseek);
         match self.vfs.lseek(ino.0, fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(errno("lseek", &e)),
@@ -435,6 +463,7 @@ impl Filesystem for DeskFs {
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Ioctl);
         // No ioctls (TCGETS probes from isatty() land here): "not a typewriter", as ext4.
         reply.error(Errno::ENOTTY);
     }
@@ -451,6 +480,7 @@ impl Filesystem for DeskFs {
         _pid: u32,
         reply: ReplyLock,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Getlk);
         match self.vfs.getlk(ino.0, lock_owner.0, start, end, typ) {
             Ok(l) => reply.locked(l.start, l.end, l.typ.raw(), l.pid),
             Err(e) => reply.error(errno("getlk", &e)),
@@ -470,6 +500,7 @@ impl Filesystem for DeskFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Setlk);
         if !sleep {
             let r = self
                 .vfs
@@ -499,6 +530,7 @@ impl Filesystem for DeskFs {
         flush: bool,
         reply: ReplyEmpty,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Release);
         // FUSE_RELEASE_FLOCK_UNLOCK: the open file's flock lock goes with it.
         if let Some(owner) = lock_owner {
             if let Err(e) = self.vfs.release_locks(ino.0, owner.0) {
@@ -523,10 +555,12 @@ impl Filesystem for DeskFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Fsync);
         reply_empty("fsync", self.vfs.fsync(ino.0, fh.0, datasync), reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let _op = crate::stats::timed(crate::stats::Op::Opendir);
         match self.vfs.opendir(ino.0) {
             Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
             Err(e) => reply.error(errno("opendir", &e)),
@@ -541,6 +575,7 @@ impl Filesystem for DeskFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Readdir);
         let entries = match self.vfs.readdir(ino.0, fh.0, offset, false) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno("readdir", &e)),
@@ -562,6 +597,7 @@ impl Filesystem for DeskFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Readdirplus);
         let entries = match self.vfs.readdir(ino.0, fh.0, offset, true) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno("readdirplus", &e)),
@@ -597,6 +633,7 @@ impl Filesystem for DeskFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Releasedir);
         reply_empty("releasedir", self.vfs.releasedir(ino.0, fh.0), reply);
     }
 
@@ -608,10 +645,12 @@ impl Filesystem for DeskFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Fsyncdir);
         reply_empty("fsyncdir", self.vfs.fsyncdir(ino.0), reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let _op = crate::stats::timed(crate::stats::Op::Statfs);
         match self.vfs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
@@ -630,26 +669,31 @@ impl Filesystem for DeskFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Setxattr);
         // `position` is macOS-only (resource forks); Linux always sends 0.
         let result = self.vfs.setxattr(ino.0, name.as_bytes(), value, flags);
         reply_empty("setxattr", result, reply);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let _op = crate::stats::timed(crate::stats::Op::Getxattr);
         let result = self.vfs.getxattr(ino.0, name.as_bytes());
         reply_xattr("getxattr", result, size, reply);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let _op = crate::stats::timed(crate::stats::Op::Listxattr);
         reply_xattr("listxattr", self.vfs.listxattr(ino.0), size, reply);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let _op = crate::stats::timed(crate::stats::Op::Removexattr);
         let result = self.vfs.removexattr(ino.0, name.as_bytes());
         reply_empty("removexattr", result, reply);
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        let _op = crate::stats::timed(crate::stats::Op::Access);
         let result = self.vfs.access(&ctx(req), ino.0, mask.bits());
         reply_empty("access", result, reply);
     }
@@ -664,6 +708,7 @@ impl Filesystem for DeskFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
+        let _op = crate::stats::timed(crate::stats::Op::Create);
         let result = self
             .vfs
             .create(&ctx(req), parent.0, name.as_bytes(), mode, umask, flags);

@@ -24,6 +24,7 @@
 
 mod convert;
 mod filesystem;
+pub mod stats;
 
 use std::ffi::OsStr;
 use std::io;

@@ -43,6 +43,9 @@ pub type Invalidator = Box<dyn Fn(&Invalidation) + Send + Sync>;
 pub enum Invalidation {
     /// Drop the cached attributes and every cached page of an inode (`inval_inode`).
     Inode(Ino),
+    /// Drop only the cached attributes of an inode (`inval_inode` with offset -1): safe
+    /// while the kernel holds the inode's pages locked (inside a write).
+    Attrs(Ino),
     /// Drop the cached entry — positive or negative — of `name` in directory `parent`
     /// (`inval_entry`).
     Entry {

@@ -277,8 +277,13 @@ impl Vfs {
     /// `setattr`: chmod, chown, truncate (both ways), utimensat (ns, `UTIME_NOW`,
     /// `UTIME_OMIT` = `None`). Permission checks are the kernel's (`default_permissions`).
     /// Errors: `ENOENT`, `EISDIR` (truncate of a directory), `EINVAL`.
-    pub fn setattr(&self, _ctx: &Ctx, ino: Ino, set: &SetAttr) -> Result<Attr> {
+    pub fn setattr(&self, ctx: &Ctx, ino: Ino, set: &SetAttr) -> Result<Attr> {
         if let Some(size) = set.size {
+            // Truncation by an unprivileged caller drops setuid/setgid (killpriv v2: the
+            // kernel leaves it to us; root stands for CAP_FSETID).
+            if ctx.uid != 0 {
+                self.kill_privs(ctx, ino)?;
+            }
             self.truncate(ino, size)?;
         }
         let now = now_ns();
@@ -343,6 +348,50 @@ impl Vfs {
             return Ok(self.overlay(&row));
         }
         self.getattr(ino)
+    }
+
+    /// Drops the privileges a write or truncate by an unprivileged caller must drop
+    /// (Linux `file_remove_privs` / `setattr_should_drop_sgid`, which FUSE leaves to the
+    /// file system under `FUSE_HANDLE_KILLPRIV_V2`): setuid; setgid when the file is
+    /// group-executable or the caller is not in its group (judged by the caller's primary
+    /// gid: FUSE does not pass supplementary groups); the `security.capability` xattr.
+    /// ctime changes, and the kernel's cached attributes are dropped, only when something
+    /// was dropped. Errors: `ENOENT`.
+    pub fn kill_privs(&self, ctx: &Ctx, ino: Ino) -> Result<()> {
+        const CAPS: &[u8] = b"security.capability";
+        let kill = |perm: u32, gid: u32| {
+            let mut p = perm & !0o4000;
+            if p & 0o010 != 0 || (ctx.gid != gid && ctx.uid != 0) {
+                p &= !0o2000;
+            }
+            p
+        };
+        let (row, has_caps) = deskfs_meta::read(&*self.meta, |t| {
+            Ok((t.get_inode(ino)?, t.get_xattr(ino, CAPS)?.is_some()))
+        })?;
+        let row = row.ok_or(VfsError::NotFound)?;
+        if row.kind != Kind::File || (kill(row.perm, row.gid) == row.perm && !has_caps) {
+            return Ok(());
+        }
+        let now = now_ns();
+        deskfs_meta::txn(&*self.meta, |t| {
+            let mut r = get(t, ino).map_err(VfsError::into_meta)?;
+            r.perm = kill(r.perm, r.gid);
+            r.ctime_ns = now;
+            t.update_inode(&r)?;
+            t.remove_xattr(ino, CAPS)?;
+            for (parent, name) in t.names_of(ino)? {
+                self.mark_name(t, parent, &name, false)?;
+            }
+            Ok(())
+        })?;
+        self.with_state(ino, |st| {
+            if st.loaded {
+                st.ctime_ns = now;
+            }
+        })?;
+        self.invalidate_now(&crate::Invalidation::Attrs(ino));
+        Ok(())
     }
 
     /// `readlink`. Errors: `ENOENT`, `EINVAL` (not a symlink).

@@ -327,3 +327,73 @@ fn chmod_during_pending_writes_keeps_both() {
     assert_eq!((g.perm, g.size), (0o600, 5));
     assert_eq!(h.cat(a.ino), b"12345");
 }
+
+#[test]
+fn unprivileged_write_or_truncate_drops_setuid_setgid_and_capabilities() {
+    let h = Harness::new();
+    let other = Ctx {
+        uid: 2000,
+        gid: 2000,
+        pid: 1,
+    };
+    let in_group = Ctx {
+        uid: 2000,
+        gid: CTX.gid,
+        pid: 1,
+    };
+    let perm = |ino| h.getattr(ino).unwrap().perm;
+    let chmod = |ino, mode| {
+        let set = SetAttr {
+            mode: Some(mode),
+            ..SetAttr::default()
+        };
+        h.setattr(&CTX, ino, &set).unwrap();
+    };
+    let f = h.file(ROOT_INO, "f", b"data");
+    // setuid always goes; setgid when group-executable.
+    chmod(f.ino, 0o6777);
+    h.kill_privs(&in_group, f.ino).unwrap();
+    assert_eq!(perm(f.ino), 0o777);
+    // setgid without group-exec stays for a member of the group...
+    chmod(f.ino, 0o2767);
+    h.kill_privs(&in_group, f.ino).unwrap();
+    assert_eq!(perm(f.ino), 0o2767);
+    // ...and goes for a caller outside it (Linux setattr_should_drop_sgid).
+    h.kill_privs(&other, f.ino).unwrap();
+    assert_eq!(perm(f.ino), 0o767);
+    // File capabilities go too; other xattrs stay; ctime moves only when something went.
+    h.setxattr(f.ino, b"security.capability", b"caps", 0)
+        .unwrap();
+    h.setxattr(f.ino, b"user.keep", b"1", 0).unwrap();
+    h.kill_privs(&other, f.ino).unwrap();
+    assert!(h.getxattr(f.ino, b"security.capability").is_err());
+    assert_eq!(h.getxattr(f.ino, b"user.keep").unwrap(), b"1");
+    let before = h.getattr(f.ino).unwrap().ctime_ns;
+    std::thread::sleep(Duration::from_millis(2));
+    h.kill_privs(&other, f.ino).unwrap();
+    assert_eq!(
+        h.getattr(f.ino).unwrap().ctime_ns,
+        before,
+        "nothing to drop: no change"
+    );
+    // Truncate by an unprivileged caller drops setuid; by root it does not.
+    chmod(f.ino, 0o4755);
+    let trunc = SetAttr {
+        size: Some(1),
+        ..SetAttr::default()
+    };
+    let root = Ctx {
+        uid: 0,
+        gid: 0,
+        pid: 1,
+    };
+    h.setattr(&root, f.ino, &trunc).unwrap();
+    assert_eq!(perm(f.ino), 0o4755);
+    h.setattr(&other, f.ino, &trunc).unwrap();
+    assert_eq!(perm(f.ino), 0o755);
+    // Directories are left alone.
+    let d = h.dir(ROOT_INO, "d");
+    chmod(d.ino, 0o2775);
+    h.kill_privs(&other, d.ino).unwrap();
+    assert_eq!(perm(d.ino), 0o2775);
+}

@@ -1,0 +1,109 @@
+//! Per-request statistics: how many kernel requests of each kind this process served and
+//! how long the daemon spent on them (from the handler's start to its return, which
+//! includes the reply). Process-wide counters, lock-free; read by `deskfs status`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+macro_rules! ops {
+    ($($v:ident => $name:literal),* $(,)?) => {
+        /// A FUSE request kind (FUSE protocol opcode names, lower-case).
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        #[allow(missing_docs)]
+        pub enum Op { $($v),* }
+
+        impl Op {
+            /// Every kind, in table order.
+            pub const ALL: &'static [Op] = &[$(Op::$v),*];
+
+            /// The request's name (`lookup`, `getattr`, …).
+            pub fn name(self) -> &'static str {
+                match self { $(Op::$v => $name),* }
+            }
+        }
+    };
+}
+
+ops! {
+    Lookup => "lookup", Getattr => "getattr", Setattr => "setattr", Readlink => "readlink",
+    Mknod => "mknod", Mkdir => "mkdir", Unlink => "unlink", Rmdir => "rmdir",
+    Symlink => "symlink", Rename => "rename", Link => "link", Open => "open", Read => "read",
+    Write => "write", Flush => "flush", Fallocate => "fallocate", Lseek => "lseek",
+    Ioctl => "ioctl", Getlk => "getlk", Setlk => "setlk", Release => "release",
+    Fsync => "fsync", Opendir => "opendir", Readdir => "readdir",
+    Readdirplus => "readdirplus", Releasedir => "releasedir", Fsyncdir => "fsyncdir",
+    Statfs => "statfs", Setxattr => "setxattr", Getxattr => "getxattr",
+    Listxattr => "listxattr", Removexattr => "removexattr", Access => "access",
+    Create => "create",
+}
+
+const N: usize = 34;
+
+static COUNT: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+static NANOS: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+
+/// Counts one request of kind `op` and, when dropped, the time spent on it.
+pub(crate) struct Timed {
+    op: Op,
+    start: Instant,
+}
+
+/// Starts timing one request of kind `op`.
+pub(crate) fn timed(op: Op) -> Timed {
+    Timed {
+        op,
+        start: Instant::now(),
+    }
+}
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        let i = self.op as usize;
+        let ns = self.start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
+        COUNT[i].fetch_add(1, Ordering::Relaxed);
+        NANOS[i].fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// One row of [`snapshot`].
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct OpStat {
+    /// Request kind (`lookup`, `write`, …).
+    pub op: &'static str,
+    /// Requests served since the process started.
+    pub count: u64,
+    /// Time spent serving them in total, ns.
+    pub total_ns: u64,
+}
+
+/// The request kinds served so far (those with a count of 0 left out), in table order.
+pub fn snapshot() -> Vec<OpStat> {
+    Op::ALL
+        .iter()
+        .map(|&op| OpStat {
+            op: op.name(),
+            count: COUNT[op as usize].load(Ordering::Relaxed),
+            total_ns: NANOS[op as usize].load(Ordering::Relaxed),
+        })
+        .filter(|s| s.count > 0)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_covers_every_op_and_counts() {
+        assert_eq!(Op::ALL.len(), N);
+        let before = snapshot()
+            .iter()
+            .find(|s| s.op == "fsyncdir")
+            .map(|s| s.count)
+            .unwrap_or(0);
+        drop(timed(Op::Fsyncdir));
+        drop(timed(Op::Fsyncdir));
+        let after = snapshot().into_iter().find(|s| s.op == "fsyncdir").unwrap();
+        assert_eq!(after.count, before + 2);
+    }
+}
