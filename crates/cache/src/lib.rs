@@ -70,6 +70,24 @@ pub struct CacheStats {
     pub capacity: u64,
 }
 
+/// See [`Cache::read_guard`].
+pub struct ReadGuard<'a> {
+    cache: &'a Cache,
+    ino: u64,
+}
+
+impl Drop for ReadGuard<'_> {
+    fn drop(&mut self) {
+        let mut r = self.cache.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = r.get_mut(&self.ino) {
+            *n -= 1;
+            if *n == 0 {
+                r.remove(&self.ino);
+            }
+        }
+    }
+}
+
 /// The cache directory.
 pub struct Cache {
     root: PathBuf,
@@ -79,6 +97,8 @@ pub struct Cache {
     capacity: u64,
     lru: std::sync::Mutex<Lru>,
     pool: pool::Pool,
+    /// Staging files being read by path (uploads), with reader counts.
+    readers: std::sync::Mutex<std::collections::HashMap<u64, usize>>,
 }
 
 impl std::fmt::Debug for Cache {
@@ -104,6 +124,7 @@ impl Cache {
             capacity,
             lru: std::sync::Mutex::new(Lru::default()),
             pool: pool::Pool::new(&root.join("staging")),
+            readers: std::sync::Mutex::new(std::collections::HashMap::new()),
         };
         cache.index_blocks()?;
         Ok(cache)
@@ -151,6 +172,37 @@ impl Cache {
     /// thread (which ends when the cache is dropped).
     pub fn start_pool(self: &std::sync::Arc<Self>, target: usize) {
         pool::Pool::start(std::sync::Arc::downgrade(self), target);
+    }
+
+    /// Retires the staging file of a purged inode (no name and no handle left, never to be
+    /// opened again): it goes to the pool for reuse by a new file, unless someone reads it
+    /// by path right now ([`Cache::read_guard`]), in which case it is deleted (the reader
+    /// keeps its content through its open descriptor). No error if absent.
+    pub fn recycle_staging(&self, ino: u64) -> Result<()> {
+        let readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        if readers.contains_key(&ino) {
+            drop(readers);
+            return self.remove_staging(ino);
+        }
+        self.lru_lock().forget_staging(ino);
+        let p = self.staging_path(ino);
+        if self.pool.recycle(&p) {
+            return Ok(());
+        }
+        drop(readers);
+        self.remove_staging(ino)
+    }
+
+    /// Marks the staging file of `ino` as being read by path (an upload) until the guard
+    /// is dropped: [`Cache::recycle_staging`] then deletes instead of reusing it.
+    pub fn read_guard(&self, ino: u64) -> ReadGuard<'_> {
+        *self
+            .readers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(ino)
+            .or_insert(0) += 1;
+        ReadGuard { cache: self, ino }
     }
 
     /// Deletes the staging file of `ino` (no error if absent) and forgets it in the LRU.

@@ -1,8 +1,11 @@
 //! A pool of pre-made empty files for new staging files. Creating a file (allocating an
 //! inode in the cache file system) can cost hundreds of microseconds when the file system
-//! has churned; renaming a ready file into place costs a few. A background thread refills
-//! the pool. Pool files live in `staging/.pool-<pid>/` (per process: several mounts may
-//! share a cache dir); those of dead processes are removed when a cache is opened.
+//! has churned (ext4 without a journal scans past recently deleted inodes); renaming a
+//! ready file into place costs a few. A background thread refills the pool, first from
+//! **recycled** staging files of purged inodes (truncated to 0 there, off the request
+//! path), then by creating new ones. Pool files live in `staging/.pool-<pid>/` (per
+//! process: several mounts may share a cache dir); those of dead processes are removed
+//! when a cache is opened.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, Weak};
@@ -13,8 +16,14 @@ use crate::Cache;
 pub(crate) struct Pool {
     dir: PathBuf,
     ready: Mutex<Vec<PathBuf>>,
+    /// Recycled staging files still holding their old content (truncated by the thread).
+    recycled: Mutex<Vec<PathBuf>>,
     wake: Condvar,
+    seq: std::sync::atomic::AtomicU64,
 }
+
+/// Recycled files kept waiting beyond this are deleted instead.
+const MAX_RECYCLED: usize = 4096;
 
 impl Pool {
     pub(crate) fn new(staging: &Path) -> Pool {
@@ -34,7 +43,9 @@ impl Pool {
         Pool {
             dir: staging.join(format!(".pool-{}", std::process::id())),
             ready: Mutex::new(Vec::new()),
+            recycled: Mutex::new(Vec::new()),
             wake: Condvar::new(),
+            seq: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -49,6 +60,48 @@ impl Pool {
         }
     }
 
+    /// Moves the file at `src` (a staging file nobody reads or will open again) into the
+    /// pool for reuse; false when it could not (the caller deletes it).
+    pub(crate) fn recycle(&self, src: &Path) -> bool {
+        let Ok(mut v) = self.recycled.lock() else {
+            return false;
+        };
+        if v.len() >= MAX_RECYCLED || std::fs::create_dir_all(&self.dir).is_err() {
+            return false;
+        }
+        let n = self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dest = self.dir.join(format!("r{n}"));
+        if std::fs::rename(src, &dest).is_err() {
+            return false;
+        }
+        v.push(dest);
+        drop(v);
+        self.wake.notify_one();
+        true
+    }
+
+    /// One recycled file made empty and ready; false when there was none.
+    fn refill_from_recycled(&self) -> bool {
+        let Some(p) = self.recycled.lock().ok().and_then(|mut v| v.pop()) else {
+            return false;
+        };
+        let emptied = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .and_then(|f| f.set_len(0));
+        match emptied {
+            Ok(()) => {
+                if let Ok(mut v) = self.ready.lock() {
+                    v.push(p);
+                }
+            }
+            Err(_) => {
+                let _ = std::fs::remove_file(&p);
+            }
+        }
+        true
+    }
+
     pub(crate) fn start(cache: Weak<Cache>, target: usize) {
         let _ = std::thread::Builder::new()
             .name("deskfs-pool".into())
@@ -61,6 +114,10 @@ impl Pool {
                         return;
                     }
                     let have = pool.ready.lock().map(|v| v.len()).unwrap_or(target);
+                    if have < target && pool.refill_from_recycled() {
+                        drop(c);
+                        continue;
+                    }
                     if have < target {
                         n += 1;
                         let p = pool.dir.join(n.to_string());

@@ -53,3 +53,58 @@ fn staging_files() {
     c.remove_staging(42).unwrap();
     assert!(!c.has_staging(42));
 }
+
+/// Files named `r<N>` in the pool dir (recycled staging files).
+fn recycled_in_pool(root: &std::path::Path) -> usize {
+    let dir = root
+        .join("staging")
+        .join(format!(".pool-{}", std::process::id()));
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with('r'))
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[test]
+fn recycled_staging_files_come_back_empty_and_readers_block_recycling() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = std::sync::Arc::new(Cache::open(dir.path(), 1 << 30, 1 << 20).unwrap());
+    {
+        use std::io::Write;
+        let mut f = cache.open_staging(1, true).unwrap();
+        f.write_all(b"old content of a purged inode").unwrap();
+    }
+    // Read by path (an upload): deleted, not recycled.
+    {
+        let _g = cache.read_guard(1);
+        cache.recycle_staging(1).unwrap();
+    }
+    assert!(!cache.has_staging(1));
+    assert_eq!(recycled_in_pool(dir.path()), 0);
+    // Nobody reads it: recycled into the pool.
+    {
+        use std::io::Write;
+        let mut f = cache.open_staging(2, true).unwrap();
+        f.write_all(b"more old content").unwrap();
+    }
+    cache.recycle_staging(2).unwrap();
+    assert!(!cache.has_staging(2));
+    assert_eq!(recycled_in_pool(dir.path()), 1);
+    // The pool thread empties it and hands it out: every new staging file starts empty.
+    cache.start_pool(4);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    for ino in 10..30u64 {
+        let f = cache.open_staging(ino, true).unwrap();
+        assert_eq!(
+            f.metadata().unwrap().len(),
+            0,
+            "staging file {ino} not empty"
+        );
+        assert!(std::time::Instant::now() < deadline);
+    }
+    // Absent files are fine.
+    cache.recycle_staging(999).unwrap();
+}

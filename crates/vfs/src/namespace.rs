@@ -468,7 +468,14 @@ impl Vfs {
 
     /// Drops an inode's local data after its last name and handle went away.
     pub(crate) fn purge_local(&self, ino: Ino) {
-        if let Err(e) = self.cache.remove_staging(ino) {
+        // Its staging file can serve a new file, unless another mount (which may share
+        // this cache dir and upload from it) is live.
+        let res = if self.shared() {
+            self.cache.remove_staging(ino)
+        } else {
+            self.cache.recycle_staging(ino)
+        };
+        if let Err(e) = res {
             tracing::warn!(ino, error = %e, "cannot remove staging file");
         }
         self.cache.drop_blocks(ino);

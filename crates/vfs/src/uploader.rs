@@ -411,7 +411,11 @@ async fn reconcile_file(
     let meta = posix_of(&r);
     if r.local == Local::Full && vfs.cache.has_staging(r.ino) {
         let staging = vfs.cache.staging_path(r.ino);
-        let put = vfs.bucket.put_file(key, &staging, Some(&meta)).await?;
+        // While read by path, a purge deletes the file instead of recycling it.
+        let put = {
+            let _reading = vfs.cache.read_guard(r.ino);
+            vfs.bucket.put_file(key, &staging, Some(&meta)).await?
+        };
         // The staging file may have changed while it was read: only a file whose version
         // and write generation held still is recorded as that version.
         let gen1 = vfs

@@ -365,6 +365,7 @@ fn probe_small_file_timings() {
     let mut tw = std::time::Duration::ZERO;
     let mut tf = std::time::Duration::ZERO;
     let mut tr = std::time::Duration::ZERO;
+    let mut ts = std::time::Duration::ZERO;
     for i in 0..n {
         let t = std::time::Instant::now();
         let (a, o) = h
@@ -382,6 +383,26 @@ fn probe_small_file_timings() {
         h.write(a.ino, o.fh, 0, &[7u8; 4096]).unwrap();
         tw += t.elapsed();
         let t = std::time::Instant::now();
+        for set in [
+            crate::SetAttr {
+                uid: Some(CTX.uid),
+                gid: Some(CTX.gid),
+                ..Default::default()
+            },
+            crate::SetAttr {
+                mode: Some(0o644),
+                ..Default::default()
+            },
+            crate::SetAttr {
+                atime: Some(crate::SetTime::At(1)),
+                mtime: Some(crate::SetTime::At(1)),
+                ..Default::default()
+            },
+        ] {
+            h.setattr(&CTX, a.ino, &set).unwrap();
+        }
+        ts += t.elapsed();
+        let t = std::time::Instant::now();
         h.flush(a.ino, o.fh).unwrap();
         tf += t.elapsed();
         let t = std::time::Instant::now();
@@ -389,9 +410,10 @@ fn probe_small_file_timings() {
         tr += t.elapsed();
     }
     eprintln!(
-        "create {:?} write {:?} flush {:?} release {:?} per file",
+        "create {:?} write {:?} 3 x setattr {:?} flush {:?} release {:?} per file",
         tc / n,
         tw / n,
+        ts / n,
         tf / n,
         tr / n
     );
