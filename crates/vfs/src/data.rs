@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
@@ -13,7 +13,7 @@ use deskfs_cache::BlockKey;
 use deskfs_meta::{Ino, InodeRow, Kind, Local};
 use futures::future::{BoxFuture, FutureExt, Shared};
 
-use crate::handles::{Handle, InodeState};
+use crate::handles::{Handle, InodeState, OPEN_CLOSED, OPEN_RECORDED, OPEN_UNRECORDED};
 use crate::namespace::NodeSpec;
 use crate::types::{Attr, Ctx, Opened};
 use crate::{now_ns, poisoned, Result, Vfs, VfsError};
@@ -143,9 +143,10 @@ impl Vfs {
             .ok_or(VfsError::BadHandle)
     }
 
-    /// A new handle; with `record`, the open is also recorded for other mounts (`create`
-    /// records it in its own transaction).
-    fn new_handle(&self, ino: Ino, flags: i32, record: bool) -> Result<u64> {
+    /// A new handle. `recorded`: its open is already in the open-file table (`create`
+    /// records it in its own transaction); otherwise it is recorded now when other
+    /// mounts are live (see [`Vfs::publish_opens`]).
+    fn new_handle(&self, ino: Ino, flags: i32, recorded: bool) -> Result<u64> {
         let acc = flags & libc::O_ACCMODE;
         let h = Arc::new(Handle {
             ino,
@@ -155,13 +156,41 @@ impl Vfs {
             dir: false,
             last_read_end: AtomicU64::new(u64::MAX),
             lock_owners: Default::default(),
+            recorded: AtomicU8::new(if recorded {
+                OPEN_RECORDED
+            } else {
+                OPEN_UNRECORDED
+            }),
         });
-        if record {
-            let session = self.session.load(Ordering::SeqCst);
-            deskfs_meta::txn(&*self.meta, |t| t.add_open(ino, session, 1))?;
-        }
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles.lock().map_err(|_| poisoned())?.insert(fh, h);
+        self.handles
+            .lock()
+            .map_err(|_| poisoned())?
+            .insert(fh, h.clone());
+        // Inserted first, then checked: either this open sees the flag or the publisher
+        // sees this handle (both compare-and-swap, so it is counted once).
+        if !recorded && self.track_opens.load(Ordering::SeqCst) {
+            let session = self.session.load(Ordering::SeqCst);
+            let res = deskfs_meta::txn(&*self.meta, |t| {
+                if h.recorded
+                    .compare_exchange(
+                        OPEN_UNRECORDED,
+                        OPEN_RECORDED,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    )
+                    .is_ok()
+                {
+                    t.add_open(ino, session, 1)?;
+                }
+                Ok(())
+            });
+            if let Err(e) = res {
+                h.recorded.store(OPEN_CLOSED, Ordering::SeqCst);
+                self.handles.lock().map_err(|_| poisoned())?.remove(&fh);
+                return Err(e.into());
+            }
+        }
         Ok(fh)
     }
 
@@ -189,7 +218,7 @@ impl Vfs {
             // since came through this kernel, or was invalidated).
             Ok(row.kind == Kind::File && !trunc && self.kernel_pages.opened(ino, s.version))
         })?;
-        let fh = self.new_handle(ino, flags, true)?;
+        let fh = self.new_handle(ino, flags, false)?;
         Ok(Opened { fh, keep_cache })
     }
 
@@ -204,12 +233,13 @@ impl Vfs {
         umask: u32,
         flags: i32,
     ) -> Result<(Attr, Opened)> {
+        let tracked = self.track_opens.load(Ordering::SeqCst);
         let row = self.create_node(
             ctx,
             parent,
             name,
             NodeSpec {
-                open_in: Some(self.session.load(Ordering::SeqCst)),
+                open_in: tracked.then(|| self.session.load(Ordering::SeqCst)),
                 ..NodeSpec::new(Kind::File, mode & !umask & 0o7777)
             },
         )?;
@@ -218,7 +248,7 @@ impl Vfs {
             self.kernel_pages.opened(row.ino, s.version);
             Ok(())
         })?;
-        let fh = self.new_handle(row.ino, flags, false)?;
+        let fh = self.new_handle(row.ino, flags, tracked)?;
         Ok((
             crate::attr_of(&row),
             Opened {
@@ -581,9 +611,24 @@ impl Vfs {
             }
             Ok((s.open_count == 0, s.size))
         })?;
-        if h.is_some() || last {
+        let recorded = h
+            .as_ref()
+            .is_some_and(|h| h.recorded.swap(OPEN_CLOSED, Ordering::SeqCst) == OPEN_RECORDED);
+        // An unrecorded open needs no write unless its inode may have to go.
+        let mut maybe_purge = last;
+        if last && !recorded {
+            if let Some(r) = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))? {
+                if r.nlink > 0 {
+                    maybe_purge = false;
+                    if r.local == Local::Full && !r.dirty {
+                        self.cache.staging_clean(ino, size);
+                    }
+                }
+            }
+        }
+        if recorded || maybe_purge {
             let purge = deskfs_meta::txn(&*self.meta, |t| {
-                if h.is_some() {
+                if recorded {
                     t.add_open(ino, session, -1)?;
                 }
                 if !last {

@@ -32,6 +32,9 @@ pub const FEED_POLL: Duration = Duration::from_millis(50);
 /// Feed entries older than this are pruned by the heartbeat, ms.
 pub(crate) const FEED_KEEP_MS: i64 = 10 * 60 * 1000;
 
+/// How long a joining mount waits for the live ones to publish their open files.
+pub(crate) const JOIN_WAIT: Duration = Duration::from_secs(2);
+
 /// Feed entries read per poll.
 const FEED_BATCH: usize = 1024;
 
@@ -136,8 +139,16 @@ impl Vfs {
         let me = self.session.load(Ordering::SeqCst);
         match deskfs_meta::read(&*self.meta, |t| t.sessions()) {
             Ok(sessions) => {
-                let shared = sessions.iter().any(|s| s.id != me);
-                self.shared.store(shared, Ordering::SeqCst);
+                let newest_peer = sessions.iter().map(|s| s.id).filter(|&id| id != me).max();
+                self.shared.store(newest_peer.is_some(), Ordering::SeqCst);
+                match newest_peer {
+                    Some(peer) => {
+                        if let Err(e) = self.publish_opens(peer) {
+                            tracing::warn!(error = %e, "cannot publish open files to a new mount");
+                        }
+                    }
+                    None => self.track_opens.store(false, Ordering::SeqCst),
+                }
             }
             Err(e) => tracing::warn!(error = %e, "cannot read the mount sessions"),
         }
@@ -169,6 +180,85 @@ impl Vfs {
         }
     }
 
+    /// Another mount (newest session `peer`) is live: from now on opens are recorded in
+    /// the open-file table (so its `unlink` keeps an inode this mount has open), the ones
+    /// made while alone are recorded now, and the acknowledgement it waits for at mount
+    /// time is written (kv `feed_ack.<session>` = newest peer seen).
+    pub(crate) fn publish_opens(&self, peer: u64) -> crate::Result<()> {
+        use crate::handles::{OPEN_RECORDED, OPEN_UNRECORDED};
+        if self.acked_peer.load(Ordering::SeqCst) >= peer && self.track_opens.load(Ordering::SeqCst)
+        {
+            return Ok(());
+        }
+        self.track_opens.store(true, Ordering::SeqCst);
+        let handles: Vec<_> = self
+            .handles
+            .lock()
+            .map_err(|_| crate::poisoned())?
+            .values()
+            .filter(|h| !h.dir)
+            .cloned()
+            .collect();
+        let me = self.session.load(Ordering::SeqCst);
+        deskfs_meta::txn(&*self.meta, |t| {
+            for h in &handles {
+                if h.recorded
+                    .compare_exchange(
+                        OPEN_UNRECORDED,
+                        OPEN_RECORDED,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    )
+                    .is_ok()
+                {
+                    t.add_open(h.ino, me, 1)?;
+                }
+            }
+            t.set_kv(&format!("feed_ack.{me}"), &peer.to_string())
+        })?;
+        self.acked_peer.fetch_max(peer, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Mount-time handshake: waits (up to `limit`) until every other live mount has
+    /// acknowledged this session, i.e. records its opens and follows the feed. A mount
+    /// that does not answer in time (an older deskfs, or hung) is logged and not waited
+    /// for.
+    pub(crate) fn await_peer_acks(&self, limit: Duration) {
+        let me = self.session.load(Ordering::SeqCst);
+        let start = std::time::Instant::now();
+        loop {
+            let pending = deskfs_meta::read(&*self.meta, |t| {
+                let mut v = Vec::new();
+                for s in t.sessions()? {
+                    if s.id == me {
+                        continue;
+                    }
+                    let ack = t
+                        .get_kv(&format!("feed_ack.{}", s.id))?
+                        .and_then(|v| v.parse::<u64>().ok())
+                        .unwrap_or(0);
+                    if ack < me {
+                        v.push(s.id);
+                    }
+                }
+                Ok(v)
+            });
+            match pending {
+                Ok(v) if v.is_empty() => return,
+                Ok(v) if start.elapsed() >= limit => {
+                    tracing::warn!(sessions = ?v, "other mounts did not acknowledge this one in time; continuing");
+                    return;
+                }
+                Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot read the mount sessions");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Whether other mounts of the workspace are live (as of the last feed round, at most
     /// [`FEED_POLL`] ago). A mount that is alone may let the kernel cache entries,
     /// negative entries and attributes for long; a shared one keeps them short, and the
@@ -187,6 +277,7 @@ impl Vfs {
             .iter()
             .any(|s| s.id != me);
         self.shared.store(shared, Ordering::SeqCst);
+        self.track_opens.store(shared, Ordering::SeqCst);
         Ok(())
     }
 }

@@ -20,7 +20,19 @@ pub(crate) struct Handle {
     pub(crate) last_read_end: AtomicU64,
     /// Lock owners that took locks through this open file (dropped at its release).
     pub(crate) lock_owners: std::sync::Mutex<std::collections::HashSet<u64>>,
+    /// Whether this open is recorded in the metadata engine's open-file table (for other
+    /// mounts): [`OPEN_UNRECORDED`], [`OPEN_RECORDED`] or [`OPEN_CLOSED`]. Moves only by
+    /// compare-and-swap inside the transaction that adds the record, so an open is
+    /// counted once and uncounted once.
+    pub(crate) recorded: std::sync::atomic::AtomicU8,
 }
+
+/// The open is not in the open-file table (this mount was alone when it was opened).
+pub(crate) const OPEN_UNRECORDED: u8 = 0;
+/// The open is counted in the open-file table.
+pub(crate) const OPEN_RECORDED: u8 = 1;
+/// Released.
+pub(crate) const OPEN_CLOSED: u8 = 2;
 
 /// In-memory state of an inode that is open (or being operated on). Guarded by its own
 /// mutex; the metadata engine stays the truth for everything committed.

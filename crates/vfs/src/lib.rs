@@ -98,6 +98,10 @@ pub struct Vfs {
     pub(crate) feed_cursor: AtomicU64,
     /// When the request path last queued work for the uploader, ns (burst detection).
     pub(crate) last_mark_ns: std::sync::atomic::AtomicI64,
+    /// Opens are recorded in the open-file table (only while other mounts are live).
+    pub(crate) track_opens: std::sync::atomic::AtomicBool,
+    /// Highest other session this mount has published its opens for (join handshake).
+    pub(crate) acked_peer: AtomicU64,
     /// Other mounts are live (see [`Vfs::shared`]).
     pub(crate) shared: std::sync::atomic::AtomicBool,
     /// Set at shutdown: the feed thread ends.
@@ -174,9 +178,12 @@ impl Vfs {
             feed_stopped: std::sync::atomic::AtomicBool::new(false),
             shared: std::sync::atomic::AtomicBool::new(true),
             last_mark_ns: std::sync::atomic::AtomicI64::new(0),
+            track_opens: std::sync::atomic::AtomicBool::new(true),
+            acked_peer: AtomicU64::new(0),
             kernel_pages: feed::KernelPages::default(),
         });
         vfs.start_session()?;
+        vfs.await_peer_acks(feed::JOIN_WAIT);
         vfs.recover()?;
         vfs.cache.start_pool(STAGING_POOL);
         uploader::start(&vfs);

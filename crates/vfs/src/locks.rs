@@ -313,7 +313,10 @@ impl Vfs {
     /// Ends this mount's session (its locks and open-file records go with it).
     pub(crate) fn end_session(&self) {
         let s = self.session();
-        let _ = deskfs_meta::txn(&*self.meta, |t| t.delete_session(s));
+        let _ = deskfs_meta::txn(&*self.meta, |t| {
+            t.delete_session(s)?;
+            t.set_kv(&format!("feed_ack.{s}"), "0")
+        });
     }
 }
 

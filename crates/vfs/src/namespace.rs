@@ -780,6 +780,7 @@ impl Vfs {
             dir: true,
             last_read_end: AtomicU64::new(0),
             lock_owners: Default::default(),
+            recorded: std::sync::atomic::AtomicU8::new(crate::handles::OPEN_CLOSED),
         });
         self.handles.lock().map_err(|_| poisoned())?.insert(fh, h);
         Ok(fh)

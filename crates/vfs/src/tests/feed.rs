@@ -138,3 +138,58 @@ fn names_imported_from_the_bucket_drop_negative_entries() {
         "the kernel may hold a negative entry for an imported name: {got:?}"
     );
 }
+
+#[test]
+fn opens_are_recorded_for_other_mounts_only_while_they_are_live() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"data");
+    let recorded = || read(&**h.meta(), |t| t.open_elsewhere(f.ino, 0)).unwrap();
+    // Alone: an open costs no write to the open-file table.
+    let fh = h.op(f.ino, libc::O_RDONLY);
+    assert!(!recorded(), "a lone mount records no opens");
+    // Another mount appears: the open made while alone is published and acknowledged.
+    let (other, sid) = other_mount(&h);
+    h.feed_round();
+    assert!(
+        recorded(),
+        "opens made while alone are published for the new mount"
+    );
+    let ack = read(&other, |t| {
+        t.get_kv(&format!(
+            "feed_ack.{}",
+            h.session.load(std::sync::atomic::Ordering::SeqCst)
+        ))
+    })
+    .unwrap();
+    assert_eq!(ack.as_deref(), Some(sid.to_string().as_str()));
+    // The other mount's unlink sees the inode open and keeps it.
+    h.release(f.ino, fh).unwrap();
+    assert!(!recorded(), "release takes the record back");
+    // While shared, a new open is recorded at once.
+    let fh = h.op(f.ino, libc::O_RDONLY);
+    assert!(recorded());
+    h.release(f.ino, fh).unwrap();
+    assert!(!recorded());
+    // The other mount leaves: opens are not recorded any more.
+    txn(&other, |t| t.delete_session(sid)).unwrap();
+    h.feed_round();
+    let fh = h.op(f.ino, libc::O_RDONLY);
+    assert!(!recorded());
+    h.release(f.ino, fh).unwrap();
+    assert!(!recorded());
+}
+
+#[test]
+fn unlinked_while_open_without_records_is_purged_at_last_close() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"data");
+    let fh = h.op(f.ino, libc::O_RDONLY);
+    h.unlink(&CTX, ROOT_INO, b"f").unwrap();
+    assert_eq!(
+        h.read_to_end(f.ino, fh, 0, 4096),
+        b"data",
+        "readable until the last close"
+    );
+    h.release(f.ino, fh).unwrap();
+    assert!(h.row(f.ino).is_none(), "purged at the last close");
+}
