@@ -95,6 +95,33 @@ impl Cache {
         }
     }
 
+    /// Reads bytes `from..to` of a cached block (fewer at its end); `None` when the
+    /// block is not cached. A reader asking for part of a block (the kernel reads 128 KiB
+    /// at a time) reads only that part.
+    pub fn read_block_range(&self, k: &BlockKey, from: u64, to: u64) -> Result<Option<Vec<u8>>> {
+        if !self.lru_lock().refresh_block(*k) {
+            return Ok(None);
+        }
+        let p = self.block_path(k);
+        let f = match std::fs::File::open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.lru_lock().forget_block(*k);
+                return Ok(None);
+            }
+            Err(e) => return Err(CacheError::io(&p, e)),
+        };
+        // Read into spare capacity (no zero-fill of a buffer about to be overwritten).
+        use std::io::{Read, Seek, SeekFrom};
+        let want = to.saturating_sub(from);
+        let mut buf = Vec::with_capacity(want as usize);
+        let mut f = f;
+        f.seek(SeekFrom::Start(from))
+            .and_then(|_| f.take(want).read_to_end(&mut buf))
+            .map_err(|e| CacheError::io(&p, e))?;
+        Ok(Some(buf))
+    }
+
     /// Stores a block (written to a temp file, then renamed into place, so a crash never
     /// leaves a partial block) and evicts old blocks when over the cap.
     pub fn write_block(&self, k: &BlockKey, data: &[u8]) -> Result<()> {

@@ -430,16 +430,24 @@ impl Vfs {
                 version: row.data_version,
                 index: idx,
             };
-            let data = match self.cache.read_block(&k)? {
-                Some(d) => Bytes::from(d),
-                None => {
-                    let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
-                    self.rt.block_on(fut).map_err(io_err)?
-                }
-            };
             let bstart = idx * bs;
             let from = offset.max(bstart) - bstart;
-            let to = (end.min(bstart + data.len() as u64)).saturating_sub(bstart);
+            let to = end.min(bstart + bs) - bstart;
+            // Only the part of the block this request wants is read from the cache.
+            if let Some(part) = self.cache.read_block_range(&k, from, to)? {
+                if part.len() as u64 == to - from {
+                    if first == last {
+                        // The whole answer is in one block (the usual 128 KiB read).
+                        h.last_read_end.store(end, Ordering::Relaxed);
+                        return Ok(part);
+                    }
+                    out.extend_from_slice(&part);
+                    continue;
+                }
+            }
+            let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
+            let data = self.rt.block_on(fut).map_err(io_err)?;
+            let to = to.min(data.len() as u64);
             if from < to {
                 out.extend_from_slice(&data[from as usize..to as usize]);
             }

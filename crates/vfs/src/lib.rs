@@ -65,7 +65,7 @@ impl Default for VfsConfig {
         VfsConfig {
             upload_delay: Duration::from_millis(500),
             list_ttl: Duration::from_secs(30),
-            readahead_blocks: 8,
+            readahead_blocks: 32,
             upload_workers: 8,
             default_uid: 0,
             default_gid: 0,
