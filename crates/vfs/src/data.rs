@@ -549,11 +549,6 @@ impl Vfs {
     /// the inode pending. With `durable`, the staging file is fdatasync'ed first and the
     /// commit is made durable (fsync semantics).
     pub(crate) fn commit_locked(&self, ino: Ino, s: &mut InodeState, durable: bool) -> Result<()> {
-        if durable {
-            if let Some(f) = &s.staging {
-                f.sync_data()?;
-            }
-        }
         if s.uncommitted {
             let (size, mtime, ctime) = (s.size, s.mtime_ns, s.ctime_ns);
             // The transaction returns the new content version: no second read needed.
@@ -582,7 +577,21 @@ impl Vfs {
             self.uploader.kick();
         }
         if durable {
-            self.meta.make_durable()?;
+            // Both device flushes at once: the staging file's data and the metadata log.
+            // (Order does not matter: until both are done, fsync has not returned, and
+            // recovery adopts whatever of the staging file a dirty inode has.)
+            let staging = s.staging.clone();
+            std::thread::scope(|sc| -> Result<()> {
+                let data = staging.map(|f| sc.spawn(move || f.sync_data()));
+                let meta = self.meta.make_durable();
+                if let Some(j) = data {
+                    j.join().map_err(|_| {
+                        VfsError::Io(std::io::Error::other("fdatasync thread panicked"))
+                    })??;
+                }
+                meta?;
+                Ok(())
+            })?;
         }
         Ok(())
     }
