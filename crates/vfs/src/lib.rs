@@ -98,6 +98,9 @@ pub struct Vfs {
     pub(crate) feed_cursor: AtomicU64,
     /// When the request path last queued work for the uploader, ns (burst detection).
     pub(crate) last_mark_ns: std::sync::atomic::AtomicI64,
+    /// Inodes on which this mount may hold locks (see `locks`): closes of other files
+    /// skip the lock table.
+    pub(crate) locked_inodes: Mutex<std::collections::HashSet<Ino>>,
     /// Opens are recorded in the open-file table (only while other mounts are live).
     pub(crate) track_opens: std::sync::atomic::AtomicBool,
     /// Highest other session this mount has published its opens for (join handshake).
@@ -179,6 +182,7 @@ impl Vfs {
             shared: std::sync::atomic::AtomicBool::new(true),
             last_mark_ns: std::sync::atomic::AtomicI64::new(0),
             track_opens: std::sync::atomic::AtomicBool::new(true),
+            locked_inodes: Mutex::new(std::collections::HashSet::new()),
             acked_peer: AtomicU64::new(0),
             kernel_pages: feed::KernelPages::default(),
         });

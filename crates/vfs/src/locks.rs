@@ -192,6 +192,11 @@ impl Vfs {
                 }
             }
         }
+        // Unlocking where this mount holds nothing (SQLite unlocks far more often than it
+        // locks) needs no transaction.
+        if typ == LockType::Unlock && !self.may_hold_locks(ino) {
+            return Ok(());
+        }
         let mut wait = Duration::from_millis(1);
         loop {
             let s = self.session();
@@ -219,6 +224,11 @@ impl Vfs {
                     fh,
                 };
                 t.set_owner_locks(ino, s, owner, &apply(&mine, &new, typ))?;
+                // Inside the transaction (serialized with every other lock change of
+                // this mount), so the set never misses a lock that exists.
+                if typ != LockType::Unlock {
+                    self.note_locks(ino);
+                }
                 Ok(true)
             })?;
             if granted {
@@ -243,22 +253,52 @@ impl Vfs {
     /// Drops every lock `owner` holds on `ino` through this mount (close of a descriptor
     /// for POSIX locks; last close of an open file for OFD/flock locks).
     pub fn release_locks(&self, ino: Ino, owner: u64) -> Result<()> {
+        // Every close comes here: most files were never locked through this mount.
+        if !self.may_hold_locks(ino) {
+            return Ok(());
+        }
         let s = self.session();
         deskfs_meta::txn(&*self.meta, |t| {
-            if t.locks_on(ino)?
-                .iter()
-                .any(|l| l.session == s && l.owner == owner)
-            {
+            let all = t.locks_on(ino)?;
+            if all.iter().any(|l| l.session == s && l.owner == owner) {
                 t.set_owner_locks(ino, s, owner, &[])?;
+            }
+            if !all.iter().any(|l| l.session == s && l.owner != owner) {
+                self.forget_locks(ino);
             }
             Ok(())
         })?;
         Ok(())
     }
 
+    /// Whether this mount may hold a lock on `ino` (false: it certainly holds none).
+    fn may_hold_locks(&self, ino: Ino) -> bool {
+        self.locked_inodes
+            .lock()
+            .map(|m| m.contains(&ino))
+            .unwrap_or(true)
+    }
+
+    /// A lock on `ino` may be taken through this mount.
+    fn note_locks(&self, ino: Ino) {
+        if let Ok(mut m) = self.locked_inodes.lock() {
+            m.insert(ino);
+        }
+    }
+
+    /// No lock of this mount is left on `ino`.
+    fn forget_locks(&self, ino: Ino) {
+        if let Ok(mut m) = self.locked_inodes.lock() {
+            m.remove(&ino);
+        }
+    }
+
     /// Drops the locks `owner` took through open file `fh` (the file's last close). A
     /// late release cannot drop a lock that a new open file with a recycled owner id took.
     pub fn release_fh_locks(&self, ino: Ino, owner: u64, fh: u64) -> Result<()> {
+        if !self.may_hold_locks(ino) {
+            return Ok(());
+        }
         let s = self.session();
         deskfs_meta::txn(&*self.meta, |t| t.delete_fh_locks(ino, s, owner, fh))?;
         Ok(())
