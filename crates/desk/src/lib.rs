@@ -1,0 +1,1 @@
+//! Desks: a durable workspace bound to one agent identity (see DESIGN.md, "Desks").

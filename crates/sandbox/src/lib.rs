@@ -1,0 +1,1 @@
+//! `deskfs exec`: a command run against a desk inside a bubblewrap sandbox.
