@@ -225,7 +225,7 @@ fn manual_lock(desk: &Desk) -> Result<FileLock> {
         &desk.locks_dir().join("manual.lock"),
         "the manual",
         Duration::from_secs(60),
-        false,
+        true,
     )
 }
 

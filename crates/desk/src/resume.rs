@@ -119,24 +119,26 @@ pub fn resume(desk: &Desk) -> Result<Resume> {
             }
         }
     }
-    for l in scan::task_locks(desk) {
+    for l in scan::locks(desk) {
         let holder = crate::lock::describe_holder(l.pid);
+        let what = match &l.task {
+            Some(t) => format!("task {t}"),
+            None => l.name.clone(),
+        };
         if l.held {
-            warnings.push(Warning {
-                kind: "start-in-progress",
-                subject: l.task.clone(),
-                message: format!(
-                    "task {} is being started or finished right now ({holder})",
-                    l.task
-                ),
-            });
+            if let Some(t) = &l.task {
+                warnings.push(Warning {
+                    kind: "start-in-progress",
+                    subject: t.clone(),
+                    message: format!("task {t} is being started or finished right now ({holder})"),
+                });
+            }
         } else {
             warnings.push(Warning {
                 kind: "leftover-lock",
-                subject: l.task.clone(),
+                subject: l.name.clone(),
                 message: format!(
-                    "leftover lock of task {} from an interrupted start or finish ({holder}, {}); `deskfs desk tidy {}` removes it",
-                    l.task,
+                    "leftover lock of {what} from an interrupted deskfs command ({holder}, {}); `deskfs desk tidy {}` removes it",
                     l.path.display(),
                     desk.agent()
                 ),

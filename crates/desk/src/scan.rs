@@ -12,11 +12,13 @@ use crate::layout::Desk;
 use crate::lock::{probe, Probe};
 use crate::worktree::{self, Health, Registration};
 
-/// A task lock file.
+/// A lock file under `.desk/locks/` (`task-T.lock`, `repo-R.lock`, `manual.lock`).
 #[derive(Clone, Debug, Serialize)]
 pub struct LockInfo {
-    /// The task it guards.
-    pub task: String,
+    /// File name without `.lock`: `task-T`, `repo-R`, `manual`.
+    pub name: String,
+    /// The task it guards, for a task lock.
+    pub task: Option<String>,
     /// The lock file.
     pub path: PathBuf,
     /// Whether someone holds it.
@@ -25,19 +27,16 @@ pub struct LockInfo {
     pub pid: Option<u32>,
 }
 
-/// Task lock files (`.desk/locks/task-*.lock`); a free one is a leftover of a start or
-/// finish that died.
-pub fn task_locks(desk: &Desk) -> Vec<LockInfo> {
+/// The lock files under `.desk/locks/`. Every deskfs lock file is removed by its holder on
+/// release, so a free one is a leftover of a command that died (e.g. a task start).
+pub fn locks(desk: &Desk) -> Vec<LockInfo> {
     let mut v = Vec::new();
     let Ok(rd) = fs::read_dir(desk.locks_dir()) else {
         return v;
     };
     for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(task) = name
-            .strip_prefix("task-")
-            .and_then(|n| n.strip_suffix(".lock"))
-        else {
+        let file = e.file_name().to_string_lossy().into_owned();
+        let Some(name) = file.strip_suffix(".lock") else {
             continue;
         };
         let Ok(p) = probe(&e.path()) else { continue };
@@ -46,13 +45,14 @@ pub fn task_locks(desk: &Desk) -> Vec<LockInfo> {
             Probe::Free { pid } => (false, pid),
         };
         v.push(LockInfo {
-            task: task.to_owned(),
+            name: name.to_owned(),
+            task: name.strip_prefix("task-").map(str::to_owned),
             path: e.path(),
             held,
             pid,
         });
     }
-    v.sort_by(|a, b| a.task.cmp(&b.task));
+    v.sort_by(|a, b| a.name.cmp(&b.name));
     v
 }
 

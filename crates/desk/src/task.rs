@@ -53,7 +53,7 @@ pub fn lock_repo(desk: &Desk, repo: &str) -> Result<FileLock> {
         &desk.locks_dir().join(format!("repo-{repo}.lock")),
         "repo",
         REPO_LOCK_TIMEOUT,
-        false,
+        true,
     )
 }
 

@@ -10,7 +10,7 @@
 //! * `merged-branch`: the branch of a finished task (per its record) that is merged into
 //!   the repo's default branch and checked out nowhere; deleted, with the record. A finished
 //!   task whose branch no longer exists just loses its record (`finished-record`).
-//! * `leftover-lock`: a task lock file nobody holds.
+//! * `leftover-lock`: a lock file under `.desk/locks/` nobody holds.
 //! * `git-lock`: a git `*.lock` file older than an hour in a repo's git dir (a killed git).
 //! * `scratch`: `*.tmp`, `*~`, `.#*` and deskfs temp files (`*.deskfs-tmp`) in the desk
 //!   outside `repos/`, `tasks/` and `.cache/` (files in git checkouts belong to the
@@ -244,11 +244,11 @@ fn checked_out(repo: &Path, branch: &str) -> Result<bool> {
 }
 
 fn leftover_locks(c: &mut Collector) {
-    for l in scan::task_locks(c.desk) {
+    for l in scan::locks(c.desk) {
         if !l.held {
             let detail = format!(
-                "lock of task {} nobody holds ({})",
-                l.task,
+                "lock {} nobody holds ({})",
+                l.name,
                 crate::lock::describe_holder(l.pid)
             );
             c.path("leftover-lock", &l.path, detail);
