@@ -162,6 +162,14 @@ pub enum DeskError {
         /// Exit status and output.
         reason: String,
     },
+    /// A record (`desk.toml`, a task record) could not be encoded as TOML.
+    #[error("cannot encode {}: {reason}", path.display())]
+    Encode {
+        /// The file it was meant for.
+        path: PathBuf,
+        /// The encoder's message.
+        reason: String,
+    },
     /// Any other I/O failure, with the operation and path it concerns.
     #[error("cannot {op} {}: {source}", path.display())]
     Io {

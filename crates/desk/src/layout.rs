@@ -313,7 +313,7 @@ fn build(tmp: &Path, agent: &str) -> Result<()> {
         created: now_secs(),
         created_by: format!("deskfs-desk {}", env!("CARGO_PKG_VERSION")),
     };
-    let text = toml::to_string(&meta).map_err(|e| DeskError::Manual {
+    let text = toml::to_string(&meta).map_err(|e| DeskError::Encode {
         path: tmp.join("desk.toml"),
         reason: e.to_string(),
     })?;

@@ -92,7 +92,7 @@ pub struct Manual {
 
 /// The `AGENTS.md` of a new desk.
 pub fn template(agent: &str) -> String {
-    let machine = render_block(&MachinePart::default());
+    let machine = block_text(EMPTY_BODY);
     format!(
         "# Desk manual: {agent}\n\
 \n\
@@ -114,14 +114,20 @@ remembering. Edit this part freely; leave the block between the deskfs:manual ma
     )
 }
 
-fn render_block(m: &MachinePart) -> String {
-    let body = toml::to_string(m).unwrap_or_default();
-    let body = if body.trim().is_empty() {
-        "# no tools or repos recorded yet\n".to_owned()
-    } else {
-        body
-    };
+const EMPTY_BODY: &str = "# no tools or repos recorded yet\n";
+
+fn block_text(body: &str) -> String {
     format!("{BEGIN_LINE}\n```toml\n{body}```\n{END}")
+}
+
+/// The machine block (markers included) for `m`.
+fn render_block(m: &MachinePart) -> Result<String, toml::ser::Error> {
+    let body = toml::to_string(m)?;
+    Ok(block_text(if body.trim().is_empty() {
+        EMPTY_BODY
+    } else {
+        &body
+    }))
 }
 
 /// Byte offset of the first line of `text` (from `from`) that starts with `prefix`.
@@ -204,9 +210,16 @@ impl Manual {
 
     /// The file with the machine block replaced by `machine` (appended when absent); the
     /// rest is byte for byte the same.
-    pub fn render(&self, machine: &MachinePart) -> String {
-        let block = render_block(machine);
-        match self.span {
+    ///
+    /// # Errors
+    /// [`DeskError::Manual`] if `machine` cannot be written as TOML (e.g. a string with
+    /// characters TOML cannot hold).
+    pub fn render(&self, path: &Path, machine: &MachinePart) -> Result<String> {
+        let block = render_block(machine).map_err(|e| DeskError::Manual {
+            path: path.to_path_buf(),
+            reason: format!("cannot write the machine part: {e}"),
+        })?;
+        Ok(match self.span {
             Some((b, e)) => format!("{}{block}{}", &self.text[..b], &self.text[e..]),
             None => {
                 let sep = if self.text.is_empty() || self.text.ends_with('\n') {
@@ -216,7 +229,7 @@ impl Manual {
                 };
                 format!("{}{sep}\n{block}\n", self.text)
             }
-        }
+        })
     }
 }
 
@@ -242,7 +255,7 @@ fn update(desk: &Desk, f: impl FnOnce(&mut MachinePart)) -> Result<MachinePart> 
     };
     let mut machine = manual.machine.clone();
     f(&mut machine);
-    atomic_write(&path, manual.render(&machine).as_bytes())?;
+    atomic_write(&path, manual.render(&path, &machine)?.as_bytes())?;
     Ok(machine)
 }
 
@@ -465,7 +478,7 @@ mod tests {
         let m = Manual::parse(p, t.clone()).unwrap();
         assert_eq!(m.machine, MachinePart::default());
         assert_eq!(
-            m.render(&m.machine),
+            m.render(p, &m.machine).unwrap(),
             t,
             "unchanged block renders identically"
         );
@@ -482,7 +495,7 @@ mod tests {
             test_cmd: Some("cargo test".into()),
             build_cmd: None,
         });
-        let out = m.render(&mp);
+        let out = m.render(p, &mp).unwrap();
         let m2 = Manual::parse(p, out.clone()).unwrap();
         assert_eq!(m2.machine, mp);
         assert_eq!(m2.human(), human_before);
@@ -492,7 +505,7 @@ mod tests {
             &out[out.find(BEGIN).unwrap()..].trim_end()
         );
         let m3 = Manual::parse(p, odd.clone()).unwrap();
-        let again = m3.render(&MachinePart::default());
+        let again = m3.render(p, &MachinePart::default()).unwrap();
         assert!(again.starts_with("x\r\n  trailing  \n"));
         assert!(again.ends_with("\nafter\n\n\tend"));
     }
@@ -509,7 +522,7 @@ mod tests {
         )
         .is_err());
         let m = Manual::parse(p, "just prose".into()).unwrap();
-        let out = m.render(&MachinePart::default());
+        let out = m.render(p, &MachinePart::default()).unwrap();
         assert!(out.starts_with("just prose\n\n"));
         assert!(Manual::parse(p, out).unwrap().span.is_some());
     }

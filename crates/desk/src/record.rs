@@ -64,7 +64,7 @@ pub fn all(desk: &Desk) -> Vec<TaskRecord> {
 /// I/O errors.
 pub fn save(desk: &Desk, r: &TaskRecord) -> Result<()> {
     let p = path(desk, &r.task);
-    let text = toml::to_string(r).map_err(|e| DeskError::Manual {
+    let text = toml::to_string(r).map_err(|e| DeskError::Encode {
         path: p.clone(),
         reason: e.to_string(),
     })?;

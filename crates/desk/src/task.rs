@@ -97,7 +97,8 @@ pub struct Started {
 }
 
 /// `task start`: makes `tasks/TASK` a worktree of `repos/REPO` on `branch` (default: the
-/// task name; an existing branch is checked out, a new one starts at the repo's HEAD).
+/// task name; an existing local branch is checked out; else a remote branch of that name
+/// in exactly one remote is tracked; else a new branch starts at the repo's HEAD).
 ///
 /// # Errors
 /// Name errors, [`DeskError::UnknownRepo`], [`DeskError::NotARepo`],
@@ -131,14 +132,21 @@ pub fn start(desk: &Desk, task: &str, repo: &str, branch: Option<&str>) -> Resul
             return Err(e);
         }
     };
-    let create = match worktree::branch_exists(&repo_path, branch) {
-        Ok(exists) => !exists,
+    // A new branch starts at the repo's HEAD, unless exactly one remote has a branch of
+    // that name: then git creates it tracking that one.
+    let kind = worktree::branch_exists(&repo_path, branch).and_then(|local| {
+        let remote = !local && worktree::unique_remote_branch(&repo_path, branch)?;
+        Ok((local, remote))
+    });
+    let (local, remote) = match kind {
+        Ok(k) => k,
         Err(e) => {
             let _ = fs::remove_dir(&dir);
             return Err(e);
         }
     };
-    if let Err(e) = worktree::add(&repo_path, &dir, branch, create) {
+    let create = !local;
+    if let Err(e) = worktree::add(&repo_path, &dir, branch, create && !remote) {
         let _ = remove_path(&dir);
         let _ = worktree::prune(&repo_path);
         return Err(e);

@@ -160,8 +160,27 @@ pub fn branch_exists(repo: &Path, branch: &str) -> Result<bool> {
     .is_some())
 }
 
-/// `git worktree add --lock` of `task_dir` (absent or empty) on `branch` (created from the
-/// repo's HEAD when `create`), then the `.git` link made relative.
+/// Whether exactly one remote has a branch named `branch` (then `git worktree add PATH
+/// BRANCH` creates a local branch tracking it).
+///
+/// # Errors
+/// [`DeskError::NoGit`].
+pub fn unique_remote_branch(repo: &Path, branch: &str) -> Result<bool> {
+    let refs = git::try_run(
+        repo,
+        &[
+            "for-each-ref",
+            "--format=%(refname:strip=3)",
+            "refs/remotes",
+        ],
+    )?
+    .unwrap_or_default();
+    Ok(refs.lines().filter(|r| *r == branch).count() == 1)
+}
+
+/// `git worktree add --lock` of `task_dir` (absent or empty) on `branch` (with `create`: a
+/// new branch from the repo's HEAD; without: an existing local branch, or a new one
+/// tracking the remote branch of that name), then the `.git` link made relative.
 ///
 /// # Errors
 /// [`DeskError::Git`] (e.g. the branch is checked out in another worktree).

@@ -309,6 +309,14 @@ fn bad_input_leaves_nothing() {
         "lock files are removed on release: {locks:?}"
     );
     assert!(git(&desk.repo_dir("app"), &["branch", "--list", "second"]).is_empty());
+    // A branch only the remote has: tracked.
+    let src = t.path().join("src");
+    git(&src, &["branch", "topic"]);
+    git(&desk.repo_dir("app"), &["fetch", "-q", "origin"]);
+    let s = task::start(&desk, "on-topic", "app", Some("topic")).unwrap();
+    assert!(s.created_branch);
+    let st = task::info(&desk, "on-topic").state.unwrap();
+    assert_eq!(st.base.as_deref(), Some("origin/topic"), "{st:?}");
     // An existing branch is checked out, not recreated.
     git(&desk.repo_dir("app"), &["branch", "old-branch"]);
     let s = task::start(&desk, "reuse", "app", Some("old-branch")).unwrap();
