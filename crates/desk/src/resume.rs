@@ -18,8 +18,9 @@ use crate::{record, scan};
 
 /// How many notes `resume` shows.
 pub const NOTES_SHOWN: usize = 5;
-/// Age (seconds) from which a git `*.lock` file counts as left by a killed git.
-pub const GIT_LOCK_AGE: u64 = 600;
+/// Age (seconds) from which `resume` warns about a git `*.lock` file (git holds them for
+/// moments; an older one was most likely left by a killed git, e.g. in a killed exec).
+pub const GIT_LOCK_AGE: u64 = 60;
 
 /// One warning.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
@@ -181,9 +182,9 @@ pub fn resume(desk: &Desk) -> Result<Resume> {
             kind: "git-lock",
             subject: g.path.display().to_string(),
             message: format!(
-                "git lock file {} is {} min old (a killed git left it); remove it if no git runs: `deskfs desk tidy {}`",
+                "git lock file {} is {} s old (a killed git left it?); if no git command is running, remove it (`deskfs desk tidy {}` does after an hour)",
                 g.path.display(),
-                g.age_secs / 60,
+                g.age_secs,
                 desk.agent()
             ),
         });

@@ -420,6 +420,9 @@ fn tidy_finds_and_removes_leftovers() {
     fs::write(desk.tmp_dir().join("new"), "n").unwrap();
     fs::write(desk.cache_root().join("npm/blob"), vec![0u8; 5000]).unwrap();
     fs::create_dir_all(root.join(".agent.creating.1")).unwrap();
+    let index_lock = desk.repo_dir("app").join(".git/worktrees/keep/index.lock");
+    fs::write(&index_lock, "").unwrap();
+    age(&index_lock, 2 * 3600);
 
     let r = resume::resume(&desk).unwrap();
     let mut kinds: Vec<&str> = r.warnings.iter().map(|w| w.kind).collect();
@@ -429,6 +432,7 @@ fn tidy_finds_and_removes_leftovers() {
         [
             "broken-task",
             "dirty-task",
+            "git-lock",
             "leftover-lock",
             "missing-task",
             "stale-registration"
@@ -448,6 +452,10 @@ fn tidy_finds_and_removes_leftovers() {
     let expect: Vec<(&str, String)> = vec![
         ("broken-task", "tasks/half".into()),
         ("cache-over-cap", ".cache/npm".into()),
+        (
+            "git-lock",
+            "repos/app/.git/worktrees/keep/index.lock".into(),
+        ),
         ("leftover-lock", ".desk/locks/task-dead.lock".into()),
         ("old-tmp", "tmp/d/old".into()),
         (
