@@ -10,6 +10,8 @@
 #   * writing a file in /usr, /etc and / fails; writing /desk/notes/x works and the file appears
 #     on the host at $MNT/desks/a/notes/x;
 #   * exit code 7 and signal deaths (128+15) pass through, stdout and stderr separately;
+#   * at a terminal (a pty): Ctrl-C reaches the command (its trap decides the exit code;
+#     untrapped it ends with 130), TIOCSTI is refused (EPERM), /dev/tty works;
 #   * with --net none an HTTP request to a python3 http.server on 127.0.0.1 (started by this
 #     test) fails, without it the same request returns the served file.
 # Skips (77) while `deskfs exec` is not part of the CLI.
@@ -118,6 +120,59 @@ ex a -- sh -c 'echo to-out; echo to-err >&2; exit 3'
 assert_eq 3 "$RC" "exit code with output"
 assert_eq to-out "$OUT" "stdout passed through"
 assert_eq to-err "$ERR" "stderr passed through"
+
+# ---------------------------------------------------------------- at a terminal
+# With a terminal, exec keeps the session (job control, /dev/tty) but TIOCSTI cannot type
+# into it, and Ctrl-C is the command's: a command that traps it decides its exit code, one
+# that does not dies of it (130).
+log "at a terminal: Ctrl-C and TIOCSTI"
+cat > "$T/at_terminal.py" <<'PY'
+import os, pty, signal, sys
+signal.alarm(30)
+pid, fd = pty.fork()
+if pid == 0:
+    os.execv(sys.argv[1], sys.argv[1:])
+buf = b""
+def read_until(token):
+    global buf
+    while token not in buf:
+        d = os.read(fd, 1024)
+        if not d:
+            break
+        buf += d
+read_until(b"ready")
+if os.environ.get("SEND_INTR"):
+    os.write(fd, b"\x03")
+try:
+    while True:
+        d = os.read(fd, 1024)
+        if not d:
+            break
+        buf += d
+except OSError:
+    pass
+_, status = os.waitpid(pid, 0)
+sys.stdout.write(buf.decode(errors="replace").replace("\r", ""))
+print("EXIT", os.waitstatus_to_exitcode(status))
+PY
+# shellcheck disable=SC2016
+PTY_OUT=$(SEND_INTR=1 timeout -k 5 40 python3 "$T/at_terminal.py" "$DESKFS" exec a -- sh -c \
+  'trap "echo got-INT; exit 42" INT; echo ready; sleep 20 & wait')
+[[ $PTY_OUT == *got-INT* && $PTY_OUT == *"EXIT 42"* ]] ||
+  fail "Ctrl-C at a terminal did not reach the command's handler: $PTY_OUT"
+PTY_OUT=$(SEND_INTR=1 timeout -k 5 40 python3 "$T/at_terminal.py" "$DESKFS" exec a -- sh -c 'echo ready; exec sleep 20')
+[[ $PTY_OUT == *"EXIT 130"* ]] || fail "Ctrl-C at a terminal did not end the command with 130: $PTY_OUT"
+TIOCSTI='import errno, fcntl, termios
+print("ready")
+try:
+    fcntl.ioctl(0, termios.TIOCSTI, b"x")
+    print("TIOCSTI allowed")
+except OSError as e:
+    print("TIOCSTI", errno.errorcode[e.errno])
+open("/dev/tty", "w").write("tty-ok\n")'
+PTY_OUT=$(timeout -k 5 40 python3 "$T/at_terminal.py" "$DESKFS" exec a -- python3 -c "$TIOCSTI")
+[[ $PTY_OUT == *"TIOCSTI EPERM"* ]] || fail "TIOCSTI at a terminal was not refused: $PTY_OUT"
+[[ $PTY_OUT == *tty-ok* && $PTY_OUT == *"EXIT 0"* ]] || fail "/dev/tty unusable at a terminal: $PTY_OUT"
 
 # ---------------------------------------------------------------- network
 log "--net none"

@@ -6,7 +6,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
 use crate::host::Host;
-use crate::{env, fds, layout, seccomp, Net, SandboxError, SandboxSpec, DESK_MOUNT};
+use crate::{env, fds, layout, seccomp, signals, Net, SandboxError, SandboxSpec, DESK_MOUNT};
 
 /// The bwrap command for `argv` under `spec`, not started. Creates the desk's cache
 /// directories (after every check passed, so bad input leaves nothing behind). `status`,
@@ -55,11 +55,11 @@ pub(crate) fn build(
         cmd.arg("--unshare-net");
     }
     // --new-session (setsid) detaches the command from the caller's terminal, so it
-    // cannot push keystrokes into it (TIOCSTI). It also takes away job control, Ctrl-C,
-    // and /dev/tty (shells, pagers, editors, password prompts), so it is used only when
-    // no terminal is attached: the usual case for an agent. With a terminal the session
-    // is kept and the seccomp filter below refuses TIOCSTI/TIOCLINUX instead; the filter
-    // is installed in both cases.
+    // cannot push keystrokes into it (TIOCSTI). It also takes away job control, Ctrl-C
+    // and /dev/tty (interactive shells, pagers, editors, password prompts), so it is used
+    // only when no terminal is attached: the usual case for an agent. With a terminal the
+    // session is kept, the seccomp filter below refuses TIOCSTI/TIOCLINUX instead (it is
+    // installed in both cases), and Ctrl-C goes to the command (signals.rs).
     if !host.interactive {
         cmd.arg("--new-session");
     }
@@ -79,7 +79,14 @@ pub(crate) fn build(
     if status.is_some() {
         cmd.arg("--json-status-fd").arg(fds::STATUS_FD.to_string());
     }
-    cmd.arg("--chdir").arg(&spec.workdir).arg("--").args(argv);
+    cmd.arg("--chdir").arg(&spec.workdir).arg("--");
+    if signals::shim_available() {
+        cmd.args(signals::SHIM);
+        if host.interactive {
+            signals::ignore_in_child(&mut cmd);
+        }
+    }
+    cmd.args(argv);
     // The environment goes to bwrap itself (which passes it on) rather than through
     // --clearenv/--setenv: same result, but values never appear in bwrap's argv, which
     // any user can read in /proc.

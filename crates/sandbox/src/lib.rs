@@ -28,6 +28,7 @@ mod layout;
 mod locate;
 mod run;
 mod seccomp;
+mod signals;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -99,7 +100,9 @@ pub fn check_bwrap() -> Result<PathBuf, SandboxError> {
 /// The bwrap command that runs `argv` (program and arguments, looked up on the sandbox's
 /// PATH) in the sandbox described by `spec`; not started. stdin, stdout and stderr are
 /// inherited unless the caller changes them; bwrap exits with the command's exit code, or
-/// 128 + signal when a signal killed it.
+/// 128 + signal when a signal killed it, or 127 when the program does not exist. The
+/// command is started through `/usr/bin/env --default-signal=INT,QUIT --` where the
+/// system's env supports it (so Ctrl-C at a terminal reaches the command, not bwrap).
 ///
 /// Environment inside: `PATH=/desk/tools/bin[:<toolchain>]:/usr/local/sbin:/usr/local/bin:
 /// /usr/sbin:/usr/bin:/sbin:/bin`, `HOME=DESK=/desk`, `TMPDIR=/tmp`, caches on the desk
@@ -128,8 +131,8 @@ pub fn command(
 }
 
 /// Runs `argv` in the sandbox (see [`command`]) with stdin, stdout and stderr inherited,
-/// waits for it and returns its exit code: the command's own, or 128 + signal when a
-/// signal killed it (like a shell). While it runs with a terminal attached, this process
+/// waits for it and returns its exit code: the command's own, 128 + signal when a signal
+/// killed it, 127 when the program does not exist (like a shell). While it runs with a terminal attached, this process
 /// ignores SIGINT and SIGQUIT (the command receives them from the terminal itself).
 ///
 /// # Errors

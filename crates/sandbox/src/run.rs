@@ -7,7 +7,7 @@ use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 
 use crate::host::Host;
-use crate::{build, check_bwrap, fds, SandboxError, SandboxSpec};
+use crate::{build, check_bwrap, fds, signals, SandboxError, SandboxSpec};
 
 /// See [`crate::run`].
 pub(crate) fn run(spec: &SandboxSpec, argv: &[OsString]) -> Result<i32, SandboxError> {
@@ -22,10 +22,8 @@ pub(crate) fn run(spec: &SandboxSpec, argv: &[OsString]) -> Result<i32, SandboxE
     })?;
     drop(cmd); // our copies of the descriptors passed to bwrap
     let status = {
-        // With a terminal the command shares our process group, so Ctrl-C and Ctrl-\ reach
-        // it directly; like a shell waiting for a foreground job we ignore them meanwhile
-        // and let the command decide (dying here would SIGKILL it via --die-with-parent).
-        let _ignore = host.interactive.then(TerminalSignalsIgnored::new);
+        // with a terminal, Ctrl-C and Ctrl-\ are the command's business (see signals.rs)
+        let _ignore = host.interactive.then(signals::ParentIgnores::new);
         child
             .wait()
             .map_err(|e| SandboxError::io("waiting for bwrap", e))?
@@ -65,38 +63,4 @@ fn command_exit_reported(status_read: &mut File) -> bool {
     }
     const KEY: &[u8] = b"\"exit-code\"";
     buf.windows(KEY.len()).any(|w| w == KEY)
-}
-
-/// SIGINT and SIGQUIT ignored while alive; the previous handlers restored on drop.
-struct TerminalSignalsIgnored {
-    saved: Vec<(libc::c_int, libc::sigaction)>,
-}
-
-impl TerminalSignalsIgnored {
-    fn new() -> Self {
-        let mut saved = Vec::new();
-        for sig in [libc::SIGINT, libc::SIGQUIT] {
-            // SAFETY: sigaction with a zeroed struct set to SIG_IGN and a valid out pointer.
-            unsafe {
-                let mut ignore: libc::sigaction = std::mem::zeroed();
-                ignore.sa_sigaction = libc::SIG_IGN;
-                let mut old: libc::sigaction = std::mem::zeroed();
-                if libc::sigaction(sig, &ignore, &mut old) == 0 {
-                    saved.push((sig, old));
-                }
-            }
-        }
-        TerminalSignalsIgnored { saved }
-    }
-}
-
-impl Drop for TerminalSignalsIgnored {
-    fn drop(&mut self) {
-        for (sig, old) in &self.saved {
-            // SAFETY: restores a disposition sigaction returned earlier.
-            unsafe {
-                libc::sigaction(*sig, old, std::ptr::null_mut());
-            }
-        }
-    }
 }

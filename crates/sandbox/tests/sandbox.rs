@@ -97,9 +97,12 @@ fn exit_codes_pass_through() {
         let got = run(&spec, &argv(&["sh", "-c", script])).unwrap();
         assert_eq!(got, want, "{script}");
     }
-    // a program that is not there never starts: an error, not an exit code
-    let err = run(&spec, &argv(&["no-such-program-xyz"])).unwrap_err();
-    assert!(matches!(err, SandboxError::Setup { code: 1 }), "{err}");
+    // a program that is not there: 127 like a shell (the command starts through
+    // `env --default-signal`), or, where env lacks that option, an error from bwrap
+    match run(&spec, &argv(&["no-such-program-xyz"])) {
+        Ok(127) | Err(SandboxError::Setup { code: 1 }) => {}
+        other => panic!("a missing program gave {other:?}"),
+    }
     // ...while a command that exits 1 is just that
     assert_eq!(run(&spec, &argv(&["false"])).unwrap(), 1);
 }
