@@ -71,7 +71,13 @@ setsid "$DESKFS" exec alice --task fix -- sh -c "echo partial > wip.txt; exec sl
 EXEC_PID=$!
 register_pid "$EXEC_PID"
 wait_for 30 test -e "$DESK/tasks/fix/wip.txt" || fail "the sandboxed command did not start: $(cat "$T/exec-kill.out")"
-sleep_running() { pgrep -f "^sleep $MARK\$" > /dev/null; }
+sleep_running() { # is "sleep $MARK" running anywhere (no procps needed)
+  local f
+  for f in /proc/[0-9]*/cmdline; do
+    [[ $(tr '\0' ' ' 2> /dev/null < "$f") == "sleep $MARK " ]] && return 0
+  done
+  return 1
+}
 sleep_running || fail "sleep $MARK is not running inside exec"
 
 DAEMON=$(dfs status "$NAME" --json | python3 -c 'import json,sys; v=json.load(sys.stdin); v=v[0] if isinstance(v,list) else v; print(v["mounts"][0]["pid"])')
