@@ -3,11 +3,17 @@
 
 mod control;
 mod daemon;
+mod desk_cmd;
+mod desk_root;
+mod exec_cmd;
 mod format;
 mod fsck;
 mod home;
+mod manual_cmd;
+mod resume_cmd;
 mod size;
 mod status;
+mod task_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,6 +27,9 @@ use clap::{Parser, Subcommand};
     after_help = "Examples:\n  deskfs format work                      # embedded default: local bucket dir + SQLite\n  deskfs mount work ~/work                # daemonizes, returns once mounted\n  echo hi > ~/work/hello.txt && deskfs sync work\n  deskfs status --json\n  deskfs umount ~/work\n\nData lives under $DESKFS_HOME (default: $XDG_DATA_HOME/deskfs or ~/.local/share/deskfs)."
 )]
 struct Cli {
+    /// Desk root for desk, task, resume, manual and exec (same as their own --root).
+    #[arg(long, value_name = "DIR")]
+    root: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -57,6 +66,29 @@ enum Cmd {
         after_help = "Examples:\n  deskfs fsck work\n  deskfs fsck work --repair\n  deskfs fsck work --check-bucket --json\n\nExit status: 0 when no problem remains, 1 otherwise."
     )]
     Fsck(fsck::FsckArgs),
+    /// Desks: an agent's durable workspace (repos, tasks, notes, tools, caches, manual).
+    #[command(
+        after_help = "Examples:\n  deskfs desk create alice                 # under desks/ on the mounted workspace\n  deskfs desk list\n  deskfs desk show alice\n  deskfs desk tidy alice --dry-run\n  deskfs desk rm alice --yes\n  deskfs --root /mnt/work/desks desk list   # or DESKFS_ROOT=/mnt/work/desks\n\nThe desk root is --root DIR, else $DESKFS_ROOT, else desks/ on the only mounted workspace."
+    )]
+    Desk(desk_cmd::DeskArgs),
+    /// Tasks: one git worktree per task under the desk's tasks/.
+    #[command(
+        after_help = "Examples:\n  deskfs task start alice fix-login --repo webapp\n  deskfs task start alice review-42 --repo webapp --branch pr/42\n  deskfs task list alice\n  deskfs task finish alice fix-login --note \"merged upstream as #51\"\n  deskfs task finish alice spike --discard"
+    )]
+    Task(task_cmd::TaskArgs),
+    /// What a session reads first: manual, open tasks and their state, newest notes, warnings.
+    #[command(after_help = "Examples:\n  deskfs resume alice\n  deskfs resume alice --json")]
+    Resume(resume_cmd::ResumeArgs),
+    /// The desk manual's machine part: recorded tools and repo commands, and drift checks.
+    #[command(
+        after_help = "Examples:\n  deskfs manual record alice rg\n  deskfs manual record alice node --version-cmd 'node -v'\n  deskfs manual repo alice webapp --test-cmd 'npm test' --build-cmd 'npm run build'\n  deskfs manual check alice              # exit status 1 on drift"
+    )]
+    Manual(manual_cmd::ManualArgs),
+    /// Run a command in a bubblewrap sandbox with the desk at /desk.
+    #[command(
+        after_help = "Examples:\n  deskfs exec alice -- cargo --version\n  deskfs exec alice --task fix-login -- npm test\n  deskfs exec alice --net none -- sh -c 'make && make check'\n\nExit status: the command's (128 + signal when a signal killed it)."
+    )]
+    Exec(exec_cmd::ExecArgs),
     /// Run a mount daemon in the foreground (used by `mount`; not for direct use).
     #[command(hide = true)]
     Daemon(daemon::MountArgs),
@@ -66,17 +98,39 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let log_to_stderr = !matches!(cli.cmd, Cmd::Daemon(_));
     init_tracing(log_to_stderr);
+    let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     let res = match cli.cmd {
-        Cmd::Format(a) => format::run(a),
-        Cmd::Mount(a) => daemon::mount(a),
-        Cmd::Daemon(a) => daemon::run_daemon(a),
-        Cmd::Umount(a) => daemon::umount(a),
-        Cmd::Sync(a) => daemon::sync(a),
-        Cmd::Status(a) => status::run(a),
-        Cmd::Fsck(a) => fsck::run(a),
+        Cmd::Format(a) => done(format::run(a)),
+        Cmd::Mount(a) => done(daemon::mount(a)),
+        Cmd::Daemon(a) => done(daemon::run_daemon(a)),
+        Cmd::Umount(a) => done(daemon::umount(a)),
+        Cmd::Sync(a) => done(daemon::sync(a)),
+        Cmd::Status(a) => done(status::run(a)),
+        Cmd::Fsck(a) => done(fsck::run(a)),
+        Cmd::Desk(mut a) => {
+            a.root.default_to(cli.root);
+            done(desk_cmd::run(a))
+        }
+        Cmd::Task(mut a) => {
+            a.root.default_to(cli.root);
+            done(task_cmd::run(a))
+        }
+        Cmd::Resume(mut a) => {
+            a.root.default_to(cli.root);
+            done(resume_cmd::run(a))
+        }
+        Cmd::Manual(mut a) => {
+            a.root.default_to(cli.root);
+            done(manual_cmd::run(a))
+        }
+        // The command's own exit status, passed through.
+        Cmd::Exec(mut a) => {
+            a.root.default_to(cli.root);
+            exec_cmd::run(a).map(ExitCode::from)
+        }
     };
     match res {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             // One line: the error and its causes.
             let mut msg = e.to_string();

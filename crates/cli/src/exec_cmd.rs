@@ -1,0 +1,111 @@
+//! `deskfs exec AGENT [--task TASK] [--net none|host] -- CMD...`: runs CMD in a
+//! bubblewrap sandbox with the desk at `/desk` (see the deskfs-sandbox crate). Exits with
+//! the command's exit code (128 + signal when a signal killed it).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use deskfs_desk::worktree::{self, Health};
+use deskfs_desk::{names, task};
+use deskfs_sandbox::{Net, SandboxSpec, DESK_MOUNT};
+
+use crate::desk_root::RootArgs;
+use crate::home::{all_mounts, list_workspaces, WorkspaceConfig};
+
+/// Network choice on the command line.
+#[derive(ValueEnum, Clone, Copy, Debug, Default)]
+pub enum NetArg {
+    /// The host's network.
+    #[default]
+    Host,
+    /// No network (loopback only).
+    None,
+}
+
+/// Arguments of `deskfs exec`.
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    #[command(flatten)]
+    pub root: RootArgs,
+    /// Agent name.
+    pub agent: String,
+    /// Run in the task's worktree (/desk/tasks/TASK) instead of /desk.
+    #[arg(long)]
+    pub task: Option<String>,
+    /// Network access inside.
+    #[arg(long, value_enum, default_value_t = NetArg::Host)]
+    pub net: NetArg,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub cmd: Vec<OsString>,
+}
+
+/// Host paths of deskfs's own data outside `$DESKFS_HOME` (which the sandbox always
+/// hides): mount cache dirs, metadata databases and local bucket dirs placed elsewhere.
+fn private_paths() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = all_mounts().into_iter().map(|m| m.cache_dir).collect();
+    for name in list_workspaces().unwrap_or_default() {
+        let Ok(cfg) = WorkspaceConfig::load(&name) else {
+            continue;
+        };
+        if let Ok(db) = cfg.sqlite_path() {
+            v.push(db);
+        }
+        if let Some(dir) = cfg.bucket.strip_prefix("file://") {
+            v.push(PathBuf::from(dir));
+        }
+    }
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Runs `deskfs exec`; the exit code to leave with.
+pub fn run(a: ExecArgs) -> Result<u8> {
+    deskfs_sandbox::check_bwrap()?;
+    let desk = a.root.open(&a.agent)?;
+    task::repair_links(&desk);
+    let workdir = match &a.task {
+        None => PathBuf::from(DESK_MOUNT),
+        Some(t) => {
+            names::check_task(t)?;
+            let dir = desk.task_dir(t);
+            if !dir.is_dir() {
+                return Err(deskfs_desk::DeskError::UnknownTask {
+                    agent: desk.agent().to_owned(),
+                    task: t.clone(),
+                    known: desk.task_names(),
+                }
+                .into());
+            }
+            let h = worktree::health(&dir);
+            if !matches!(h, Health::Ok { .. }) {
+                bail!(
+                    "task {t} is not a working git worktree ({}); see `deskfs resume {}`",
+                    task::health_text(&h),
+                    desk.agent()
+                );
+            }
+            PathBuf::from(DESK_MOUNT).join("tasks").join(t)
+        }
+    };
+    let spec = SandboxSpec {
+        desk_dir: desk.dir().to_path_buf(),
+        workdir,
+        net: match a.net {
+            NetArg::Host => Net::Host,
+            NetArg::None => Net::None,
+        },
+        env: Vec::new(),
+        // A path holding the desk cannot be hidden from it (e.g. a plain-directory root
+        // inside a local bucket dir); the sandbox still shows only the desk itself.
+        hide: private_paths()
+            .into_iter()
+            .filter(|p| !desk.dir().starts_with(p))
+            .collect(),
+    };
+    let code = deskfs_sandbox::run(&spec, &a.cmd)?;
+    Ok(u8::try_from(code.clamp(0, 255)).unwrap_or(255))
+}

@@ -1,0 +1,143 @@
+//! Running git: one place that builds the command (no inherited `GIT_DIR`-style overrides,
+//! no prompts), captures its output and turns a failure into [`DeskError::Git`].
+
+use std::ffi::OsStr;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+use crate::error::{DeskError, Result};
+
+/// Environment variables that would redirect git away from the `-C` directory.
+const REDIRECTS: [&str; 6] = [
+    "GIT_DIR",
+    "GIT_WORK_TREE",
+    "GIT_INDEX_FILE",
+    "GIT_COMMON_DIR",
+    "GIT_OBJECT_DIRECTORY",
+    "GIT_NAMESPACE",
+];
+
+/// A `git -C dir ARGS` command with a clean environment, stdin closed.
+pub fn command<I, S>(dir: &Path, args: I) -> Command
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<OsStr>,
+{
+    let mut c = Command::new("git");
+    c.arg("-C").arg(dir).args(args);
+    for v in REDIRECTS {
+        c.env_remove(v);
+    }
+    c.env("GIT_TERMINAL_PROMPT", "0")
+        .env("LC_ALL", "C")
+        .stdin(Stdio::null());
+    c
+}
+
+fn describe(args: &[&str]) -> String {
+    args.join(" ")
+}
+
+/// Runs git and returns its raw output, whatever the exit status.
+///
+/// # Errors
+/// [`DeskError::NoGit`] when git cannot be started.
+pub fn output(dir: &Path, args: &[&str]) -> Result<Output> {
+    command(dir, args).output().map_err(DeskError::NoGit)
+}
+
+/// Runs git; its stdout (lossy UTF-8, trailing newline removed) on success.
+///
+/// # Errors
+/// [`DeskError::Git`] with the first lines of stderr on a non-zero exit.
+pub fn run(dir: &Path, args: &[&str]) -> Result<String> {
+    let out = output(dir, args)?;
+    if !out.status.success() {
+        return Err(failure(dir, args, &out));
+    }
+    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+    while s.ends_with('\n') {
+        s.pop();
+    }
+    Ok(s)
+}
+
+/// Runs git; `Some(stdout)` on success, `None` on a non-zero exit (a "no" answer such as
+/// `rev-parse --verify` of a missing ref).
+///
+/// # Errors
+/// [`DeskError::NoGit`] when git cannot be started.
+pub fn try_run(dir: &Path, args: &[&str]) -> Result<Option<String>> {
+    let out = output(dir, args)?;
+    if !out.status.success() {
+        return Ok(None);
+    }
+    let mut s = String::from_utf8_lossy(&out.stdout).into_owned();
+    while s.ends_with('\n') {
+        s.pop();
+    }
+    Ok(Some(s))
+}
+
+/// The [`DeskError::Git`] of a failed run: stderr joined into one line (at most 3 lines).
+pub fn failure(dir: &Path, args: &[&str], out: &Output) -> DeskError {
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .take(3)
+        .collect();
+    let message = if lines.is_empty() {
+        format!("exit status {}", out.status)
+    } else {
+        lines.join(" / ")
+    };
+    DeskError::Git {
+        args: describe(args),
+        dir: dir.to_path_buf(),
+        message,
+    }
+}
+
+/// git's version as (major, minor, patch), probed once per process; `None` if git is
+/// missing or prints something unexpected.
+pub fn version() -> Option<(u32, u32, u32)> {
+    static V: OnceLock<Option<(u32, u32, u32)>> = OnceLock::new();
+    *V.get_or_init(|| {
+        let out = Command::new("git").arg("--version").output().ok()?;
+        parse_version(&String::from_utf8_lossy(&out.stdout))
+    })
+}
+
+/// Parses `git version 2.47.3` (also `2.48.0.rc1`, `2.39.2.windows.1`).
+pub fn parse_version(s: &str) -> Option<(u32, u32, u32)> {
+    let v = s.trim().strip_prefix("git version ")?;
+    let mut it = v.split(|c: char| !c.is_ascii_digit());
+    let major = it.next()?.parse().ok()?;
+    let minor = it.next()?.parse().ok()?;
+    let patch = it.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+    Some((major, minor, patch))
+}
+
+/// Whether `git worktree add --relative-paths` exists (git >= 2.48).
+pub fn has_relative_paths() -> bool {
+    version().is_some_and(|v| v >= (2, 48, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions() {
+        assert_eq!(parse_version("git version 2.47.3\n"), Some((2, 47, 3)));
+        assert_eq!(parse_version("git version 2.48.0.rc1"), Some((2, 48, 0)));
+        assert_eq!(
+            parse_version("git version 2.39.2.windows.1"),
+            Some((2, 39, 2))
+        );
+        assert_eq!(parse_version("git version 3.0"), Some((3, 0, 0)));
+        assert_eq!(parse_version("hg 1.0"), None);
+    }
+}

@@ -1,0 +1,513 @@
+//! In-process tests of the desk layer on plain temp dirs, against the real git.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Barrier, Once};
+use std::time::{Duration, SystemTime};
+
+use deskfs_desk::tidy::{tidy, TidyOptions};
+use deskfs_desk::{manual, resume, task, Desk, DeskError};
+
+fn setup() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for (k, v) in [
+            ("GIT_CONFIG_NOSYSTEM", "1"),
+            ("GIT_CONFIG_GLOBAL", "/dev/null"),
+            ("GIT_AUTHOR_NAME", "desk test"),
+            ("GIT_AUTHOR_EMAIL", "t@deskfs.invalid"),
+            ("GIT_COMMITTER_NAME", "desk test"),
+            ("GIT_COMMITTER_EMAIL", "t@deskfs.invalid"),
+        ] {
+            std::env::set_var(k, v);
+        }
+    });
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?} in {}: {}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim_end().to_owned()
+}
+
+/// A source repo with two commits, a .gitignore, a .worktreeinclude, an ignored .env and
+/// config/local.toml, an ignored build dir and an untracked, non-ignored file.
+fn source_repo(base: &Path) -> PathBuf {
+    let src = base.join("src");
+    fs::create_dir_all(&src).unwrap();
+    git(&src, &["init", "-q", "-b", "main"]);
+    fs::write(src.join("README"), "hello\n").unwrap();
+    fs::write(
+        src.join(".gitignore"),
+        ".env\nconfig/local.toml\nbuild/\n*.secret\n",
+    )
+    .unwrap();
+    fs::write(
+        src.join(".worktreeinclude"),
+        "# copied into task worktrees\n.env\nconfig/*.toml\n*.secret\n",
+    )
+    .unwrap();
+    git(&src, &["add", "."]);
+    git(&src, &["commit", "-q", "-m", "first"]);
+    fs::write(src.join("lib.txt"), "lib\n").unwrap();
+    git(&src, &["add", "."]);
+    git(&src, &["commit", "-q", "-m", "second"]);
+    src
+}
+
+/// A desk with `repos/app` cloned from [`source_repo`] and the ignored files in its checkout.
+fn desk_with_repo(base: &Path) -> (PathBuf, Desk) {
+    setup();
+    let src = source_repo(base);
+    let root = base.join("desks");
+    let desk = Desk::create(&root, "agent").unwrap();
+    let app = desk.repo_dir("app");
+    git(
+        base,
+        &["clone", "-q", src.to_str().unwrap(), app.to_str().unwrap()],
+    );
+    fs::write(app.join(".env"), "TOKEN=1\n").unwrap();
+    fs::create_dir_all(app.join("config")).unwrap();
+    fs::write(app.join("config/local.toml"), "x = 1\n").unwrap();
+    fs::write(app.join("k.secret"), "s\n").unwrap();
+    fs::create_dir_all(app.join("build")).unwrap();
+    fs::write(app.join("build/out.bin"), "bin\n").unwrap();
+    fs::write(app.join("notes.txt"), "untracked, not ignored\n").unwrap();
+    (root, desk)
+}
+
+#[test]
+fn task_lifecycle_resume_finish_tidy() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+
+    let s1 = task::start(&desk, "t1", "app", None).unwrap();
+    assert!(s1.created_branch);
+    let mut copied: Vec<String> = s1.copied.iter().map(|p| p.display().to_string()).collect();
+    copied.sort();
+    assert_eq!(copied, [".env", "config/local.toml", "k.secret"]);
+    let t1 = desk.task_dir("t1");
+    assert_eq!(fs::read_to_string(t1.join(".env")).unwrap(), "TOKEN=1\n");
+    assert!(
+        !t1.join("notes.txt").exists(),
+        "untracked non-ignored files are not copied"
+    );
+    assert!(
+        !t1.join("build").exists(),
+        "ignored files not named are not copied"
+    );
+    let dotgit = fs::read_to_string(t1.join(".git")).unwrap();
+    assert_eq!(
+        dotgit.trim_end(),
+        "gitdir: ../../repos/app/.git/worktrees/t1"
+    );
+
+    let s2 = task::start(&desk, "t2", "app", Some("feature/two")).unwrap();
+    assert_eq!(s2.branch, "feature/two");
+
+    // Work: one commit in t1, an uncommitted edit and an untracked file in t2.
+    fs::write(t1.join("lib.txt"), "lib v2\n").unwrap();
+    git(&t1, &["commit", "-q", "-am", "t1 work"]);
+    let t2 = desk.task_dir("t2");
+    fs::write(t2.join("README"), "changed\n").unwrap();
+    fs::write(t2.join("new.txt"), "new\n").unwrap();
+
+    let r = resume::resume(&desk).unwrap();
+    assert_eq!(r.tasks.len(), 2);
+    let st1 = r.tasks[0].state.clone().unwrap();
+    assert_eq!(
+        (st1.branch.as_deref(), st1.ahead, st1.behind),
+        (Some("t1"), Some(1), Some(0))
+    );
+    assert_eq!(st1.base.as_deref(), Some("origin/main"));
+    assert_eq!(st1.dirty_count(), 0);
+    let st2 = r.tasks[1].state.clone().unwrap();
+    assert_eq!((st2.uncommitted, st2.untracked), (1, 1));
+    let kinds: Vec<&str> = r.warnings.iter().map(|w| w.kind).collect();
+    assert_eq!(kinds, ["dirty-task"], "{:?}", r.warnings);
+    assert!(r.manual.contains("# Desk manual: agent"));
+    assert!(!r.manual.contains("deskfs:manual:begin"));
+    assert!(r
+        .to_text()
+        .contains("t1  repo app  branch t1  1 ahead, 0 behind origin/main  clean"));
+
+    // Finishing t2 with work in it is refused, nothing changes.
+    let e = task::finish(&desk, "t2", false, None).unwrap_err();
+    assert!(matches!(e, DeskError::Uncommitted { count: 2, .. }), "{e}");
+    assert!(t2.join("new.txt").exists());
+
+    // t1: committed work (ignored .env etc. do not count) -> removed, note written.
+    let f1 = task::finish(&desk, "t1", false, Some("done with t1")).unwrap();
+    assert_eq!(f1.commits, 1);
+    assert!(!t1.exists());
+    let note = fs::read_to_string(&f1.note).unwrap();
+    assert!(
+        note.starts_with("# Task t1 finished: 1 commit(s) on branch t1 (repo app)"),
+        "{note}"
+    );
+    assert!(
+        note.contains("t1 work") && note.contains("done with t1"),
+        "{note}"
+    );
+    assert!(
+        git(&desk.repo_dir("app"), &["branch", "--list", "t1"]).contains("t1"),
+        "branch kept"
+    );
+
+    let f2 = task::finish(&desk, "t2", true, None).unwrap();
+    assert_eq!((f2.commits, f2.discarded), (0, 2));
+    assert!(!t2.exists());
+    let wl = git(&desk.repo_dir("app"), &["worktree", "list", "--porcelain"]);
+    assert_eq!(
+        wl.matches("worktree ").count(),
+        1,
+        "only the main worktree is left: {wl}"
+    );
+
+    let r = resume::resume(&desk).unwrap();
+    assert!(
+        r.tasks.is_empty() && r.warnings.is_empty(),
+        "{:?}",
+        r.warnings
+    );
+    assert_eq!(r.notes.len(), 2);
+    assert!(r.notes[0].first_line.starts_with("Task t"), "{:?}", r.notes);
+
+    // Tidy: feature/two (no commits) is merged into origin/main -> deleted; t1 is not.
+    let items = tidy(&desk, &TidyOptions::default()).unwrap();
+    let what: Vec<(&str, &str)> = items.iter().map(|i| (i.kind, i.what.as_str())).collect();
+    assert_eq!(what, [("merged-branch", "app:feature/two")], "{items:?}");
+    assert!(items[0].removed);
+    assert!(git(&desk.repo_dir("app"), &["branch", "--list", "feature/two"]).is_empty());
+    assert!(tidy(&desk, &TidyOptions::default()).unwrap().is_empty());
+}
+
+#[test]
+fn worktree_links_survive_a_move() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, desk) = desk_with_repo(t.path());
+    task::start(&desk, "mv", "app", None).unwrap();
+    drop(desk);
+    // The desk appears at another absolute path (like a second mount point).
+    let moved = t.path().join("elsewhere");
+    fs::rename(&root, &moved).unwrap();
+    let d = moved.join("agent");
+    let wt = d.join("tasks/mv");
+    let repo = d.join("repos/app");
+    assert!(git(&wt, &["status", "--porcelain"]).is_empty());
+    fs::write(wt.join("x.txt"), "x\n").unwrap();
+    git(&wt, &["add", "x.txt"]);
+    git(&wt, &["commit", "-q", "-m", "moved commit"]);
+    // prune from the repo and from the worktree must keep the registration (locked).
+    git(&repo, &["worktree", "prune"]);
+    git(&wt, &["worktree", "prune"]);
+    assert!(repo.join(".git/worktrees/mv").is_dir());
+    assert!(git(&repo, &["worktree", "list"]).contains("locked"));
+    // The first deskfs command at the new place repairs the back link.
+    let desk = Desk::open(&moved, "agent").unwrap();
+    assert!(task::repair_links(&desk).is_empty());
+    let back = fs::read_to_string(repo.join(".git/worktrees/mv/gitdir")).unwrap();
+    assert_eq!(
+        back.trim_end(),
+        desk.task_dir("mv").join(".git").display().to_string()
+    );
+    let list = git(&repo, &["worktree", "list"]);
+    assert!(
+        list.contains(&desk.task_dir("mv").display().to_string()),
+        "{list}"
+    );
+    let r = resume::resume(&desk).unwrap();
+    assert_eq!(r.tasks[0].state.as_ref().unwrap().ahead, Some(1));
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    task::finish(&desk, "mv", false, None).unwrap();
+    assert!(!repo.join(".git/worktrees/mv").exists());
+}
+
+#[test]
+fn concurrent_starts_one_wins() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    let n = 6;
+    let barrier = Arc::new(Barrier::new(n));
+    let handles: Vec<_> = (0..n)
+        .map(|_| {
+            let desk = desk.clone();
+            let b = barrier.clone();
+            std::thread::spawn(move || {
+                b.wait();
+                task::start(&desk, "same", "app", None)
+            })
+        })
+        .collect();
+    let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(ok, 1, "{results:?}");
+    for e in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            matches!(e, DeskError::TaskBusy { .. } | DeskError::TaskExists { .. }),
+            "{e}"
+        );
+    }
+    let r = resume::resume(&desk).unwrap();
+    assert_eq!(r.tasks.len(), 1);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+}
+
+#[test]
+fn bad_input_leaves_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    for bad in ["a..b", "x/y", "-x", ".hidden", "a b", "x.lock", "HEAD", ""] {
+        let e = task::start(&desk, bad, "app", None).unwrap_err();
+        assert!(matches!(e, DeskError::InvalidName { .. }), "{bad}: {e}");
+    }
+    let e = task::start(&desk, "ok", "app", Some("bad..branch")).unwrap_err();
+    assert!(
+        matches!(e, DeskError::InvalidName { what: "branch", .. }),
+        "{e}"
+    );
+    let e = task::start(&desk, "ok", "nope", None).unwrap_err();
+    assert!(e.to_string().contains("known: app"), "{e}");
+    let e = task::start(&desk, "ok", "../app", None).unwrap_err();
+    assert!(matches!(e, DeskError::UnknownRepo { .. }), "{e}");
+    fs::create_dir_all(desk.repo_dir("plain")).unwrap();
+    let e = task::start(&desk, "ok", "plain", None).unwrap_err();
+    assert!(matches!(e, DeskError::NotARepo { .. }), "{e}");
+    // A branch already checked out in another worktree: git refuses, all rolled back.
+    task::start(&desk, "first", "app", None).unwrap();
+    let e = task::start(&desk, "second", "app", Some("first")).unwrap_err();
+    assert!(matches!(e, DeskError::Git { .. }), "{e}");
+    let e = task::start(&desk, "first", "app", None).unwrap_err();
+    assert!(matches!(e, DeskError::TaskExists { .. }), "{e}");
+    let e = task::finish(&desk, "nope", false, None).unwrap_err();
+    assert!(e.to_string().contains("known: first"), "{e}");
+    assert_eq!(desk.task_names(), ["first"]);
+    let records: Vec<_> = fs::read_dir(desk.records_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(records, ["first.toml"]);
+    let locks: Vec<_> = fs::read_dir(desk.locks_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        locks.is_empty(),
+        "lock files are removed on release: {locks:?}"
+    );
+    assert!(git(&desk.repo_dir("app"), &["branch", "--list", "second"]).is_empty());
+    // A branch only the remote has: tracked.
+    let src = t.path().join("src");
+    git(&src, &["branch", "topic"]);
+    git(&desk.repo_dir("app"), &["fetch", "-q", "origin"]);
+    let s = task::start(&desk, "on-topic", "app", Some("topic")).unwrap();
+    assert!(s.created_branch);
+    let st = task::info(&desk, "on-topic").state.unwrap();
+    assert_eq!(st.base.as_deref(), Some("origin/topic"), "{st:?}");
+    // An existing branch is checked out, not recreated.
+    git(&desk.repo_dir("app"), &["branch", "old-branch"]);
+    let s = task::start(&desk, "reuse", "app", Some("old-branch")).unwrap();
+    assert!(!s.created_branch);
+}
+
+#[test]
+fn manual_record_and_drift() {
+    setup();
+    let t = tempfile::tempdir().unwrap();
+    let desk = Desk::create(&t.path().join("desks"), "m").unwrap();
+    let tool = desk.tools_bin().join("mytool");
+    fs::write(&tool, "#!/bin/sh\necho mytool 1.0\n").unwrap();
+    fs::set_permissions(&tool, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    // The human part, edited by the agent, must survive byte for byte.
+    let text = fs::read_to_string(desk.manual_path()).unwrap();
+    let edited = text.replace("- (none yet)", "- use  `make -j2`\t(trailing spaces)   \r");
+    fs::write(desk.manual_path(), &edited).unwrap();
+    let human_before = manual::Manual::load(&desk.manual_path()).unwrap().human();
+
+    let e = manual::record_tool(&desk, "missing-tool", None).unwrap_err();
+    assert!(matches!(e, DeskError::VersionCmd { .. }), "{e}");
+    let entry = manual::record_tool(&desk, "mytool", None).unwrap();
+    assert_eq!(
+        (entry.version.as_str(), entry.version_cmd.as_str()),
+        ("mytool 1.0", "mytool --version")
+    );
+    manual::record_tool(&desk, "sh", Some("echo sh-is-here")).unwrap();
+    manual::record_repo(&desk, "app", Some("./run-tests.sh"), Some("make")).unwrap();
+    let m = manual::Manual::load(&desk.manual_path()).unwrap();
+    assert_eq!(m.human(), human_before);
+    assert_eq!(m.machine.tools.len(), 2);
+    assert!(fs::read_to_string(desk.claude_path())
+        .unwrap()
+        .contains("mytool 1.0"));
+
+    // The repo does not exist yet: drift.
+    let d = manual::check(&desk).unwrap();
+    assert_eq!(d.len(), 1, "{d:?}");
+    assert_eq!(d[0].subject, "repo app");
+    fs::create_dir_all(desk.repo_dir("app")).unwrap();
+    let d = manual::check(&desk).unwrap();
+    assert!(d[0].problem.contains("./run-tests.sh"), "{d:?}");
+    let script = desk.repo_dir("app").join("run-tests.sh");
+    fs::write(&script, "#!/bin/sh\n").unwrap();
+    fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    assert!(manual::check(&desk).unwrap().is_empty());
+
+    // New version, then the tool removed.
+    fs::write(&tool, "#!/bin/sh\necho mytool 2.0\n").unwrap();
+    let d = manual::check(&desk).unwrap();
+    assert!(d.len() == 1 && d[0].problem.contains("mytool 2.0"), "{d:?}");
+    fs::remove_file(&tool).unwrap();
+    let d = manual::check(&desk).unwrap();
+    assert!(
+        d.len() == 1 && d[0].subject == "tool mytool" && d[0].problem.contains("failed"),
+        "{d:?}"
+    );
+    let r = resume::resume(&desk).unwrap();
+    assert_eq!(r.warnings.len(), 1);
+    assert_eq!(r.warnings[0].kind, "manual-drift");
+    // CLAUDE.md replaced by a regular file is drift too.
+    fs::remove_file(desk.claude_path()).unwrap();
+    fs::write(desk.claude_path(), "x").unwrap();
+    assert!(manual::check(&desk)
+        .unwrap()
+        .iter()
+        .any(|d| d.subject == "CLAUDE.md"));
+}
+
+fn age(p: &Path, secs: u64) {
+    let f = fs::File::options().write(true).open(p).unwrap();
+    f.set_modified(SystemTime::now() - Duration::from_secs(secs))
+        .unwrap();
+}
+
+#[test]
+fn tidy_finds_and_removes_leftovers() {
+    let t = tempfile::tempdir().unwrap();
+    let (root, desk) = desk_with_repo(t.path());
+    task::start(&desk, "keep", "app", None).unwrap();
+    task::start(&desk, "gone", "app", None).unwrap();
+    // Worktree deleted by hand: stale registration + record without dir.
+    fs::remove_dir_all(desk.task_dir("gone")).unwrap();
+    // A half-made task dir, a leftover lock, scratch files, an old and a new tmp file,
+    // an oversized cache, a leftover of an interrupted create.
+    fs::create_dir_all(desk.task_dir("half/sub")).unwrap();
+    fs::write(desk.task_dir("half/sub/f"), vec![1u8; 100]).unwrap();
+    fs::write(desk.locks_dir().join("task-dead.lock"), "pid 999999\n").unwrap();
+    fs::write(desk.dir().join("notes/draft.md~"), "x").unwrap();
+    fs::write(desk.dir().join("scratch.tmp"), "xx").unwrap();
+    fs::write(desk.dir().join("notes/keep.md"), "keep").unwrap();
+    fs::write(
+        desk.task_dir("keep").join("work.tmp"),
+        "in a worktree: not touched",
+    )
+    .unwrap();
+    fs::create_dir_all(desk.tmp_dir().join("d")).unwrap();
+    fs::write(desk.tmp_dir().join("d/old"), vec![0u8; 10]).unwrap();
+    age(&desk.tmp_dir().join("d/old"), 2 * 86_400);
+    fs::write(desk.tmp_dir().join("new"), "n").unwrap();
+    fs::write(desk.cache_root().join("npm/blob"), vec![0u8; 5000]).unwrap();
+    fs::create_dir_all(root.join(".agent.creating.1")).unwrap();
+    let index_lock = desk.repo_dir("app").join(".git/worktrees/keep/index.lock");
+    fs::write(&index_lock, "").unwrap();
+    age(&index_lock, 2 * 3600);
+
+    let r = resume::resume(&desk).unwrap();
+    let mut kinds: Vec<&str> = r.warnings.iter().map(|w| w.kind).collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            "broken-task",
+            "dirty-task",
+            "git-lock",
+            "leftover-lock",
+            "missing-task",
+            "stale-registration"
+        ],
+        "{:?}",
+        r.warnings
+    );
+
+    let opts = TidyOptions {
+        dry_run: true,
+        cache_cap: 4096,
+        ..TidyOptions::default()
+    };
+    let dry = tidy(&desk, &opts).unwrap();
+    let mut found: Vec<(&str, String)> = dry.iter().map(|i| (i.kind, i.what.clone())).collect();
+    found.sort();
+    let expect: Vec<(&str, String)> = vec![
+        ("broken-task", "tasks/half".into()),
+        ("cache-over-cap", ".cache/npm".into()),
+        (
+            "git-lock",
+            "repos/app/.git/worktrees/keep/index.lock".into(),
+        ),
+        ("leftover-lock", ".desk/locks/task-dead.lock".into()),
+        ("old-tmp", "tmp/d/old".into()),
+        (
+            "scratch",
+            root.join(".agent.creating.1").display().to_string(),
+        ),
+        ("scratch", "notes/draft.md~".into()),
+        ("scratch", "scratch.tmp".into()),
+        ("stale-registration", "repos/app/.git/worktrees/gone".into()),
+    ];
+    assert_eq!(found, expect, "{dry:?}");
+    assert!(dry.iter().all(|i| !i.removed));
+    assert_eq!(
+        dry.iter().find(|i| i.kind == "broken-task").unwrap().bytes,
+        100
+    );
+    assert_eq!(
+        dry.iter()
+            .find(|i| i.kind == "cache-over-cap")
+            .unwrap()
+            .bytes,
+        5000
+    );
+    assert!(desk.task_dir("half").exists(), "dry run removes nothing");
+
+    let done = tidy(
+        &desk,
+        &TidyOptions {
+            dry_run: false,
+            ..opts.clone()
+        },
+    )
+    .unwrap();
+    assert_eq!(done.len(), expect.len());
+    assert!(
+        done.iter().all(|i| i.removed && i.error.is_none()),
+        "{done:?}"
+    );
+    assert!(!desk.task_dir("half").exists());
+    assert!(!desk.tmp_dir().join("d").exists() && desk.tmp_dir().join("new").exists());
+    assert!(desk.dir().join("notes/keep.md").exists());
+    assert!(desk.task_dir("keep").join("work.tmp").exists());
+    assert!(desk.cache_root().join("npm").is_dir());
+    assert!(!desk.repo_dir("app").join(".git/worktrees/gone").exists());
+    assert!(desk.repo_dir("app").join(".git/worktrees/keep").exists());
+    assert!(tidy(&desk, &opts).unwrap().is_empty());
+    // missing-task: the record of the hand-deleted task is still reported by resume.
+    let kinds: Vec<&str> = resume::resume(&desk)
+        .unwrap()
+        .warnings
+        .iter()
+        .map(|w| w.kind)
+        .collect();
+    assert_eq!(kinds, ["dirty-task", "missing-task"]);
+}
