@@ -53,6 +53,13 @@ impl DeskFs {
         DeskFs { vfs, ttls }
     }
 
+    /// Starts timing one request of kind `op`, and tells the VFS that the file system is
+    /// in use (the uploader yields to bursts of requests).
+    fn timed(&self, op: crate::stats::Op) -> crate::stats::Timed {
+        self.vfs.note_activity();
+        crate::stats::timed(op)
+    }
+
     /// How long the kernel may cache attributes now.
     fn attr_ttl(&self) -> Duration {
         if self.vfs.shared() {
@@ -190,7 +197,7 @@ impl Filesystem for DeskFs {
     }
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _op = crate::stats::timed(crate::stats::Op::Lookup);
+        let _op = self.timed(crate::stats::Op::Lookup);
         let result = self.vfs.lookup(&ctx(req), parent.0, name.as_bytes());
         self.reply_entry("lookup", result, reply);
     }
@@ -200,7 +207,7 @@ impl Filesystem for DeskFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _op = crate::stats::timed(crate::stats::Op::Getattr);
+        let _op = self.timed(crate::stats::Op::Getattr);
         match self.vfs.getattr(ino.0) {
             Ok(attr) => reply.attr(&self.attr_ttl(), &file_attr(&attr)),
             Err(e) => reply.error(errno("getattr", &e)),
@@ -225,7 +232,7 @@ impl Filesystem for DeskFs {
         _flags: Option<BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Setattr);
+        let _op = self.timed(crate::stats::Op::Setattr);
         // ctime is only sent with the writeback cache (not enabled); the others are macOS.
         let set = SetAttr {
             mode,
@@ -243,7 +250,7 @@ impl Filesystem for DeskFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        let _op = crate::stats::timed(crate::stats::Op::Readlink);
+        let _op = self.timed(crate::stats::Op::Readlink);
         match self.vfs.readlink(ino.0) {
             Ok(target) => reply.data(&target),
             Err(e) => reply.error(errno("readlink", &e)),
@@ -260,7 +267,7 @@ impl Filesystem for DeskFs {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Mknod);
+        let _op = self.timed(crate::stats::Op::Mknod);
         let result = self
             .vfs
             .mknod(&ctx(req), parent.0, name.as_bytes(), mode, umask, rdev);
@@ -276,7 +283,7 @@ impl Filesystem for DeskFs {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Mkdir);
+        let _op = self.timed(crate::stats::Op::Mkdir);
         let result = self
             .vfs
             .mkdir(&ctx(req), parent.0, name.as_bytes(), mode, umask);
@@ -284,13 +291,13 @@ impl Filesystem for DeskFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _op = crate::stats::timed(crate::stats::Op::Unlink);
+        let _op = self.timed(crate::stats::Op::Unlink);
         let result = self.vfs.unlink(&ctx(req), parent.0, name.as_bytes());
         reply_empty("unlink", result, reply);
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _op = crate::stats::timed(crate::stats::Op::Rmdir);
+        let _op = self.timed(crate::stats::Op::Rmdir);
         let result = self.vfs.rmdir(&ctx(req), parent.0, name.as_bytes());
         reply_empty("rmdir", result, reply);
     }
@@ -303,7 +310,7 @@ impl Filesystem for DeskFs {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Symlink);
+        let _op = self.timed(crate::stats::Op::Symlink);
         let result = self.vfs.symlink(
             &ctx(req),
             parent.0,
@@ -323,7 +330,7 @@ impl Filesystem for DeskFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Rename);
+        let _op = self.timed(crate::stats::Op::Rename);
         let result = self.vfs.rename(
             &ctx(req),
             parent.0,
@@ -343,7 +350,7 @@ impl Filesystem for DeskFs {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Link);
+        let _op = self.timed(crate::stats::Op::Link);
         let result = self
             .vfs
             .link(&ctx(req), ino.0, newparent.0, newname.as_bytes());
@@ -351,7 +358,7 @@ impl Filesystem for DeskFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
-        let _op = crate::stats::timed(crate::stats::Op::Open);
+        let _op = self.timed(crate::stats::Op::Open);
         match self.vfs.open(&ctx(req), ino.0, flags.0) {
             Ok(o) => reply.opened(FileHandle(o.fh), fopen_flags(o.keep_cache)),
             Err(e) => reply.error(errno("open", &e)),
@@ -369,7 +376,7 @@ impl Filesystem for DeskFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Read);
+        let _op = self.timed(crate::stats::Op::Read);
         match self.vfs.read(ino.0, fh.0, offset, size) {
             Ok(data) => reply.data(&data),
             Err(e) => reply.error(errno("read", &e)),
@@ -388,7 +395,7 @@ impl Filesystem for DeskFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Write);
+        let _op = self.timed(crate::stats::Op::Write);
         // FUSE_HANDLE_KILLPRIV_V2: the kernel asks us to drop setuid/setgid (and file
         // capabilities) when a writer without CAP_FSETID writes.
         if write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID) {
@@ -410,7 +417,7 @@ impl Filesystem for DeskFs {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Flush);
+        let _op = self.timed(crate::stats::Op::Flush);
         // close(2) of any descriptor drops the process's POSIX locks on the file.
         if let Err(e) = self.vfs.release_locks(ino.0, lock_owner.0) {
             errno("flush(unlock)", &e);
@@ -428,7 +435,7 @@ impl Filesystem for DeskFs {
         mode: i32,
         reply: ReplyEmpty,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Fallocate);
+        let _op = self.timed(crate::stats::Op::Fallocate);
         reply_empty(
             "fallocate",
             self.vfs.fallocate(ino.0, fh.0, offset, length, mode),
@@ -445,7 +452,7 @@ impl Filesystem for DeskFs {
         whence: i32,
         reply: fuser::ReplyLseek,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Lseek);
+        let _op = self.timed(crate::stats::Op::Lseek);
         match self.vfs.lseek(ino.0, fh.0, offset, whence) {
             Ok(o) => reply.offset(o),
             Err(e) => reply.error(errno("lseek", &e)),
@@ -463,7 +470,7 @@ impl Filesystem for DeskFs {
         _out_size: u32,
         reply: fuser::ReplyIoctl,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Ioctl);
+        let _op = self.timed(crate::stats::Op::Ioctl);
         // No ioctls (TCGETS probes from isatty() land here): "not a typewriter", as ext4.
         reply.error(Errno::ENOTTY);
     }
@@ -480,7 +487,7 @@ impl Filesystem for DeskFs {
         _pid: u32,
         reply: ReplyLock,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Getlk);
+        let _op = self.timed(crate::stats::Op::Getlk);
         match self.vfs.getlk(ino.0, lock_owner.0, start, end, typ) {
             Ok(l) => reply.locked(l.start, l.end, l.typ.raw(), l.pid),
             Err(e) => reply.error(errno("getlk", &e)),
@@ -500,7 +507,7 @@ impl Filesystem for DeskFs {
         sleep: bool,
         reply: ReplyEmpty,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Setlk);
+        let _op = self.timed(crate::stats::Op::Setlk);
         if !sleep {
             let r = self
                 .vfs
@@ -530,7 +537,7 @@ impl Filesystem for DeskFs {
         flush: bool,
         reply: ReplyEmpty,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Release);
+        let _op = self.timed(crate::stats::Op::Release);
         // FUSE_RELEASE_FLOCK_UNLOCK: the open file's flock lock goes with it.
         if let Some(owner) = lock_owner {
             if let Err(e) = self.vfs.release_locks(ino.0, owner.0) {
@@ -555,14 +562,22 @@ impl Filesystem for DeskFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Fsync);
+        let _op = self.timed(crate::stats::Op::Fsync);
         reply_empty("fsync", self.vfs.fsync(ino.0, fh.0, datasync), reply);
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let _op = crate::stats::timed(crate::stats::Op::Opendir);
+        let _op = self.timed(crate::stats::Op::Opendir);
         match self.vfs.opendir(ino.0) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            // The kernel caches listings (in the directory's page cache) and keeps them
+            // across opens while the directory has not changed.
+            Ok(fh) => {
+                let mut flags = FopenFlags::FOPEN_CACHE_DIR;
+                if self.vfs.dir_cache_current(ino.0) {
+                    flags |= FopenFlags::FOPEN_KEEP_CACHE;
+                }
+                reply.opened(FileHandle(fh), flags)
+            }
             Err(e) => reply.error(errno("opendir", &e)),
         }
     }
@@ -575,7 +590,7 @@ impl Filesystem for DeskFs {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Readdir);
+        let _op = self.timed(crate::stats::Op::Readdir);
         let entries = match self.vfs.readdir(ino.0, fh.0, offset, false) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno("readdir", &e)),
@@ -597,7 +612,7 @@ impl Filesystem for DeskFs {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Readdirplus);
+        let _op = self.timed(crate::stats::Op::Readdirplus);
         let entries = match self.vfs.readdir(ino.0, fh.0, offset, true) {
             Ok(entries) => entries,
             Err(e) => return reply.error(errno("readdirplus", &e)),
@@ -633,7 +648,7 @@ impl Filesystem for DeskFs {
         _flags: OpenFlags,
         reply: ReplyEmpty,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Releasedir);
+        let _op = self.timed(crate::stats::Op::Releasedir);
         reply_empty("releasedir", self.vfs.releasedir(ino.0, fh.0), reply);
     }
 
@@ -645,12 +660,12 @@ impl Filesystem for DeskFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Fsyncdir);
+        let _op = self.timed(crate::stats::Op::Fsyncdir);
         reply_empty("fsyncdir", self.vfs.fsyncdir(ino.0), reply);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        let _op = crate::stats::timed(crate::stats::Op::Statfs);
+        let _op = self.timed(crate::stats::Op::Statfs);
         match self.vfs.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.frsize,
@@ -669,31 +684,31 @@ impl Filesystem for DeskFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Setxattr);
+        let _op = self.timed(crate::stats::Op::Setxattr);
         // `position` is macOS-only (resource forks); Linux always sends 0.
         let result = self.vfs.setxattr(ino.0, name.as_bytes(), value, flags);
         reply_empty("setxattr", result, reply);
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        let _op = crate::stats::timed(crate::stats::Op::Getxattr);
+        let _op = self.timed(crate::stats::Op::Getxattr);
         let result = self.vfs.getxattr(ino.0, name.as_bytes());
         reply_xattr("getxattr", result, size, reply);
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        let _op = crate::stats::timed(crate::stats::Op::Listxattr);
+        let _op = self.timed(crate::stats::Op::Listxattr);
         reply_xattr("listxattr", self.vfs.listxattr(ino.0), size, reply);
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        let _op = crate::stats::timed(crate::stats::Op::Removexattr);
+        let _op = self.timed(crate::stats::Op::Removexattr);
         let result = self.vfs.removexattr(ino.0, name.as_bytes());
         reply_empty("removexattr", result, reply);
     }
 
     fn access(&self, req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
-        let _op = crate::stats::timed(crate::stats::Op::Access);
+        let _op = self.timed(crate::stats::Op::Access);
         let result = self.vfs.access(&ctx(req), ino.0, mask.bits());
         reply_empty("access", result, reply);
     }
@@ -708,7 +723,7 @@ impl Filesystem for DeskFs {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let _op = crate::stats::timed(crate::stats::Op::Create);
+        let _op = self.timed(crate::stats::Op::Create);
         let result = self
             .vfs
             .create(&ctx(req), parent.0, name.as_bytes(), mode, umask, flags);

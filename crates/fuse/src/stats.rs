@@ -42,8 +42,9 @@ const N: usize = 34;
 static COUNT: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 static NANOS: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 
-/// Counts one request of kind `op` and, when dropped, the time spent on it.
-pub(crate) struct Timed {
+/// Counts one request of kind `op` and, when dropped, the time spent on it (made by
+/// the request handlers).
+pub struct Timed {
     op: Op,
     start: Instant,
 }

@@ -168,7 +168,9 @@ impl Vfs {
             for r in &rows {
                 if let (Some(parent), Some(name)) = (r.parent, r.name.clone()) {
                     self.invalidate_now(&Invalidation::Entry { parent, name });
-                    n += 1;
+                    // The directory's cached listing and attributes too.
+                    self.invalidate_now(&Invalidation::Inode(parent));
+                    n += 2;
                 }
                 self.invalidate_now(&Invalidation::Inode(r.ino));
                 n += 1;

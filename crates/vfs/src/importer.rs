@@ -261,6 +261,10 @@ impl Vfs {
         })?;
         // The kernel may hold negative entries for the new names and pages of the
         // replaced contents (delivered after this request: see `feed`).
+        if !added.is_empty() {
+            // Its cached listing as well.
+            self.invalidate_later(crate::Invalidation::Inode(dir));
+        }
         for name in added {
             self.invalidate_later(crate::Invalidation::Entry { parent: dir, name });
         }

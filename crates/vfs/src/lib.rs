@@ -96,7 +96,8 @@ pub struct Vfs {
     pub(crate) deferred: Mutex<Vec<Invalidation>>,
     /// Position in the metadata engine's change feed this mount has applied.
     pub(crate) feed_cursor: AtomicU64,
-    /// When the request path last queued work for the uploader, ns (burst detection).
+    /// When the request path last queued work for the uploader or served a request, ns
+    /// (burst detection: uploads wait for a quiet moment).
     pub(crate) last_mark_ns: std::sync::atomic::AtomicI64,
     /// Inodes on which this mount may hold locks (see `locks`): closes of other files
     /// skip the lock table.

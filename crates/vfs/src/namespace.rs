@@ -84,6 +84,13 @@ fn touch_dirs(t: &mut dyn MetaTxn, dirs: &[(Ino, i64)], now: i64) -> Result<()> 
 }
 
 impl Vfs {
+    /// Records that a request is being served now (the uploader waits for a quiet
+    /// moment, see `uploader::BURST_DEFER`). One relaxed atomic store.
+    pub fn note_activity(&self) {
+        self.last_mark_ns
+            .store(now_ns(), std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub(crate) fn not_before(&self) -> i64 {
         let now = now_ns();
         self.last_mark_ns
@@ -784,6 +791,21 @@ impl Vfs {
         });
         self.handles.lock().map_err(|_| poisoned())?.insert(fh, h);
         Ok(fh)
+    }
+
+    /// Whether the kernel's cached listing of directory `ino` (FUSE `FOPEN_CACHE_DIR`)
+    /// still holds: it does when this mount is alone and the directory's mtime, ctime and
+    /// last bucket listing are what they were at the previous `opendir` that cached it.
+    /// Call after [`Vfs::opendir`] (which may re-list the bucket).
+    pub fn dir_cache_current(&self, ino: Ino) -> bool {
+        use std::hash::{Hash, Hasher};
+        let Ok(Some(row)) = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino)) else {
+            return false;
+        };
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (row.mtime_ns, row.ctime_ns, row.listed_ns, row.nlink).hash(&mut h);
+        let current = self.kernel_pages.opened(ino, h.finish());
+        current && !self.shared()
     }
 
     /// `readdir`/`readdirplus`: entries after `offset` (0 = from the start), `.` and `..`

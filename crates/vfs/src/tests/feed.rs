@@ -193,3 +193,25 @@ fn unlinked_while_open_without_records_is_purged_at_last_close() {
     h.release(f.ino, fh).unwrap();
     assert!(h.row(f.ino).is_none(), "purged at the last close");
 }
+
+#[test]
+fn cached_directory_listings_are_kept_only_while_unchanged_and_alone() {
+    let h = Harness::new();
+    let d = h.dir(ROOT_INO, "d");
+    let open = || {
+        let fh = h.opendir(d.ino).unwrap();
+        let keep = h.dir_cache_current(d.ino);
+        h.releasedir(d.ino, fh).unwrap();
+        keep
+    };
+    assert!(!open(), "first listing: nothing cached yet");
+    assert!(open(), "unchanged: the kernel's listing stays");
+    h.file(d.ino, "new", b"x");
+    assert!(!open(), "a new entry: the listing goes");
+    assert!(open());
+    h.unlink(&CTX, d.ino, b"new").unwrap();
+    assert!(!open(), "a removed entry: the listing goes");
+    let (_other, _sid) = other_mount(&h);
+    h.feed_round();
+    assert!(!open(), "another mount is live: listings are never kept");
+}
