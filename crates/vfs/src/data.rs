@@ -25,6 +25,9 @@ const DOWNLOAD_CHUNK: u64 = 8 << 20;
 
 type BlockFuture = Shared<BoxFuture<'static, std::result::Result<Bytes, String>>>;
 
+/// Readahead window of a reader's first sequential read, blocks (doubles from there).
+const RA_START_BLOCKS: u64 = 2;
+
 /// Block fetches in flight, shared so that a reader and the readahead never fetch the
 /// same block twice.
 #[derive(Default, Clone)]
@@ -155,6 +158,7 @@ impl Vfs {
             append: flags & libc::O_APPEND != 0,
             dir: false,
             last_read_end: AtomicU64::new(u64::MAX),
+            ra_blocks: AtomicU64::new(0),
             lock_owners: Default::default(),
             recorded: AtomicU8::new(if recorded {
                 OPEN_RECORDED
@@ -408,9 +412,18 @@ impl Vfs {
         let last = (end - 1) / bs;
         // Sequential reader: fetch ahead.
         let sequential = h.last_read_end.load(Ordering::Relaxed) == offset || offset == 0;
-        if sequential && self.cfg.readahead_blocks > 0 {
+        let window = if sequential {
+            let w = h.ra_blocks.load(Ordering::Relaxed);
+            let next = (w * 2).clamp(RA_START_BLOCKS, self.cfg.readahead_blocks.max(1));
+            h.ra_blocks.store(next, Ordering::Relaxed);
+            next.min(self.cfg.readahead_blocks)
+        } else {
+            h.ra_blocks.store(0, Ordering::Relaxed);
+            0
+        };
+        if window > 0 {
             let max_idx = (row.size - 1) / bs;
-            for idx in (last + 1)..=(last + self.cfg.readahead_blocks).min(max_idx) {
+            for idx in (last + 1)..=(last + window).min(max_idx) {
                 let k = BlockKey {
                     ino,
                     version: row.data_version,

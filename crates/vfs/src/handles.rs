@@ -18,6 +18,10 @@ pub(crate) struct Handle {
     pub(crate) dir: bool,
     /// End offset of the last read (sequential-read detection for readahead).
     pub(crate) last_read_end: AtomicU64,
+    /// Current readahead window, blocks: starts small (the first byte should not wait
+    /// behind a wall of prefetches), doubles with each sequential read up to the
+    /// configured maximum, drops to 0 on a random read.
+    pub(crate) ra_blocks: AtomicU64,
     /// Lock owners that took locks through this open file (dropped at its release).
     pub(crate) lock_owners: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Whether this open is recorded in the metadata engine's open-file table (for other

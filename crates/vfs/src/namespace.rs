@@ -786,6 +786,7 @@ impl Vfs {
             append: false,
             dir: true,
             last_read_end: AtomicU64::new(0),
+            ra_blocks: AtomicU64::new(0),
             lock_owners: Default::default(),
             recorded: std::sync::atomic::AtomicU8::new(crate::handles::OPEN_CLOSED),
         });
