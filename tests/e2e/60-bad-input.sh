@@ -101,4 +101,16 @@ expect_error "mount with a newer meta.db version" 'version|newer|upgrade' "$DESK
 assert_eq 99 "$(sqlite3 "$WSD/newer/meta.db" 'PRAGMA user_version')" "user_version after the refused mount"
 
 assert_eq "corrupt dup newer" "$(ls "$WSD" | sort | tr '\n' ' ' | sed 's/ $//')" "workspaces left in DESKFS_HOME"
+
+# A non-empty mount point: allowed (like mount(8)), with a one-line warning; the files
+# come back at unmount.
+ws_format nonempty
+mkdir -p "$T/m-nonempty"
+echo "underneath" > "$T/m-nonempty/under.txt"
+register_mount "$T/m-nonempty"
+"$DESKFS" mount nonempty "$T/m-nonempty" > "$T/ne.out" 2> "$T/ne.err" < /dev/null || fail "mount on a non-empty dir failed: $(cat "$T/ne.err")"
+grep -q "warning: mount point .* is not empty" "$T/ne.err" || fail "no warning for a non-empty mount point: $(cat "$T/ne.err")"
+[[ ! -e $T/m-nonempty/under.txt ]] || fail "the mounted workspace shows the files underneath"
+ws_umount "$T/m-nonempty"
+assert_eq underneath "$(cat "$T/m-nonempty/under.txt")" "files under the mount point after unmount"
 log "PASS"

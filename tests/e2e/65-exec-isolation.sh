@@ -197,5 +197,18 @@ assert_eq lo "$OUT" "network interfaces with --net none"
 kill "$HTTP_PID" 2> /dev/null || true
 wait "$HTTP_PID" 2> /dev/null || true
 
+log "--env and the git identity"
+ex a --env FOO=bar -e EMPTY= -- sh -c 'printf "%s|%s|%s" "$FOO" "${EMPTY-unset}" "$HOME"'
+assert_eq 0 "$RC" "exec with --env (stderr: $ERR)"
+assert_eq "bar||/desk" "$OUT" "--env VAR=VALUE, an empty value, HOME"
+PASSME=from-caller ex a --env PASSME -- sh -c 'printf %s "$PASSME"'
+assert_eq from-caller "$OUT" "--env VAR passes the caller's value"
+ex a --env NOT_SET_ANYWHERE_42 -- true
+[[ $RC != 0 && $ERR == *"NOT_SET_ANYWHERE_42"* ]] || fail "--env of an unset variable must fail naming it (rc $RC, stderr: $ERR)"
+ex a --env AWS_SECRET_ACCESS_KEY=leak -- sh -c 'printf %s "${AWS_SECRET_ACCESS_KEY-}"'
+[[ $RC != 0 && $OUT != *leak* ]] || fail "--env must refuse credential variables (rc $RC, out: $OUT)"
+GIT_AUTHOR_NAME="Desk Agent" GIT_AUTHOR_EMAIL=agent@example.com ex a -- sh -c 'printf "%s <%s>" "$GIT_AUTHOR_NAME" "$GIT_AUTHOR_EMAIL"'
+assert_eq "Desk Agent <agent@example.com>" "$OUT" "the caller's git identity passes through"
+
 ws_umount "$MNT"
 log "ok"

@@ -25,7 +25,7 @@ out=$(dfs desk create alice 2>&1) || fail "desk create failed: $out"
 [[ $out == "created desk alice at $MNT/desks/alice" ]] || fail "desk create said: $out"
 [[ $out != *warning* ]] || fail "a desk on a deskfs mount must not warn: $out"
 DESK=$MNT/desks/alice
-for d in repos notes tasks tools/bin .cache/cargo .cache/npm .cache/pip .cache/uv; do
+for d in repos notes tasks tools/bin .cache/cargo .cache/npm .cache/pip .cache/uv .cache/go; do
   [[ -d $DESK/$d ]] || fail "new desk lacks $d/"
 done
 [[ $(readlink "$DESK/CLAUDE.md") == AGENTS.md ]] || fail "CLAUDE.md is not a link to AGENTS.md"
@@ -96,7 +96,7 @@ grep -q "^feat  repo app  branch feat  1 ahead, 0 behind origin/main  clean$" "$
   || fail "resume does not show feat as 1 ahead and clean: $(cat "$T/resume.txt")"
 grep -q "^fix  repo app  branch fix  0 ahead, 0 behind origin/main  1 uncommitted, 1 untracked$" "$T/resume.txt" \
   || fail "resume does not show fix's uncommitted + untracked changes: $(cat "$T/resume.txt")"
-grep -q "^! task fix has 2 uncommitted change(s)" "$T/resume.txt" || fail "resume does not warn about the dirty task: $(cat "$T/resume.txt")"
+grep -q "^! task fix has 2 uncommitted or untracked file(s)" "$T/resume.txt" || fail "resume does not warn about the dirty task: $(cat "$T/resume.txt")"
 grep -q "# Desk manual: alice" "$T/resume.txt" || fail "resume does not show the manual"
 dfs resume alice --json > "$T/resume.json" || fail "resume --json failed"
 python3 - "$T/resume.json" <<'PY' || fail "resume --json does not report the true task state"
@@ -139,7 +139,7 @@ assert_eq $'second mount commit\n3\nkept' "$out" "git status/log/worktree list/p
 
 # ---------------------------------------------------------------- finish and tidy
 out=$(dfs task finish alice fix 2>&1) && fail "finishing a dirty task must fail: $out"
-[[ $(wc -l <<< "$out") == 1 && $out == "deskfs: error: task \"fix\" has 2 uncommitted change(s)"* ]] || fail "dirty finish error: $out"
+[[ $(wc -l <<< "$out") == 1 && $out == "deskfs: error: task \"fix\" has 2 uncommitted or untracked file(s)"* ]] || fail "dirty finish error: $out"
 [[ -d $D2/tasks/fix && -f $D2/tasks/fix/wip.txt ]] || fail "a refused finish must keep the task"
 out=$(dfs task finish alice fix --discard 2>&1) || fail "finish --discard failed: $out"
 [[ $out == *"2 uncommitted change(s) discarded"* ]] || fail "finish --discard said: $out"

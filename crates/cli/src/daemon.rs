@@ -22,7 +22,8 @@ use crate::home::{self, is_mountpoint, mounts_of, ws_dir, MountRecord, Workspace
 pub struct MountArgs {
     /// Workspace name.
     pub name: String,
-    /// Existing, empty directory to mount on.
+    /// Existing directory to mount on (empty: files already in it are hidden while
+    /// mounted, with a warning).
     pub mountpoint: PathBuf,
     /// Cache directory (staging files + block cache). Default: the workspace's data dir.
     /// Must stay the same while unuploaded data exists.
@@ -101,6 +102,13 @@ fn check_mountpoint(mnt: &Path) -> Result<()> {
     if is_mountpoint(mnt) {
         bail!(
             "mount point {} is busy: something is already mounted there (unmount it first)",
+            mnt.display()
+        );
+    }
+    // Allowed (as mount(8) allows it), but what is there disappears from view.
+    if std::fs::read_dir(mnt).is_ok_and(|mut rd| rd.next().is_some()) {
+        eprintln!(
+            "deskfs: warning: mount point {} is not empty: its files are hidden while the workspace is mounted there",
             mnt.display()
         );
     }

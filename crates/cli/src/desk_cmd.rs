@@ -24,17 +24,22 @@ pub struct DeskArgs {
 #[derive(Subcommand, Debug)]
 pub enum DeskCmd {
     /// Create the desk of AGENT (repos/, notes/, tasks/, tools/bin/, caches, AGENTS.md).
+    #[command(
+        after_help = "Examples:\n  deskfs desk create alice\n  deskfs desk create alice --root /mnt/work/desks\n  DESKFS_ROOT=/srv/desks deskfs desk create ci-bot"
+    )]
     Create {
         /// Agent name: 1-64 of [A-Za-z0-9._-], not starting with '.' or '-'.
         agent: String,
     },
     /// List the desks under the root.
+    #[command(after_help = "Examples:\n  deskfs desk list\n  deskfs desk list --json")]
     List {
         /// Machine-readable output.
         #[arg(long)]
         json: bool,
     },
     /// Show one desk: path, creation time, repos, tasks, notes, recorded tools.
+    #[command(after_help = "Examples:\n  deskfs desk show alice\n  deskfs desk show alice --json")]
     Show {
         /// Agent name.
         agent: String,
@@ -43,6 +48,9 @@ pub enum DeskCmd {
         json: bool,
     },
     /// Remove a desk and everything on it (asks on a terminal; --yes otherwise).
+    #[command(
+        after_help = "Examples:\n  deskfs desk rm alice          # asks for the agent name on a terminal\n  deskfs desk rm alice --yes"
+    )]
     Rm {
         /// Agent name.
         agent: String,
@@ -52,6 +60,9 @@ pub enum DeskCmd {
     },
     /// Remove stale worktrees, merged branches of finished tasks, scratch files, old tmp/
     /// files and caches over their cap; each reported with its size.
+    #[command(
+        after_help = "Examples:\n  deskfs desk tidy alice --dry-run\n  deskfs desk tidy alice --cache-cap 500M --tmp-age 6\n\nBranches count as merged when the remote's default branch (e.g. origin/main, after\n`git fetch`) contains them; a branch without commits of its own counts as merged."
+    )]
     Tidy {
         /// Agent name.
         agent: String,

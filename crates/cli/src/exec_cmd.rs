@@ -37,6 +37,11 @@ pub struct ExecArgs {
     /// Network access inside.
     #[arg(long, value_enum, default_value_t = NetArg::Host)]
     pub net: NetArg,
+    /// Extra environment variable for the command: `VAR=VALUE`, or `VAR` to pass the
+    /// caller's value (repeatable). Names starting with AWS_, GOOGLE_, GCLOUD_, AZURE_ or
+    /// DESKFS_ are refused (the sandbox never sees credentials).
+    #[arg(long = "env", short = 'e', value_name = "VAR[=VALUE]")]
+    pub env: Vec<String>,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "CMD")]
     pub cmd: Vec<OsString>,
@@ -60,6 +65,41 @@ fn private_paths() -> Vec<PathBuf> {
     v.sort();
     v.dedup();
     v
+}
+
+/// Git identity variables passed through when the caller has them set (the sandbox's
+/// HOME is the desk, so `git config --global` inside writes `/desk/.gitconfig`).
+const GIT_IDENTITY: &[&str] = &[
+    "GIT_AUTHOR_NAME",
+    "GIT_AUTHOR_EMAIL",
+    "GIT_COMMITTER_NAME",
+    "GIT_COMMITTER_EMAIL",
+];
+
+/// The extra environment of the command: git identity from the caller, then `--env`.
+/// Errors: `--env VAR` naming a variable the caller does not have, an empty name.
+fn exec_env(args: &[String]) -> Result<Vec<(OsString, OsString)>> {
+    let mut env: Vec<(OsString, OsString)> = GIT_IDENTITY
+        .iter()
+        .filter_map(|k| std::env::var_os(k).map(|v| (OsString::from(k), v)))
+        .collect();
+    for a in args {
+        let (k, v) = match a.split_once('=') {
+            Some((k, v)) => (k.to_owned(), OsString::from(v)),
+            None => match std::env::var_os(a) {
+                Some(v) => (a.clone(), v),
+                None => bail!(
+                    "--env {a}: the variable is not set here; give a value with --env {a}=VALUE"
+                ),
+            },
+        };
+        if k.is_empty() {
+            bail!("--env {a}: empty variable name; use --env NAME=VALUE");
+        }
+        env.retain(|(n, _)| n != k.as_str());
+        env.push((OsString::from(k), v));
+    }
+    Ok(env)
 }
 
 /// Runs `deskfs exec`; the exit code to leave with.
@@ -98,7 +138,7 @@ pub fn run(a: ExecArgs) -> Result<u8> {
             NetArg::Host => Net::Host,
             NetArg::None => Net::None,
         },
-        env: Vec::new(),
+        env: exec_env(&a.env)?,
         // A path holding the desk cannot be hidden from it (e.g. a plain-directory root
         // inside a local bucket dir); the sandbox still shows only the desk itself.
         hide: private_paths()

@@ -86,7 +86,7 @@ enum Cmd {
     Manual(manual_cmd::ManualArgs),
     /// Run a command in a bubblewrap sandbox with the desk at /desk.
     #[command(
-        after_help = "Examples:\n  deskfs exec alice -- cargo --version\n  deskfs exec alice --task fix-login -- npm test\n  deskfs exec alice --net none -- sh -c 'make && make check'\n\nExit status: the command's (128 + signal when a signal killed it)."
+        after_help = "Examples:\n  deskfs exec alice -- cargo --version\n  deskfs exec alice --task fix-login -- npm test\n  deskfs exec alice --net none -- sh -c 'make && make check'\n  deskfs exec alice -e GITHUB_TOKEN -e RUST_LOG=debug -- cargo test\n\nInside: the desk at /desk (also HOME, so `git config --global` lands in /desk/.gitconfig),\nthe working dir /desk or /desk/tasks/TASK, system dirs read-only, /tmp private,\nPATH = /desk/tools/bin, the host's Rust toolchain (read-only), system dirs. The environment\nis built from scratch: caches on the desk (CARGO_HOME, npm_config_cache, PIP_CACHE_DIR,\nUV_CACHE_DIR, GOPATH under /desk/.cache), the caller's GIT_AUTHOR_*/GIT_COMMITTER_*, and\nwhat --env adds. No other desk, no deskfs data, no credentials.\n\nExit status: the command's (128 + signal when a signal killed it)."
     )]
     Exec(exec_cmd::ExecArgs),
     /// Run a mount daemon in the foreground (used by `mount`; not for direct use).

@@ -20,6 +20,9 @@ pub struct ManualArgs {
 pub enum ManualCmd {
     /// Check the manual against the desk: each tool's version command prints the recorded
     /// version, each repo and its test/build programs exist. Exit status 1 on drift.
+    #[command(
+        after_help = "Examples:\n  deskfs manual check alice\n  deskfs manual check alice --json"
+    )]
     Check {
         /// Agent name.
         agent: String,
@@ -29,6 +32,9 @@ pub enum ManualCmd {
     },
     /// Run a tool's version command now and record tool, version and command in the
     /// manual (the human part is kept byte for byte).
+    #[command(
+        after_help = "Examples:\n  deskfs manual record alice cargo\n  deskfs manual record alice node --version-cmd 'node -v'\n  apt-get install -y ripgrep && deskfs manual record alice rg\n\nThe version command runs on the host, with the desk's tools/bin first on PATH."
+    )]
     Record {
         /// Agent name.
         agent: String,
@@ -40,6 +46,9 @@ pub enum ManualCmd {
         version_cmd: Option<String>,
     },
     /// Record how to test and build a repo under repos/.
+    #[command(
+        after_help = "Examples:\n  deskfs manual repo alice app --test-cmd 'cargo test' --build-cmd 'cargo build'"
+    )]
     Repo {
         /// Agent name.
         agent: String,

@@ -112,6 +112,9 @@ fn requests_line(v: Option<&Value>) -> Option<String> {
         .filter(|r| r.1 > 0)
         .collect();
     let total: u64 = rows.iter().map(|r| r.1).sum();
+    if total == 0 {
+        return None;
+    }
     rows.sort_by_key(|r| std::cmp::Reverse(r.2));
     let top: Vec<String> = rows
         .iter()

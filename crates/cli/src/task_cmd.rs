@@ -21,6 +21,9 @@ pub struct TaskArgs {
 pub enum TaskCmd {
     /// Make tasks/TASK a git worktree of repos/REPO on its own branch, with the
     /// git-ignored files named by the repo's .worktreeinclude copied in.
+    #[command(
+        after_help = "Examples:\n  deskfs task start alice fix-login --repo app\n  deskfs task start alice hotfix --repo app --branch release-1.2\n\nThe .worktreeinclude files are copied from the repo's own working tree (repos/REPO):\nput .env there once and every new task gets a copy."
+    )]
     Start {
         /// Agent name.
         agent: String,
@@ -38,6 +41,7 @@ pub enum TaskCmd {
         json: bool,
     },
     /// List the open tasks with branch, ahead/behind and uncommitted changes.
+    #[command(after_help = "Examples:\n  deskfs task list alice\n  deskfs task list alice --json")]
     List {
         /// Agent name.
         agent: String,
@@ -47,6 +51,9 @@ pub enum TaskCmd {
     },
     /// Write a summary note, remove the worktree (its branch stays), prune. Refuses
     /// uncommitted or untracked work unless --discard.
+    #[command(
+        after_help = "Examples:\n  deskfs task finish alice fix-login --note \"PR #12 opened\"\n  deskfs task finish alice spike --discard"
+    )]
     Finish {
         /// Agent name.
         agent: String,

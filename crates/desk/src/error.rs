@@ -110,7 +110,7 @@ pub enum DeskError {
         reason: String,
     },
     /// `task finish` would drop uncommitted work.
-    #[error("task {task:?} has {count} uncommitted change(s) ({sample}); commit them in {} or pass --discard to drop them", path.display())]
+    #[error("task {task:?} has {count} uncommitted or untracked file(s) ({sample}); commit them in {} or pass --discard to drop them", path.display())]
     Uncommitted {
         /// The task.
         task: String,

@@ -10,7 +10,7 @@
 //!   notes/             notes to the next session (task summaries land here too)
 //!   tools/bin/         the desk's own tools (on PATH for exec and manual commands)
 //!   tmp/               scratch; `desk tidy` removes files older than a day
-//!   .cache/{cargo,npm,pip,uv}/   package caches kept on the desk
+//!   .cache/{cargo,npm,pip,uv,go}/ package caches kept on the desk
 //!   .desk/locks/       lock files (task start/finish, per-repo git work, manual edits)
 //!   .desk/tasks/T.toml task records (repo, branch, base commit, start/finish times)
 //! ```
@@ -29,14 +29,15 @@ pub const FORMAT: u32 = 1;
 
 /// Package caches kept on the desk: (directory under `.cache/`, environment variable that
 /// points the tool at it).
-pub const CACHES: [(&str, &str); 4] = [
+pub const CACHES: [(&str, &str); 5] = [
     ("cargo", "CARGO_HOME"),
     ("npm", "npm_config_cache"),
     ("pip", "PIP_CACHE_DIR"),
     ("uv", "UV_CACHE_DIR"),
+    ("go", "GOPATH"),
 ];
 
-const DIRS: [&str; 11] = [
+const DIRS: [&str; 12] = [
     "repos",
     "notes",
     "tasks",
@@ -46,6 +47,7 @@ const DIRS: [&str; 11] = [
     ".cache/npm",
     ".cache/pip",
     ".cache/uv",
+    ".cache/go",
     ".desk/locks",
     ".desk/tasks",
 ];

@@ -109,7 +109,7 @@ pub fn resume(desk: &Desk) -> Result<Resume> {
                     kind: "dirty-task",
                     subject: t.name.clone(),
                     message: format!(
-                        "task {} has {} uncommitted change(s) ({}): left by an interrupted session? commit them or drop them with `deskfs task finish {} {} --discard`",
+                        "task {} has {} uncommitted or untracked file(s) ({}): left by an interrupted session? commit them or drop them with `deskfs task finish {} {} --discard`",
                         t.name,
                         s.dirty_count(),
                         s.changed_paths.join(", "),

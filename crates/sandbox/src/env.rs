@@ -15,7 +15,13 @@ use crate::{Net, SandboxError, SandboxSpec, DESK_MOUNT};
 pub(crate) const SYSTEM_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Cache directories (relative to the desk) that exist before the command starts.
-pub(crate) const CACHE_DIRS: &[&str] = &[".cache/cargo", ".cache/npm", ".cache/pip", ".cache/uv"];
+pub(crate) const CACHE_DIRS: &[&str] = &[
+    ".cache/cargo",
+    ".cache/npm",
+    ".cache/pip",
+    ".cache/uv",
+    ".cache/go",
+];
 
 /// Caller variables passed through unchanged when set: terminal and locale.
 const PASS_THROUGH: &[&str] = &["TERM", "COLORTERM", "LANG", "LC_ALL"];

@@ -113,7 +113,7 @@ pub fn check_bwrap() -> Result<PathBuf, SandboxError> {
 /// variables with [`Net::Host`], `RUSTUP_HOME` when the host's Rust toolchain is offered
 /// (read-only at `/toolchain`, see the layout), then [`SandboxSpec::env`].
 ///
-/// Side effect: creates the desk's cache directories (`.cache/{cargo,npm,pip,uv}`).
+/// Side effect: creates the desk's cache directories (`.cache/{cargo,npm,pip,uv,go}`).
 /// Spawn it from a thread that outlives the command: bwrap's `--die-with-parent` fires
 /// when the spawning thread exits.
 ///
