@@ -91,7 +91,10 @@ force_unmount "$MNT" || fail "cannot clear the dead mount at $MNT"
 ws_mount "$NAME" "$MNT"
 
 # ---------------------------------------------------------------- resume after the crash
+dfs manual repo alice app --test-cmd 'make test' --build-cmd 'make' > /dev/null || fail "manual repo failed"
 dfs resume alice > "$T/resume.txt" 2> "$T/resume.err" || fail "resume failed: $(cat "$T/resume.err")"
+grep -qF 'repo app: test `make test`, build `make`' "$T/resume.txt" \
+  || fail "resume does not tell how to test and build the repo: $(cat "$T/resume.txt")"
 grep -q "^feat  repo app  branch feat  1 ahead, 0 behind origin/main  clean$" "$T/resume.txt" \
   || fail "resume does not show feat as 1 ahead and clean: $(cat "$T/resume.txt")"
 grep -q "^fix  repo app  branch fix  0 ahead, 0 behind origin/main  1 uncommitted, 1 untracked$" "$T/resume.txt" \

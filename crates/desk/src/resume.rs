@@ -44,6 +44,9 @@ pub struct Resume {
     pub desk: PathBuf,
     /// The manual's human part (`AGENTS.md` without the machine block).
     pub manual: String,
+    /// The manual's machine part: recorded tools (with versions) and each repo's test and
+    /// build commands (empty when the manual has none or cannot be parsed).
+    pub recorded: manual::MachinePart,
     /// Open tasks.
     pub tasks: Vec<TaskInfo>,
     /// The newest notes, newest first.
@@ -65,9 +68,12 @@ pub fn resume(desk: &Desk) -> Result<Resume> {
             message: e,
         });
     }
-    let manual_text = match Manual::load(&desk.manual_path()) {
-        Ok(m) => m.human(),
-        Err(_) => std::fs::read_to_string(desk.manual_path()).unwrap_or_default(),
+    let (manual_text, recorded) = match Manual::load(&desk.manual_path()) {
+        Ok(m) => (m.human(), m.machine.clone()),
+        Err(_) => (
+            std::fs::read_to_string(desk.manual_path()).unwrap_or_default(),
+            manual::MachinePart::default(),
+        ),
     };
     for d in manual::check(desk)? {
         warnings.push(Warning {
@@ -193,6 +199,7 @@ pub fn resume(desk: &Desk) -> Result<Resume> {
         agent: desk.agent().to_owned(),
         desk: desk.dir().to_path_buf(),
         manual: manual_text,
+        recorded,
         tasks,
         notes: notes::newest(desk, NOTES_SHOWN),
         warnings,
@@ -206,6 +213,21 @@ impl Resume {
         let _ = writeln!(s, "desk {} at {}", self.agent, self.desk.display());
         let _ = writeln!(s, "\n== manual (AGENTS.md) ==");
         let _ = writeln!(s, "{}", self.manual.trim_end());
+        if !self.recorded.repos.is_empty() || !self.recorded.tools.is_empty() {
+            let _ = writeln!(s, "\n== how to build and test, tools (recorded in the manual) ==");
+        }
+        for r in &self.recorded.repos {
+            let _ = writeln!(
+                s,
+                "repo {}: test `{}`, build `{}`",
+                r.name,
+                r.test_cmd.as_deref().unwrap_or("-"),
+                r.build_cmd.as_deref().unwrap_or("-")
+            );
+        }
+        for t in &self.recorded.tools {
+            let _ = writeln!(s, "tool {}: {} (`{}`)", t.name, t.version, t.version_cmd);
+        }
         let _ = writeln!(s, "\n== tasks ({}) ==", self.tasks.len());
         if self.tasks.is_empty() {
             let _ = writeln!(s, "(no open tasks)");
