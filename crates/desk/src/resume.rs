@@ -214,7 +214,10 @@ impl Resume {
         let _ = writeln!(s, "\n== manual (AGENTS.md) ==");
         let _ = writeln!(s, "{}", self.manual.trim_end());
         if !self.recorded.repos.is_empty() || !self.recorded.tools.is_empty() {
-            let _ = writeln!(s, "\n== how to build and test, tools (recorded in the manual) ==");
+            let _ = writeln!(
+                s,
+                "\n== how to build and test, tools (recorded in the manual) =="
+            );
         }
         for r in &self.recorded.repos {
             let _ = writeln!(
