@@ -70,6 +70,34 @@ pub struct CacheStats {
     pub capacity: u64,
 }
 
+/// Removes partial downloads (`<ino>.part.<pid>.<n>`, and the older `<ino>.part`) left in
+/// `staging` by processes that are gone (a crash mid-download).
+fn remove_dead_downloads(staging: &Path) {
+    let Ok(rd) = std::fs::read_dir(staging) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(name) = name.to_str() else { continue };
+        let Some((ino, rest)) = name.split_once(".part") else {
+            continue;
+        };
+        if ino.is_empty() || !ino.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let owner_alive = rest
+            .strip_prefix('.')
+            .and_then(|r| r.split('.').next())
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| {
+                pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists()
+            });
+        if !owner_alive {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
 /// See [`Cache::read_guard`].
 pub struct ReadGuard<'a> {
     cache: &'a Cache,
@@ -116,6 +144,7 @@ impl Cache {
         for d in [root, &staging, &blocks] {
             std::fs::create_dir_all(d).map_err(|e| CacheError::io(d, e))?;
         }
+        remove_dead_downloads(&staging);
         let cache = Cache {
             root: root.to_path_buf(),
             staging,

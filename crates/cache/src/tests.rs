@@ -108,3 +108,29 @@ fn recycled_staging_files_come_back_empty_and_readers_block_recycling() {
     // Absent files are fine.
     cache.recycle_staging(999).unwrap();
 }
+
+#[test]
+fn partial_downloads_of_dead_processes_are_removed_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join("staging");
+    std::fs::create_dir_all(&staging).unwrap();
+    // pid 1 is alive (init); a huge pid is not.
+    for name in [
+        "7.part",
+        "8.part.4000000000.1",
+        "9.part.1.3",
+        "10",
+        "notes.part.x",
+    ] {
+        std::fs::write(staging.join(name), b"x").unwrap();
+    }
+    let _c = Cache::open(dir.path(), 1 << 20, 1 << 20).unwrap();
+    assert!(!staging.join("7.part").exists());
+    assert!(!staging.join("8.part.4000000000.1").exists());
+    assert!(
+        staging.join("9.part.1.3").exists(),
+        "a live process's download stays"
+    );
+    assert!(staging.join("10").exists(), "staging files stay");
+    assert!(staging.join("notes.part.x").exists(), "other names stay");
+}

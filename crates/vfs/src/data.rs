@@ -326,8 +326,46 @@ impl Vfs {
             )));
         };
         let path = self.cache.staging_path(row.ino);
-        let tmp = path.with_extension("part");
-        let f = File::create(&tmp)?;
+        // A name of our own: another mount sharing this cache dir may download the same
+        // inode at the same time (a shared `.part` would be truncated under us).
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let tmp = path.with_extension(format!(
+            "part.{}.{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        let res = self.download_into(row, &src, &tmp).and_then(|()| {
+            // Never replace a staging file that appeared meanwhile: it is the same content
+            // (another mount's download), maybe already written to since.
+            match nix::fcntl::renameat2(
+                nix::fcntl::AT_FDCWD,
+                &tmp,
+                nix::fcntl::AT_FDCWD,
+                &path,
+                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+            ) {
+                Ok(()) => Ok(()),
+                Err(nix::errno::Errno::EEXIST) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    Ok(())
+                }
+                Err(e) => Err(VfsError::Io(std::io::Error::from(e))),
+            }
+        });
+        if res.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        res
+    }
+
+    /// Writes the content of `row` (object `src`) into the new file `tmp`, fsynced.
+    fn download_into(
+        &self,
+        row: &InodeRow,
+        src: &deskfs_meta::ObjectRow,
+        tmp: &std::path::Path,
+    ) -> Result<()> {
+        let f = File::create(tmp)?;
         let mut off = 0u64;
         while off < row.size {
             let end = (off + DOWNLOAD_CHUNK).min(row.size);
@@ -344,7 +382,6 @@ impl Vfs {
         }
         f.set_len(row.size)?;
         f.sync_all()?;
-        std::fs::rename(&tmp, &path)?;
         Ok(())
     }
 
