@@ -538,9 +538,12 @@ impl Filesystem for DeskFs {
         reply: ReplyEmpty,
     ) {
         let _op = self.timed(crate::stats::Op::Release);
-        // FUSE_RELEASE_FLOCK_UNLOCK: the open file's flock lock goes with it.
+        // FUSE_RELEASE_FLOCK_UNLOCK: the open file's flock lock goes with it. Only the
+        // locks taken through this open file: RELEASE is asynchronous, and the kernel may
+        // already have given the same owner id (the `struct file` address) to a new open
+        // file whose flock must survive this late release.
         if let Some(owner) = lock_owner {
-            if let Err(e) = self.vfs.release_locks(ino.0, owner.0) {
+            if let Err(e) = self.vfs.release_fh_locks(ino.0, owner.0, fh.0) {
                 errno("release(unlock)", &e);
             }
         }

@@ -23,6 +23,7 @@ mod feed;
 mod fsck;
 mod import;
 mod links;
+mod locks;
 mod namespace;
 mod persist;
 mod readdir;
