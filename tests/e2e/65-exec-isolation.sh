@@ -210,5 +210,33 @@ ex a --env AWS_SECRET_ACCESS_KEY=leak -- sh -c 'printf %s "${AWS_SECRET_ACCESS_K
 GIT_AUTHOR_NAME="Desk Agent" GIT_AUTHOR_EMAIL=agent@example.com ex a -- sh -c 'printf "%s <%s>" "$GIT_AUTHOR_NAME" "$GIT_AUTHOR_EMAIL"'
 assert_eq "Desk Agent <agent@example.com>" "$OUT" "the caller's git identity passes through"
 
+log "host-side desk commands do not act on what the agent plants from inside"
+mkdir -p "$T/host-victim"
+echo keep > "$T/host-victim/old.txt"
+touch -d '3 days ago' "$T/host-victim/old.txt"
+ex a -- sh -c "rm -rf /desk/tmp && ln -s $T/host-victim /desk/tmp"
+assert_eq 0 "$RC" "planting a symlink inside the desk (stderr: $ERR)"
+out=$("$DESKFS" desk tidy a 2>&1) && fail "tidy must refuse a desk whose tmp/ is a symlink: $out"
+[[ $out == *symlink* ]] || fail "tidy's error does not name the symlink: $out"
+assert_eq keep "$(cat "$T/host-victim/old.txt")" "host file behind a planted tmp/ symlink"
+rm "$MNT/desks/a/tmp" && mkdir "$MNT/desks/a/tmp"
+ex a -- sh -c "printf '%s\n' '' >> /desk/AGENTS.md"
+python3 - "$MNT/desks/a/AGENTS.md" "$T/ESCAPED" <<'PY'
+import sys
+p, target = sys.argv[1], sys.argv[2]
+s = open(p).read()
+end = "<!-- deskfs:manual:end -->"
+i = s.index(end)
+j = s.rindex("```", 0, i)
+s = s[:j] + '[[tool]]\nname = "evil"\nversion = "2"\nversion_cmd = "touch %s; echo 1"\n' % target + s[j:]
+open(p, "w").write(s)
+PY
+"$DESKFS" resume a > /dev/null 2>&1 || true
+chk=$("$DESKFS" manual check a 2>&1 || true)
+[[ $chk == *evil* ]] || fail "harness: the planted tool is not in the manual: $chk"
+[[ ! -e $T/ESCAPED ]] || fail "a version command from AGENTS.md ran on the host"
+out=$("$DESKFS" manual record a '$(touch '"$T"'/ESCAPED2)' 2>&1) && fail "a tool name with shell syntax was accepted: $out"
+[[ ! -e $T/ESCAPED2 ]] || fail "a tool name ran as shell on the host"
+
 ws_umount "$MNT"
 log "ok"

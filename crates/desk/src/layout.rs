@@ -92,6 +92,47 @@ impl Desk {
             });
         }
         let dir = fs::canonicalize(&dir).ctx("resolve", &dir)?;
+        // The desk's own directories must be directories, not symlinks: an agent can plant
+        // symlinks from inside `deskfs exec`, and host-side commands (tidy, task, notes,
+        // locks) must never write or delete through them outside the desk.
+        for sub in [
+            "repos",
+            "notes",
+            "tasks",
+            "tools",
+            "tools/bin",
+            "tmp",
+            ".cache",
+            ".desk",
+            ".desk/locks",
+            ".desk/tasks",
+        ] {
+            let p = dir.join(sub);
+            if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(DeskError::io(
+                    "use",
+                    &p,
+                    std::io::Error::other(format!(
+                        "it is a symlink (planted from inside exec?); desk commands refuse to follow it: remove it (`rm {}`) and run `mkdir {}`",
+                        p.display(),
+                        p.display()
+                    )),
+                ));
+            }
+        }
+        for (cache, _) in CACHES {
+            let p = dir.join(".cache").join(cache);
+            if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {
+                return Err(DeskError::io(
+                    "use",
+                    &p,
+                    std::io::Error::other(format!(
+                        "it is a symlink (planted from inside exec?); desk commands refuse to follow it: remove it (`rm {}`)",
+                        p.display()
+                    )),
+                ));
+            }
+        }
         let meta = read_meta(&dir)?;
         Ok(Desk {
             agent: agent.to_owned(),

@@ -9,6 +9,7 @@
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -73,11 +74,14 @@ impl FileLock {
     /// I/O errors opening or locking the file.
     pub fn try_acquire(path: &Path, remove_on_drop: bool) -> Result<Result<FileLock, Option<u32>>> {
         loop {
+            // O_NOFOLLOW: a symlink planted from inside `exec` must not make the host
+            // write through it.
             let mut file = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false)
+                .custom_flags(libc::O_NOFOLLOW)
                 .open(path)
                 .ctx("open lock file", path)?;
             if !flock(&file, libc::LOCK_EX | libc::LOCK_NB).ctx("lock", path)? {
@@ -154,6 +158,7 @@ pub fn probe(path: &Path) -> Result<Probe> {
     let mut file = OpenOptions::new()
         .read(true)
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .ctx("open lock file", path)?;
     let pid = recorded_pid(&mut file);

@@ -262,7 +262,8 @@ fn update(desk: &Desk, f: impl FnOnce(&mut MachinePart)) -> Result<MachinePart> 
 /// Runs `version_cmd` for the desk (in the desk dir, `tools/bin` first on PATH); the
 /// first output line on success.
 fn probe_version(desk: &Desk, tool: &str, cmd: &str) -> Result<String, String> {
-    let out = shell::run(cmd, desk.dir(), &desk.command_env(), VERSION_TIMEOUT)
+    // The sandbox gives the command the desk's own PATH and caches (as in `exec`).
+    let out = shell::run(cmd, desk.dir(), &[], VERSION_TIMEOUT)
         .map_err(|e| format!("cannot run sh: {e}"))?;
     if out.code != Some(0) {
         return Err(out.failure());
@@ -278,11 +279,19 @@ fn probe_version(desk: &Desk, tool: &str, cmd: &str) -> Result<String, String> {
 /// # Errors
 /// [`DeskError::VersionCmd`] when the command fails (nothing is written), manual errors.
 pub fn record_tool(desk: &Desk, tool: &str, version_cmd: Option<&str>) -> Result<ToolEntry> {
-    if tool.trim().is_empty() || tool.contains('\n') {
+    // The name becomes the default command (`TOOL --version`): letters, digits and
+    // `._+-` only, so it can never carry shell syntax.
+    let name_ok = !tool.is_empty()
+        && tool.len() <= 64
+        && !tool.starts_with('-')
+        && tool
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '+' | '-'));
+    if !name_ok {
         return Err(DeskError::VersionCmd {
             tool: tool.to_owned(),
             cmd: String::new(),
-            reason: "the tool name is empty or has a newline".into(),
+            reason: "a tool name is 1-64 of letters, digits, '.', '_', '+' or '-' (not starting with '-')".into(),
         });
     }
     let current = Manual::load(&desk.manual_path())

@@ -1,11 +1,11 @@
-//! Running a desk's shell commands (tool version commands) on the host: `sh -c CMD` with
-//! the desk's environment, a timeout, captured output.
+//! Running a desk's shell commands (tool version commands) inside the desk's `exec`
+//! sandbox (`sh -c CMD` at /desk, no network), with a timeout and captured output.
 
 use std::ffi::OsString;
 use std::io::Read;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 /// How a shell command ended.
@@ -69,17 +69,24 @@ pub fn run(
     env: &[(String, OsString)],
     timeout: Duration,
 ) -> std::io::Result<ShellOutput> {
-    let mut c = Command::new("sh");
-    c.arg("-c")
-        .arg(cmd)
-        .current_dir(cwd)
-        .stdin(Stdio::null())
+    // The command comes from AGENTS.md, which the agent edits from inside `deskfs exec`:
+    // it runs in the same sandbox (desk at /desk, no network), never on the host.
+    // The sandbox sets PATH and HOME for /desk itself; other variables pass.
+    let spec = deskfs_sandbox::SandboxSpec {
+        net: deskfs_sandbox::Net::None,
+        env: env
+            .iter()
+            .filter(|(k, _)| k != "PATH" && k != "HOME")
+            .map(|(k, v)| (OsString::from(k), v.clone()))
+            .collect(),
+        ..deskfs_sandbox::SandboxSpec::new(cwd.to_path_buf())
+    };
+    let argv: Vec<OsString> = vec!["sh".into(), "-c".into(), cmd.into()];
+    let mut c = deskfs_sandbox::command(&spec, &argv).map_err(std::io::Error::other)?;
+    c.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0);
-    for (k, v) in env {
-        c.env(k, v);
-    }
     let mut child = c.spawn()?;
     let drain = |r: Option<Box<dyn Read + Send>>| {
         std::thread::spawn(move || {

@@ -587,7 +587,13 @@ impl Vfs {
         for ino in self.cache.over_capacity() {
             let evicted = deskfs_meta::txn(&*self.meta, |t| {
                 if let Some(mut r) = t.get_inode(ino)? {
-                    if r.local == Local::Full && !r.dirty && !self.is_open(ino) {
+                    // Not while open here or through another mount sharing this cache
+                    // dir (its writes would go to a deleted file).
+                    if r.local == Local::Full
+                        && !r.dirty
+                        && !self.is_open(ino)
+                        && !t.open_elsewhere(ino, 0)?
+                    {
                         r.local = Local::None;
                         t.update_inode(&r)?;
                         return Ok(true);
