@@ -175,20 +175,7 @@ impl Vfs {
         // sees this handle (both compare-and-swap, so it is counted once).
         if !recorded && self.track_opens.load(Ordering::SeqCst) {
             let session = self.session.load(Ordering::SeqCst);
-            let res = deskfs_meta::txn(&*self.meta, |t| {
-                if h.recorded
-                    .compare_exchange(
-                        OPEN_UNRECORDED,
-                        OPEN_RECORDED,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    )
-                    .is_ok()
-                {
-                    t.add_open(ino, session, 1)?;
-                }
-                Ok(())
-            });
+            let res = deskfs_meta::txn(&*self.meta, |t| h.record_open(t, session));
             if let Err(e) = res {
                 h.recorded.store(OPEN_CLOSED, Ordering::SeqCst);
                 self.handles.lock().map_err(|_| poisoned())?.remove(&fh);

@@ -187,7 +187,6 @@ impl Vfs {
     /// made while alone are recorded now, and the acknowledgement it waits for at mount
     /// time is written (kv `feed_ack.<session>` = newest peer seen).
     pub(crate) fn publish_opens(&self, peer: u64) -> crate::Result<()> {
-        use crate::handles::{OPEN_RECORDED, OPEN_UNRECORDED};
         if self.acked_peer.load(Ordering::SeqCst) >= peer && self.track_opens.load(Ordering::SeqCst)
         {
             return Ok(());
@@ -204,17 +203,7 @@ impl Vfs {
         let me = self.session.load(Ordering::SeqCst);
         deskfs_meta::txn(&*self.meta, |t| {
             for h in &handles {
-                if h.recorded
-                    .compare_exchange(
-                        OPEN_UNRECORDED,
-                        OPEN_RECORDED,
-                        Ordering::SeqCst,
-                        Ordering::SeqCst,
-                    )
-                    .is_ok()
-                {
-                    t.add_open(h.ino, me, 1)?;
-                }
+                h.record_open(t, me)?;
             }
             t.set_kv(&format!("feed_ack.{me}"), &peer.to_string())
         })?;

@@ -31,6 +31,27 @@ pub(crate) struct Handle {
     pub(crate) recorded: std::sync::atomic::AtomicU8,
 }
 
+impl Handle {
+    /// Inside a metadata transaction: records this open in the open-file table for
+    /// `session`, unless it already is or was released (compare-and-swap, so an open is
+    /// counted once however many callers race).
+    pub(crate) fn record_open(
+        &self,
+        t: &mut dyn deskfs_meta::MetaTxn,
+        session: u64,
+    ) -> deskfs_meta::Result<()> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if self
+            .recorded
+            .compare_exchange(OPEN_UNRECORDED, OPEN_RECORDED, SeqCst, SeqCst)
+            .is_ok()
+        {
+            t.add_open(self.ino, session, 1)?;
+        }
+        Ok(())
+    }
+}
+
 /// The open is not in the open-file table (this mount was alone when it was opened).
 pub(crate) const OPEN_UNRECORDED: u8 = 0;
 /// The open is counted in the open-file table.
