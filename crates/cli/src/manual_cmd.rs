@@ -33,7 +33,7 @@ pub enum ManualCmd {
     /// Run a tool's version command now and record tool, version and command in the
     /// manual (the human part is kept byte for byte).
     #[command(
-        after_help = "Examples:\n  deskfs manual record alice cargo\n  deskfs manual record alice node --version-cmd 'node -v'\n  apt-get install -y ripgrep && deskfs manual record alice rg\n\nThe version command runs on the host, with the desk's tools/bin first on PATH."
+        after_help = "Examples:\n  deskfs manual record alice cargo\n  deskfs manual record alice node --version-cmd 'node -v'\n  apt-get install -y ripgrep && deskfs manual record alice rg\n\nThe version command runs inside the desk's exec sandbox (no network), as the agent\nwould see it: /desk/tools/bin first on PATH, the desk's caches, the host's Rust toolchain."
     )]
     Record {
         /// Agent name.

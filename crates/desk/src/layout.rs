@@ -264,7 +264,7 @@ impl Desk {
         dir_names(&self.tasks_dir())
     }
 
-    /// Environment for commands run for this desk on the host (manual version commands):
+    /// Environment for host-side checks of this desk (finding a repo's test program):
     /// `tools/bin` first on `PATH`, package caches on the desk. The sandbox sets the same
     /// variables with `/desk` paths.
     pub fn command_env(&self) -> Vec<(String, std::ffi::OsString)> {
