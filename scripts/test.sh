@@ -5,14 +5,18 @@
 #
 # Steps: install missing Debian packages (apt, only when missing) -> install Garage and
 # pjdfstest (cargo install, each only when not on PATH) -> cargo build --release -p deskfs
-# -> start a private Garage S3 server -> cargo test --workspace --release -> every tests/e2e/*.sh
+# -> start a private Garage S3 server -> start a private PostgreSQL server
+# (scripts/pg-server.sh; its env, DESKFS_TEST_PG_URL etc., is exported to cargo test and the
+# e2e tests) -> cargo test --workspace --release -> every tests/e2e/*.sh
 # (exit 0 pass, 77 skip, anything else fail) -> summary, ending with the line
 #   N passed, N failed, N skipped
 # The exit status is non-zero when anything failed. "cargo build" and "cargo test" count as
-# one result each, next to one per e2e script.
+# one result each, next to one per e2e script; a server that does not start is one FAIL
+# result (s3-server, pg-server).
 #
 # Options:
 #   --no-deps        do not check/install apt packages, Garage or pjdfstest
+#                    (pg-server.sh still installs postgresql if its server is missing)
 #   --no-build       do not run cargo build (use the existing target/release/deskfs)
 #   --no-cargo-test  skip cargo test
 #   --e2e-only       = --no-deps --no-build --no-cargo-test
@@ -21,6 +25,8 @@
 # Environment:
 #   DESKFS_TEST_S3_PORT  Garage S3 port (default: 3900 if 3900/3901/3903 are free, else the
 #                        first free of 3910, 3920, ...)
+#   DESKFS_TEST_PG_PORT  PostgreSQL port (default: 5432 if free, else the first free of
+#                        5442, 5452, ...)
 #   GARAGE_VERSION       version for `cargo install garage` (default 2.5.0)
 #   PJDFSTEST_VERSION    version for `cargo install pjdfstest` (default 0.2.2)
 #   DESKFS_BIN           binary the e2e tests run (default target/release/deskfs)
@@ -28,9 +34,11 @@
 #   DESKFS_E2E_TIMEOUT   default per-test time limit in seconds (default 600); a test can
 #                        raise its own with a "# e2e-timeout: SECONDS" line
 #
-# Everything the run starts lives under one temp dir (Garage state, DESKFS_HOMEs,
-# mountpoints); the EXIT trap unmounts what the tests mounted there, kills only PIDs the
-# tests recorded, and stops only the Garage server this run started (by its recorded PID).
+# Everything the run starts lives under one temp dir (Garage and PostgreSQL state,
+# DESKFS_HOMEs, mountpoints); the EXIT trap unmounts what the tests mounted there, kills
+# only PIDs the tests recorded, removes the network namespaces/links the tests recorded
+# (tests/hosts.sh), and stops only the Garage and PostgreSQL servers this run started (by
+# their data dir / recorded PID).
 # Logs: target/test-logs/ (one file per step and per e2e test).
 set -uo pipefail
 
@@ -54,19 +62,23 @@ while (($#)); do
   shift
 done
 
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config git sqlite3 python3-venv rclone fio bubblewrap make)
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config git sqlite3 python3-venv rclone fio bubblewrap make inotify-tools
+  postgresql socat iproute2 util-linux)
 GARAGE_VERSION=${GARAGE_VERSION:-2.5.0}
 PJDFSTEST_VERSION=${PJDFSTEST_VERSION:-0.2.2}
 S3_SCRIPT=$ROOT/scripts/s3-server.sh
+PG_SCRIPT=$ROOT/scripts/pg-server.sh
 LOGDIR=${DESKFS_TEST_LOGDIR:-$ROOT/target/test-logs}
 T0=$SECONDS
 
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/deskfs-test.XXXXXX") || { echo "test.sh: mktemp failed" >&2; exit 1; }
 RUN=$(realpath "$RUN")
+chmod 0711 "$RUN"   # the OS user postgres must reach $RUN/pg (nothing is listable)
 rm -rf "$LOGDIR"
 mkdir -p "$LOGDIR" "$RUN/tmp"
 : > "$RUN/mounts"
 : > "$RUN/pids"
+: > "$RUN/net"
 
 say() { printf '\n=== %s [%ds]\n' "$*" $((SECONDS - T0)); }
 note() { printf 'test.sh: %s\n' "$*"; }
@@ -125,7 +137,32 @@ cleanup_leftovers() { # unmount what tests mounted under $RUN, kill the PIDs the
     [[ "$(proc_start "$pid")" == "$st" ]] && kill -KILL "$pid" 2>/dev/null
   done < "$RUN/pids"
   : > "$RUN/pids"
+  # network namespaces and links recorded by tests/hosts.sh (a test killed before its own
+  # EXIT trap ran); newest first: veths before their namespace, the bridge last
+  local kind name npids
+  while read -r kind name; do
+    case $kind in
+      netns)
+        [[ -e /run/netns/$name ]] || continue
+        npids=$(ip netns pids "$name" 2>/dev/null)
+        if [[ -n $npids ]]; then
+          note "killing processes left in network namespace $name: $(echo $npids)"
+          kill -KILL $npids 2>/dev/null
+          sleep 0.5
+        fi
+        note "removing leftover network namespace $name"
+        ip netns del "$name" 2>/dev/null ;;
+      link)
+        ip link show "$name" >/dev/null 2>&1 || continue
+        note "removing leftover network link $name"
+        ip link del "$name" 2>/dev/null ;;
+    esac
+  done < <(tac "$RUN/net" 2>/dev/null)
+  : > "$RUN/net"
 }
+
+PG_STARTED=0
+pgctl() { PG_STATE=$RUN/pg PG_PORT=${PG_PORT_SEL:-} PG_LISTEN='' bash "$PG_SCRIPT" "$@"; }
 
 S3_STARTED=0
 s3ctl() { BENCH_STATE=$RUN/s3state BENCH_S3_PORT=$S3_PORT BENCH_S3_BUCKET=deskfs-e2e bash "$S3_SCRIPT" "$@"; }
@@ -153,6 +190,10 @@ on_exit() {
   if ((S3_STARTED)); then
     s3ctl stop > "$LOGDIR/s3-stop.log" 2>&1 || note "stopping Garage failed, see $LOGDIR/s3-stop.log"
     cp "$RUN/s3state/s3/server.log" "$LOGDIR/garage-server.log" 2>/dev/null
+  fi
+  if ((PG_STARTED)); then
+    pgctl stop > "$LOGDIR/pg-stop.log" 2>&1 || note "stopping PostgreSQL failed, see $LOGDIR/pg-stop.log"
+    cp "$RUN/pg/server.log" "$LOGDIR/pg-server.log" 2>/dev/null
   fi
   if [[ ${DESKFS_TEST_KEEP:-0} == 1 ]]; then
     note "kept $RUN"
@@ -272,19 +313,49 @@ else
   fi
 fi
 
+# ------------------------------------------------------------ 3b. PostgreSQL
+say "PostgreSQL server"
+t=$SECONDS
+PG_PORT_SEL=${DESKFS_TEST_PG_PORT:-}
+PG_STARTED=1   # from here on the trap stops it (pg_ctl stop on $RUN/pg/data, else the recorded PID)
+if pgctl start > "$RUN/pg.env" 2> "$LOGDIR/pg-start.log"; then
+  # shellcheck disable=SC1091
+  source "$RUN/pg.env"   # export PGHOST PGPORT PGUSER PGPASSWORD PGDATABASE DESKFS_TEST_PG_URL DESKFS_TEST_PG_ADMIN PG_STATE
+  PG_PORT_SEL=$PGPORT    # a restart keeps the port
+  export DESKFS_TEST_PG_OWNED=1 DESKFS_TEST_PG_CTL=$PG_SCRIPT
+  note "PostgreSQL on 127.0.0.1:$PGPORT (pid $(cut -d' ' -f1 "$RUN/pg/server.pid"), database $PGDATABASE, state $PG_STATE)"
+else
+  cat "$LOGDIR/pg-start.log"
+  tail -n 20 "$RUN/pg/server.log" 2>/dev/null
+  record "pg-server" FAIL $((SECONDS - t)) "PostgreSQL did not start, see target/test-logs/pg-start.log"
+fi
+
 # ------------------------------------------------------------ 4. cargo test
 if ((DO_CARGO_TEST)); then
   say "cargo test --workspace --release"
   t=$SECONDS
   if ((BUILD_OK == 0 && DO_BUILD == 1)); then
     record "cargo test" SKIP 0 "not run: cargo build failed"
-  elif timeout -k 30 1800 cargo test --workspace --release --no-fail-fast > "$LOGDIR/cargo-test.log" 2>&1; then
+  elif DESKFS_TEST_STRICT=$([[ -n ${DESKFS_TEST_PG_URL:-} ]] && echo 1 || echo 0) \
+       timeout -k 30 1800 cargo test --workspace --release --no-fail-fast > "$LOGDIR/cargo-test.log" 2>&1; then
     grep -E '^test result:' "$LOGDIR/cargo-test.log" | awk '{p += $4; f += $6; i += $8} END {printf "unit/integration tests: %d passed, %d failed, %d ignored\n", p, f, i}'
     record "cargo test" PASS $((SECONDS - t)) "$(grep -E '^test result:' "$LOGDIR/cargo-test.log" | awk '{p += $4; i += $8} END {printf "%d tests, %d ignored", p, i}')"
   else
     grep -E '^(test .* FAILED|failures:|---- |error(\[|:))' "$LOGDIR/cargo-test.log" | head -n 60
     tail -n 20 "$LOGDIR/cargo-test.log"
     record "cargo test" FAIL $((SECONDS - t)) "see target/test-logs/cargo-test.log"
+  fi
+  # The VFS tests again, every one of them on the PostgreSQL engine (fresh schema each).
+  t=$SECONDS
+  if ((BUILD_OK == 0 && DO_BUILD == 1)); then
+    record "cargo test vfs@postgres" SKIP 0 "not run: cargo build failed"
+  elif [[ -z ${DESKFS_TEST_PG_URL:-} ]]; then
+    record "cargo test vfs@postgres" FAIL 0 "no PostgreSQL server (pg-server failed)"
+  elif DESKFS_TEST_META=postgres timeout -k 30 1800 cargo test -p deskfs-vfs --release --no-fail-fast > "$LOGDIR/cargo-test-vfs-postgres.log" 2>&1; then
+    record "cargo test vfs@postgres" PASS $((SECONDS - t)) "$(grep -E '^test result:' "$LOGDIR/cargo-test-vfs-postgres.log" | awk '{p += $4; i += $8} END {printf "%d tests, %d ignored", p, i}')"
+  else
+    grep -E '^(test .* FAILED|failures:|---- )' "$LOGDIR/cargo-test-vfs-postgres.log" | head -n 40
+    record "cargo test vfs@postgres" FAIL $((SECONDS - t)) "see target/test-logs/cargo-test-vfs-postgres.log"
   fi
 fi
 
@@ -312,13 +383,19 @@ for t_path in "$ROOT"/tests/e2e/[0-9]*.sh; do
     note "Garage is not running before $name: restarting it"
     s3ctl start > /dev/null 2>> "$LOGDIR/s3-start.log" || note "Garage restart failed"
   fi
+  if ((PG_STARTED)) && [[ -s $RUN/pg.env ]] && ! pgctl status > /dev/null 2>&1; then
+    note "PostgreSQL is not running before $name: restarting it"
+    pgctl start > /dev/null 2>> "$LOGDIR/pg-start.log" || note "PostgreSQL restart failed"
+  fi
   limit=$(sed -n 's/^# e2e-timeout: *\([0-9][0-9]*\).*/\1/p' "$t_path" | head -n 1)
   limit=${limit:-${DESKFS_E2E_TIMEOUT:-600}}
   log=$LOGDIR/$name.log
   echo "--- $name (limit ${limit}s)"
   t=$SECONDS
   # Output goes to a file, never a pipe (a daemon keeping an inherited fd would hang a
-  # pipe); tail follows the file until the test exits.
+  # pipe); tail follows the file until the test exits. The file exists before tail starts
+  # (else tail may look before the redirection created it, give up, and show nothing).
+  : > "$log"
   timeout -k 30 "$limit" bash "$t_path" > "$log" 2>&1 < /dev/null &
   CUR_TEST_PID=$!
   tail -n +1 -f --pid="$CUR_TEST_PID" "$log" 2>/dev/null | sed -u 's/^/    /' &
@@ -335,7 +412,7 @@ for t_path in "$ROOT"/tests/e2e/[0-9]*.sh; do
     124|137) record "$name" FAIL "$secs" "timed out after ${limit}s${reason:+; $reason}" ;;
     *) record "$name" FAIL "$secs" "${reason:-exit status $trc}" ;;
   esac
-  if awk -v p="$RUN/" 'index($5, p) == 1 { f = 1 } END { exit !f }' /proc/self/mountinfo || [[ -s $RUN/pids ]]; then
+  if awk -v p="$RUN/" 'index($5, p) == 1 { f = 1 } END { exit !f }' /proc/self/mountinfo || [[ -s $RUN/pids || -s $RUN/net ]]; then
     cleanup_leftovers
   fi
   : > "$RUN/mounts"

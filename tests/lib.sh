@@ -14,7 +14,13 @@
 #     connection abort, lazy unmount as the last resort; only recorded PIDs are killed)
 #   * S3: need_s3, s3_url, s3_key, s3_get/s3_cat/s3_exists/s3_keys (exact keys, python
 #     stdlib SigV4 client tests/s3.py), rc (rclone with an env-only "e2es3:" remote)
+#   * PostgreSQL: need_pg, pg_fresh_db NAME (an empty database for this test, dropped at
+#     exit; prints its URL), pg_admin_psql ARGS... (superuser psql), pg_ctl_server
+#   * workspace metadata engine (DESKFS_E2E_META below): meta_is_pg, pg_meta_url NAME,
+#     pg_url_nopw URL, pg_export_password, ws_meta_url NAME, ws_meta_snapshot NAME DIR,
+#     ws_meta_psql NAME ARGS...
 #   * fail, skip, log, assert_eq, assert_file_eq, wait_for, sha
+#   * multi-host tests: source tests/hosts.sh after this file (network namespaces)
 #
 # Environment knobs (all optional; scripts/test.sh sets the S3 ones):
 #   DESKFS_BIN               deskfs binary (default $ROOT/target/release/deskfs)
@@ -26,13 +32,32 @@
 #                            but BENCH_STATE is set, $BENCH_STATE/s3/env.sh is loaded
 #   DESKFS_TEST_S3_OWNED=1   the server may be stopped/started by tests (55-s3-outage);
 #                            only scripts/test.sh sets it, for the server it started itself
+#   DESKFS_TEST_PG_URL       postgres://deskfs:PW@127.0.0.1:PORT/deskfs_test (output of
+#                            scripts/pg-server.sh env, with DESKFS_TEST_PG_ADMIN, PG_STATE,
+#                            PG*); if absent but PG_STATE is set, $PG_STATE/env.sh is loaded
+#   DESKFS_TEST_PG_OWNED=1   the PostgreSQL server may be stopped/started by tests
+#                            (pg_ctl_server); only scripts/test.sh sets it
+#   DESKFS_E2E_META          metadata engine of the workspaces ws_format creates: sqlite
+#                            (default: deskfs's own default, meta.db in the workspace dir) or
+#                            postgres: ws_format NAME adds --meta postgres://USER@HOST:PORT/DB
+#                            ?schema=S, a fresh database of the test server (pg_fresh_db,
+#                            dropped at exit), no password in the URL (deskfs reads
+#                            PGPASSWORD, exported from DESKFS_TEST_PG_URL when unset);
+#                            sourcing lib.sh then runs need_pg. The bucket stays whatever
+#                            the test asks for (the local bucket dir by default).
+#                            tests/e2e/8Np-*-pg.sh run the SQLite tests this way.
+#   DESKFS_E2E_PG_SCHEMA     schema in those URLs (default deskfs_e2e; empty: no ?schema=,
+#                            the database's default schema)
+#   DESKFS_E2E_NAME          the test's name (default: the script's file name), for thin
+#                            wrappers that exec another test script; read once, unset
 # shellcheck shell=bash
 
 set -Eeuo pipefail
 
 LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$LIB_DIR/.." && pwd)
-TEST_NAME=$(basename "$0" .sh)
+TEST_NAME=${DESKFS_E2E_NAME:-$(basename "$0" .sh)}
+unset DESKFS_E2E_NAME   # a test this one starts has its own name
 DESKFS=${DESKFS_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/deskfs}
 SHARED_DIR=${DESKFS_SHARED_DIR:-$(cd "$ROOT/.." && pwd)/shared}
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
@@ -224,6 +249,22 @@ force_unmount() {
   ! is_mounted "$p"
 }
 
+# unmount_registered: unmount every registered mount that is still mounted (deskfs umount
+# --no-wait, then force_unmount), newest first. For exit hooks that must run after the
+# mounts are gone (dropping databases, removing network namespaces); _lib_cleanup does the
+# same for whatever is left.
+unmount_registered() {
+  local m
+  [[ -f $T/mounts ]] || return 0
+  for m in $(tac "$T/mounts" | awk '!seen[$0]++'); do
+    is_mounted "$m" || continue
+    log "cleanup: $m is still mounted, unmounting"
+    timeout -k 2 20 "$DESKFS" umount --no-wait "$m" > /dev/null 2>&1 < /dev/null
+    force_unmount "$m" || log "cleanup: could not unmount $m"
+  done
+  return 0
+}
+
 _lib_cleanup() {
   local rc=$?
   set +e
@@ -283,11 +324,19 @@ dfs_ok() {
   return 0
 }
 
-# ws_format NAME [ARGS...]: deskfs format NAME ARGS..., must succeed.
+# ws_format NAME [ARGS...]: deskfs format NAME ARGS..., must succeed. With
+# DESKFS_E2E_META=postgres and no --meta in ARGS: also --meta "$(pg_meta_url NAME)".
 ws_format() {
+  if meta_is_pg && ! _has_meta_arg "$@"; then
+    local murl
+    pg_export_password
+    murl=$(pg_meta_url "${1:-ws}") || fail "ws_format: no PostgreSQL database for the workspace"
+    set -- "$@" --meta "$murl"
+  fi
   log "deskfs format $*"
   dfs_ok format "$@"
 }
+_has_meta_arg() { local a; for a in "$@"; do [[ $a == --meta || $a == --meta=* ]] && return 0; done; return 1; }
 
 _mount_seq=0
 # ws_mount NAME DIR [ARGS...]: deskfs mount (daemonizing); must return with DIR mounted and
@@ -423,6 +472,176 @@ s3_ctl() {
   [[ ${DESKFS_TEST_S3_OWNED:-0} == 1 && -n ${BENCH_STATE:-} ]] || fail "s3_ctl: not allowed (server not owned by this run)"
   bash "${DESKFS_TEST_S3_CTL:-$ROOT/scripts/s3-server.sh}" "$@"
 }
+
+# ---------------------------------------------------------------- PostgreSQL
+
+if [[ -z ${DESKFS_TEST_PG_URL:-} && -n ${PG_STATE:-} && -f $PG_STATE/env.sh ]]; then
+  # shellcheck disable=SC1091
+  source "$PG_STATE/env.sh"
+fi
+
+# need_pg: skip (fail under DESKFS_TEST_STRICT=1) without DESKFS_TEST_PG_URL; fail if it is
+# set but the server does not answer.
+need_pg() {
+  [[ -n ${DESKFS_TEST_PG_URL:-} ]] || skip_or_fail "no PostgreSQL (run through scripts/test.sh, or export the output of scripts/pg-server.sh env)"
+  need_cmd psql
+  local out
+  out=$(PGCONNECT_TIMEOUT=5 psql -X -q -t -A "$DESKFS_TEST_PG_URL" -c 'SELECT 1' 2>&1) ||
+    fail "PostgreSQL at ${DESKFS_TEST_PG_URL%%://*}://…@${DESKFS_TEST_PG_URL##*@} does not answer: ${out%%$'\n'*}"
+}
+
+# pg_admin_psql ARGS...: psql as the superuser (DESKFS_TEST_PG_ADMIN, a libpq conninfo;
+# without it: as the DESKFS_TEST_PG_URL user), no psqlrc, stop on the first error.
+pg_admin_psql() {
+  PGCONNECT_TIMEOUT=10 timeout -k 5 120 psql -X -v ON_ERROR_STOP=1 "${DESKFS_TEST_PG_ADMIN:-$DESKFS_TEST_PG_URL}" "$@"
+}
+
+# pg_fresh_db NAME: creates an empty database owned by the URL's user (deskfs), named
+# t_<NAME>_<pid>_<random> (unique per test and call), prints its URL (DESKFS_TEST_PG_URL
+# with the database replaced). Dropped at exit (WITH (FORCE): open sessions are ended).
+# Works inside $(...).
+pg_fresh_db() {
+  (($# == 1)) && [[ -n $1 ]] || fail "pg_fresh_db: expected one NAME"
+  [[ -n ${DESKFS_TEST_PG_URL:-} ]] || fail "pg_fresh_db: DESKFS_TEST_PG_URL is not set (need_pg first)"
+  local re='^(postgres(ql)?://([^:@/]+)(:[^@/]*)?@[^/]+)/[^?]*(\?.*)?$'
+  [[ $DESKFS_TEST_PG_URL =~ $re ]] || fail "pg_fresh_db: cannot parse DESKFS_TEST_PG_URL (postgres://USER:PW@HOST:PORT/DB expected)"
+  local base=${BASH_REMATCH[1]} owner=${BASH_REMATCH[3]} query=${BASH_REMATCH[5]}
+  local name
+  name=$(printf '%s' "$1" | tr -c 'a-zA-Z0-9_' '_' | tr 'A-Z' 'a-z')
+  name="t_${name:0:40}_$$_${RANDOM}${RANDOM}"
+  printf '%s\t%s\n' "$name" "${DESKFS_TEST_PG_ADMIN:-$DESKFS_TEST_PG_URL}" >> "$T/pg-dbs"   # the server it is on
+  pg_admin_psql -q -c "CREATE DATABASE \"$name\" OWNER \"$owner\"" > /dev/null ||
+    fail "pg_fresh_db: CREATE DATABASE $name failed"
+  echo "$base/$name$query"
+}
+
+_pg_drop_fresh_dbs() {
+  [[ -f $T/pg-dbs ]] || return 0
+  local db admin
+  unmount_registered   # daemons using the databases go first
+  while IFS=$'\t' read -r db admin; do
+    [[ -n $db ]] || continue
+    DESKFS_TEST_PG_ADMIN=$admin pg_admin_psql -q -c "DROP DATABASE IF EXISTS \"$db\" WITH (FORCE)" > /dev/null 2>&1 ||
+      log "cleanup: DROP DATABASE $db failed"
+  done < "$T/pg-dbs"
+  rm -f "$T/pg-dbs"
+}
+on_exit _pg_drop_fresh_dbs
+
+# pg_ctl_server start|stop|status: control the test PostgreSQL server (only one that
+# scripts/test.sh started: DESKFS_TEST_PG_OWNED=1)
+pg_ctl_server() {
+  [[ ${DESKFS_TEST_PG_OWNED:-0} == 1 && -n ${PG_STATE:-} ]] || fail "pg_ctl_server: not allowed (server not owned by this run)"
+  bash "${DESKFS_TEST_PG_CTL:-$ROOT/scripts/pg-server.sh}" "$@"
+}
+
+# ---------------------------------------------------------------- workspace metadata engine
+
+case ${DESKFS_E2E_META:-sqlite} in
+  sqlite | postgres) ;;
+  *) fail "DESKFS_E2E_META must be sqlite or postgres, got '${DESKFS_E2E_META}'" ;;
+esac
+
+# meta_is_pg: this run puts the metadata of ws_format's workspaces in PostgreSQL
+meta_is_pg() { [[ ${DESKFS_E2E_META:-sqlite} == postgres ]]; }
+
+# pg_url_nopw URL: URL without the password (postgres://USER:PW@HOST/... -> USER@HOST/...)
+pg_url_nopw() {
+  local re='^(postgres(ql)?://)([^:@/]+):[^@/]*@(.*)$'
+  if [[ $1 =~ $re ]]; then echo "${BASH_REMATCH[1]}${BASH_REMATCH[3]}@${BASH_REMATCH[4]}"; else echo "$1"; fi
+}
+
+# pg_export_password: deskfs reads the password from PGPASSWORD (never from the URL); set it
+# from DESKFS_TEST_PG_URL when the environment has none (scripts/pg-server.sh exports it).
+# Main shell only (an export inside $(...) is lost).
+pg_export_password() {
+  [[ -z ${PGPASSWORD:-} ]] || return 0
+  local re='^postgres(ql)?://[^:@/]+:([^@/]*)@'
+  [[ ${DESKFS_TEST_PG_URL:-} =~ $re ]] && export PGPASSWORD=${BASH_REMATCH[2]}
+  return 0
+}
+
+# pg_meta_url NAME: a deskfs --meta URL for a new workspace: a fresh database of the test
+# server (pg_fresh_db NAME, dropped at exit), schema DESKFS_E2E_PG_SCHEMA (default
+# deskfs_e2e), no password. Works inside $(...). Hosts reach it through hosts_pg_url URL.
+pg_meta_url() {
+  need_pg
+  pg_export_password
+  local url schema=${DESKFS_E2E_PG_SCHEMA-deskfs_e2e}
+  url=$(pg_fresh_db "$1") || return 1
+  url=$(pg_url_nopw "$url")
+  if [[ -n $schema ]]; then
+    [[ $url == *\?* ]] && url="$url&schema=$schema" || url="$url?schema=$schema"
+  fi
+  echo "$url"
+}
+
+# ws_meta_url NAME: the metadata URL workspace NAME records (workspace.toml under
+# $DESKFS_HOME): sqlite:///…/meta.db or postgres://…
+ws_meta_url() {
+  local cfg=$DESKFS_HOME/workspaces/$1/workspace.toml url
+  [[ -f $cfg ]] || fail "ws_meta_url: no workspace $1 under $DESKFS_HOME"
+  url=$(sed -n 's/^meta *= *"\(.*\)"$/\1/p' "$cfg" | head -n 1)
+  echo "${url:-sqlite://$DESKFS_HOME/workspaces/$1/meta.db}"
+}
+
+# _pg_libpq_url URL: a deskfs postgres URL as libpq takes it (psql, pg_dump): without the
+# ?schema= parameter (libpq does not know it); the schema goes to stdout's second line.
+_pg_libpq_url() {
+  local url=$1 q schema="" rest=() kv
+  if [[ $url == *\?* ]]; then
+    q=${url#*\?}
+    url=${url%%\?*}
+    IFS='&' read -r -a kv <<< "$q"
+    for q in "${kv[@]}"; do
+      case $q in schema=*) schema=${q#schema=} ;; ?*) rest+=("$q") ;; esac
+    done
+    ((${#rest[@]})) && url="$url?$(IFS='&'; echo "${rest[*]}")"
+  fi
+  printf '%s\n%s\n' "$url" "$schema"
+}
+
+# ws_meta_psql NAME ARGS...: psql on workspace NAME's PostgreSQL metadata (search_path set
+# to its schema), no psqlrc, stop on the first error. Fails for a SQLite workspace.
+ws_meta_psql() {
+  local name=$1 url lurl schema
+  shift
+  url=$(ws_meta_url "$name")
+  [[ $url == postgres://* || $url == postgresql://* ]] || fail "ws_meta_psql: workspace $name keeps its metadata in $url, not PostgreSQL"
+  pg_export_password
+  { read -r lurl; read -r schema; } < <(_pg_libpq_url "$url")
+  PGOPTIONS="${schema:+-c search_path=$schema}" PGCONNECT_TIMEOUT=10 timeout -k 5 120 \
+    psql -X -v ON_ERROR_STOP=1 "$lurl" "$@"
+}
+
+# ws_meta_snapshot NAME DIR: a copy of workspace NAME's metadata in DIR, for the reader of a
+# failure: meta.db* (SQLite) or meta.sql, a pg_dump of its schema (PostgreSQL). Never fails
+# the test (logs why it could not).
+ws_meta_snapshot() {
+  local name=$1 dir=$2 url lurl schema path
+  mkdir -p "$dir"
+  [[ -f $DESKFS_HOME/workspaces/$name/workspace.toml ]] || { log "ws_meta_snapshot: no workspace $name under $DESKFS_HOME"; return 0; }
+  url=$(ws_meta_url "$name")
+  case $url in
+    postgres://* | postgresql://*)
+      pg_export_password
+      { read -r lurl; read -r schema; } < <(_pg_libpq_url "$url")
+      PGCONNECT_TIMEOUT=10 timeout -k 5 120 pg_dump --no-owner ${schema:+-n "$schema"} -f "$dir/meta.sql" "$lurl" \
+        > "$dir/pg_dump.err" 2>&1 || log "ws_meta_snapshot: pg_dump of $(pg_url_nopw "$url") failed: $(head -n 2 "$dir/pg_dump.err")"
+      ;;
+    *)
+      path=${url#sqlite://}
+      cp "$path"* "$dir/" 2> /dev/null || log "ws_meta_snapshot: could not copy $path*"
+      ;;
+  esac
+  return 0
+}
+
+# with the switch on, every test that sources lib.sh needs the PostgreSQL server
+if meta_is_pg; then
+  need_pg
+  pg_export_password
+fi
 
 # ---------------------------------------------------------------- misc helpers
 

@@ -98,6 +98,13 @@ fn remove_dead_downloads(staging: &Path) {
     }
 }
 
+/// An exclusive lock on the cache dir's staging area, held by every mount sharing the
+/// dir while it decides which staging file holds an inode (see [`Cache::local_lock`]).
+/// Released when dropped.
+pub struct LocalLock {
+    _file: File,
+}
+
 /// See [`Cache::read_guard`].
 pub struct ReadGuard<'a> {
     cache: &'a Cache,
@@ -116,9 +123,69 @@ impl Drop for ReadGuard<'_> {
     }
 }
 
+/// Reads the id of the cache at `root` (`cache-id`), creating it when missing: 1 for a
+/// cache made before ids existed (its staging dir already has files), else a random
+/// 63-bit id. Ids name caches in the metadata engine (which cache holds an inode's
+/// content); mounts sharing a cache dir share its id.
+fn cache_id(root: &Path, staging: &Path) -> Result<u64> {
+    let path = root.join("cache-id");
+    match std::fs::read_to_string(&path) {
+        Ok(s) => {
+            return s
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|id| *id > 0)
+                .ok_or_else(|| {
+                    CacheError::io(
+                        &path,
+                        io::Error::new(io::ErrorKind::InvalidData, "not a cache id"),
+                    )
+                })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(CacheError::io(&path, e)),
+    }
+    let pre_ids = std::fs::read_dir(staging)
+        .map(|mut rd| {
+            rd.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().parse::<u64>().is_ok()))
+        })
+        .unwrap_or(false);
+    let id = if pre_ids { 1 } else { random_id() };
+    // Written under a temp name and linked into place: two mounts opening a fresh cache
+    // at once agree on the first id written.
+    let tmp = root.join(format!(".cache-id.{}", std::process::id()));
+    std::fs::write(&tmp, format!("{id}\n")).map_err(|e| CacheError::io(&tmp, e))?;
+    let linked = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => Ok(id),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => cache_id(root, staging),
+        Err(e) => Err(CacheError::io(&path, e)),
+    }
+}
+
+/// A random id in `2..2^63` (from the kernel's random source; clock and pid as a fallback).
+fn random_id() -> u64 {
+    let mut b = [0u8; 8];
+    let ok = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
+        .is_ok();
+    let mut v = u64::from_le_bytes(b);
+    if !ok {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        v = t ^ ((std::process::id() as u64) << 32);
+    }
+    (v >> 1).max(2)
+}
+
 /// The cache directory.
 pub struct Cache {
     root: PathBuf,
+    id: u64,
     staging: PathBuf,
     blocks: PathBuf,
     block_size: u64,
@@ -145,8 +212,10 @@ impl Cache {
             std::fs::create_dir_all(d).map_err(|e| CacheError::io(d, e))?;
         }
         remove_dead_downloads(&staging);
+        let id = cache_id(root, &staging)?;
         let cache = Cache {
             root: root.to_path_buf(),
+            id,
             staging,
             blocks,
             block_size,
@@ -157,6 +226,12 @@ impl Cache {
         };
         cache.index_blocks()?;
         Ok(cache)
+    }
+
+    /// This cache's id (`Local::At` in the metadata engine): stable for the life of the
+    /// cache directory, shared by every mount using it.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// The cache directory.
@@ -190,6 +265,31 @@ impl Cache {
             .truncate(false)
             .open(&p)
             .map_err(|e| CacheError::io(&p, e))
+    }
+
+    /// Takes the staging-area lock (`flock` on `staging/.lock`), shared by every process
+    /// using this cache dir; blocks until it is free.
+    pub fn local_lock(&self) -> Result<LocalLock> {
+        use std::os::fd::AsRawFd;
+        let p = self.staging.join(".lock");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&p)
+            .map_err(|e| CacheError::io(&p, e))?;
+        loop {
+            // SAFETY: flock on a descriptor owned by `f`.
+            let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+            if rc == 0 {
+                return Ok(LocalLock { _file: f });
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(CacheError::io(&p, e));
+            }
+        }
     }
 
     /// Whether `ino` has a staging file.

@@ -134,3 +134,27 @@ fn partial_downloads_of_dead_processes_are_removed_at_open() {
     assert!(staging.join("10").exists(), "staging files stay");
     assert!(staging.join("notes.part.x").exists(), "other names stay");
 }
+
+#[test]
+fn cache_ids_are_stable_and_old_caches_are_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = Cache::open(&dir.path().join("a"), 1 << 20, 4096).unwrap();
+    let id = a.id();
+    assert!(id >= 2);
+    drop(a);
+    assert_eq!(
+        Cache::open(&dir.path().join("a"), 1 << 20, 4096)
+            .unwrap()
+            .id(),
+        id
+    );
+    let b = Cache::open(&dir.path().join("b"), 1 << 20, 4096).unwrap();
+    assert_ne!(b.id(), id, "two caches, two ids");
+    // A cache dir from before ids: staging files but no cache-id file.
+    let old = dir.path().join("old");
+    std::fs::create_dir_all(old.join("staging")).unwrap();
+    std::fs::write(old.join("staging/17"), b"x").unwrap();
+    assert_eq!(Cache::open(&old, 1 << 20, 4096).unwrap().id(), 1);
+    std::fs::write(dir.path().join("a/cache-id"), b"junk").unwrap();
+    assert!(Cache::open(&dir.path().join("a"), 1 << 20, 4096).is_err());
+}

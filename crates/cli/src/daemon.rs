@@ -10,7 +10,6 @@ use anyhow::{anyhow, bail, Context, Result};
 use clap::Args;
 use deskfs_bucket::{Bucket, BucketError};
 use deskfs_cache::Cache;
-use deskfs_meta::sqlite::SqliteEngine;
 use deskfs_meta::MetaEngine;
 use deskfs_vfs::{Vfs, VfsConfig};
 use serde_json::json;
@@ -41,6 +40,22 @@ pub struct MountArgs {
     /// FUSE worker threads.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
+    /// Metadata URL of a shared workspace not yet attached on this host
+    /// (postgres://…): attaches it first, as `deskfs attach NAME --meta URL` would.
+    #[arg(long)]
+    pub meta: Option<String>,
+    /// Session lease, seconds: a mount silent this long (crashed, paused, cut off) is
+    /// expired by the others, which then take over its locks; a mount that finds itself
+    /// expired is fenced and re-registers.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(3..=3600))]
+    pub lease: u64,
+    /// How long an open waits, seconds, for content that only another mount's cache holds
+    /// (that mount is asked to upload it at once) before failing with EIO.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub remote_wait: u64,
+    /// Delay between a file's last close and its upload, ms (coalesces rewrites).
+    #[arg(long, default_value_t = 500, hide = true)]
+    pub upload_delay_ms: u64,
 }
 
 /// Arguments of `deskfs umount`.
@@ -65,25 +80,35 @@ pub struct SyncArgs {
 
 struct Opened {
     cfg: WorkspaceConfig,
-    meta: Arc<SqliteEngine>,
+    meta: Arc<dyn MetaEngine>,
     bucket: Bucket,
 }
 
 fn open_workspace(name: &str) -> Result<Opened> {
     let cfg = WorkspaceConfig::load(name)?;
-    let db = cfg.sqlite_path()?;
-    let meta = SqliteEngine::open(&db).map_err(|e| match e {
-        deskfs_meta::MetaError::NotFound(p) => anyhow!(
-            "metadata database {p} is missing; restore it or re-run `deskfs format {name} --force`"
-        ),
-        other => anyhow!(other),
-    })?;
+    let url = crate::metadb::MetaUrl::parse(&cfg.meta)?;
+    let meta = url.open()?;
+    // The database must be this workspace's, with the bucket the config names.
+    if let Some(rec) = crate::metadb::Record::read(&*meta)? {
+        if rec.name != name {
+            bail!(
+                "metadata database {} holds workspace {:?}, not {name:?}; fix `meta` in {}",
+                url.display(),
+                rec.name,
+                ws_dir(name).join("workspace.toml").display()
+            );
+        }
+        let configured = deskfs_bucket::BucketSpec::parse(&cfg.bucket)?.url;
+        if configured != rec.bucket {
+            bail!(
+                "workspace {name:?} is configured with bucket {configured}, but its metadata database records bucket {}; fix `bucket` in {}",
+                rec.bucket,
+                ws_dir(name).join("workspace.toml").display()
+            );
+        }
+    }
     let bucket = Bucket::open(&cfg.bucket_spec()?, false)?;
-    Ok(Opened {
-        cfg,
-        meta: Arc::new(meta),
-        bucket,
-    })
+    Ok(Opened { cfg, meta, bucket })
 }
 
 fn check_mountpoint(mnt: &Path) -> Result<()> {
@@ -115,16 +140,48 @@ fn check_mountpoint(mnt: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Where the cache dir of cache `id` is (kv `cache.<id>` = `HOST:PATH`).
+fn cache_location(o: &Opened, id: u64) -> Result<Option<(String, PathBuf)>> {
+    let v = deskfs_meta::read(&*o.meta, |t| t.get_kv(&format!("cache.{id}")))?;
+    let legacy = if id == 1 {
+        // Caches from before ids: the workspace recorded one cache dir.
+        deskfs_meta::read(&*o.meta, |t| t.get_kv("cache_dir"))?
+            .map(|p| format!("{}:{p}", deskfs_vfs::hostname()))
+    } else {
+        None
+    };
+    Ok(v.or(legacy).and_then(|s| {
+        s.split_once(':')
+            .map(|(h, p)| (h.to_string(), PathBuf::from(p)))
+    }))
+}
+
+/// The cache dir to mount with. Refused: another cache dir of this host that holds
+/// files not yet uploaded, while the mount would use a different one (they would wait
+/// for an upload nobody does).
 fn cache_dir_for(o: &Opened, requested: Option<&Path>) -> Result<PathBuf> {
     let dir = requested
         .map(crate::absolute)
         .unwrap_or_else(|| ws_dir(&o.cfg.name).join("cache"));
-    let (recorded, dirty) = deskfs_meta::read(&*o.meta, |t| {
-        Ok((t.get_kv("cache_dir")?, t.usage()?.dirty_inodes))
-    })?;
-    if let Some(rec) = recorded {
-        if Path::new(&rec) != dir && dirty > 0 {
-            bail!("workspace {} has {dirty} file(s) not yet uploaded whose data is in cache dir {rec}; mount with --cache-dir {rec} (or run `deskfs sync` with it) before changing the cache dir", o.cfg.name);
+    let dirty = deskfs_meta::read(&*o.meta, |t| t.dirty_inodes())?;
+    let mut by_cache: std::collections::BTreeMap<u64, usize> = Default::default();
+    for r in &dirty {
+        if let deskfs_meta::Local::At(c) = r.local {
+            *by_cache.entry(c).or_default() += 1;
+        }
+    }
+    let host = deskfs_vfs::hostname();
+    for (id, n) in by_cache {
+        if let Some((h, p)) = cache_location(o, id)? {
+            if h == host && p != dir && p.join("cache-id").exists() {
+                let in_use = std::fs::read_to_string(dir.join("cache-id"))
+                    .ok()
+                    .and_then(|s| s.trim().parse::<u64>().ok())
+                    == Some(id);
+                if !in_use {
+                    bail!("workspace {} has {n} file(s) not yet uploaded whose data is in cache dir {} on this host; mount with --cache-dir {} (or run `deskfs sync {}` with it) before changing the cache dir", o.cfg.name, p.display(), p.display(), o.cfg.name);
+                }
+            }
         }
     }
     Ok(dir)
@@ -134,6 +191,19 @@ fn cache_dir_for(o: &Opened, requested: Option<&Path>) -> Result<PathBuf> {
 /// waiting for its readiness line).
 pub fn mount(a: MountArgs) -> Result<()> {
     let mnt = crate::absolute(&a.mountpoint);
+    if let Some(meta) = &a.meta {
+        if !ws_dir(&a.name).join("workspace.toml").exists() {
+            crate::format::attach(crate::format::AttachArgs {
+                name: a.name.clone(),
+                meta: meta.clone(),
+                bucket: None,
+                endpoint: None,
+                region: None,
+                access_key: None,
+                secret_key: None,
+            })?;
+        }
+    }
     let o = open_workspace(&a.name)?;
     check_mountpoint(&mnt)?;
     cache_dir_for(&o, a.cache_dir.as_deref())?;
@@ -154,6 +224,12 @@ pub fn mount(a: MountArgs) -> Result<()> {
         .arg(a.cache_size.to_string())
         .arg("--threads")
         .arg(a.threads.to_string())
+        .arg("--lease")
+        .arg(a.lease.to_string())
+        .arg("--remote-wait")
+        .arg(a.remote_wait.to_string())
+        .arg("--upload-delay-ms")
+        .arg(a.upload_delay_ms.to_string())
         .env("DESKFS_DAEMON_LOG", &log_path)
         .env("DESKFS_DAEMON_READY", "1")
         .stdin(Stdio::null())
@@ -230,11 +306,15 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         a.cache_size,
         deskfs_cache::DEFAULT_BLOCK_SIZE,
     )?);
-    let cd = cache_dir.display().to_string();
-    deskfs_meta::txn(&*o.meta, |t| t.set_kv("cache_dir", &cd))?;
+    let loc = format!("{}:{}", deskfs_vfs::hostname(), cache_dir.display());
+    let key = format!("cache.{}", cache.id());
+    deskfs_meta::txn(&*o.meta, |t| t.set_kv(&key, &loc))?;
     let cfg = VfsConfig {
         default_uid: nix::unistd::getuid().as_raw(),
         default_gid: nix::unistd::getgid().as_raw(),
+        lease: Duration::from_secs(a.lease),
+        remote_wait: Duration::from_secs(a.remote_wait),
+        upload_delay: Duration::from_millis(a.upload_delay_ms),
         ..VfsConfig::default()
     };
     let meta: Arc<dyn MetaEngine> = o.meta.clone();
@@ -365,13 +445,14 @@ fn spinner(msg: &str) -> indicatif::ProgressBar {
 }
 
 /// Polls pending work in the database to show progress while waiting.
-fn watch_pending(db: PathBuf, pb: indicatif::ProgressBar) -> std::thread::JoinHandle<()> {
+fn watch_pending(cfg: &WorkspaceConfig, pb: indicatif::ProgressBar) -> std::thread::JoinHandle<()> {
+    let url = crate::metadb::MetaUrl::parse(&cfg.meta);
     std::thread::spawn(move || {
-        let Ok(meta) = SqliteEngine::open(&db) else {
+        let Ok(meta) = url.and_then(|u| u.open()) else {
             return;
         };
         while !pb.is_finished() {
-            if let Ok(s) = deskfs_meta::read(&meta, |t| t.pending_stats()) {
+            if let Ok(s) = deskfs_meta::read(&*meta, |t| t.pending_stats()) {
                 pb.set_message(format!(
                     "{} path(s) pending upload, {} failing",
                     s.pending, s.failing
@@ -407,7 +488,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     } else {
         let pb = spinner("waiting for uploads");
         let cfg = WorkspaceConfig::load(&rec.workspace)?;
-        let w = watch_pending(cfg.sqlite_path()?, pb.clone());
+        let w = watch_pending(&cfg, pb.clone());
         let r = crate::control::request(&rec.socket, json!({"cmd": "sync"}), None);
         pb.finish_and_clear();
         let _ = w.join();
@@ -440,7 +521,7 @@ pub fn sync(a: SyncArgs) -> Result<()> {
     let cfg = WorkspaceConfig::load(&a.name)?;
     let timeout = Duration::from_secs(a.timeout);
     let pb = spinner("waiting for uploads");
-    let w = watch_pending(cfg.sqlite_path()?, pb.clone());
+    let w = watch_pending(&cfg, pb.clone());
     let res = if !mounts.is_empty() {
         let mut r = Ok(());
         for m in &mounts {
@@ -465,9 +546,20 @@ pub fn sync(a: SyncArgs) -> Result<()> {
 
 fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
     let o = open_workspace(name)?;
-    let cache_dir = cache_dir_for(&o, None)?;
-    let recorded = deskfs_meta::read(&*o.meta, |t| t.get_kv("cache_dir"))?;
-    let cache_dir = recorded.map(PathBuf::from).unwrap_or(cache_dir);
+    // The cache dir of this host that holds unuploaded files, else the default.
+    let host = deskfs_vfs::hostname();
+    let dirty = deskfs_meta::read(&*o.meta, |t| t.dirty_inodes())?;
+    let mut cache_dir = ws_dir(name).join("cache");
+    for r in &dirty {
+        if let deskfs_meta::Local::At(c) = r.local {
+            if let Some((h, p)) = cache_location(&o, c)? {
+                if h == host {
+                    cache_dir = p;
+                    break;
+                }
+            }
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -55,7 +55,10 @@ fn private_paths() -> Vec<PathBuf> {
         let Ok(cfg) = WorkspaceConfig::load(&name) else {
             continue;
         };
-        if let Ok(db) = cfg.sqlite_path() {
+        if let Some(db) = crate::metadb::MetaUrl::parse(&cfg.meta)
+            .ok()
+            .and_then(|u| u.sqlite_path().cloned())
+        {
             v.push(db);
         }
         if let Some(dir) = cfg.bucket.strip_prefix("file://") {

@@ -1,7 +1,6 @@
 //! `deskfs fsck`: offline check and repair of a workspace.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -44,12 +43,20 @@ pub fn run(a: FsckArgs) -> Result<()> {
             m.mountpoint.display()
         );
     }
-    let db = cfg.sqlite_path()?;
-    let meta = Arc::new(SqliteEngine::open(&db)?);
+    let url = crate::metadb::MetaUrl::parse(&cfg.meta)?;
+    let meta = url.open()?;
     let pb = indicatif::ProgressBar::new_spinner();
     pb.enable_steady_tick(Duration::from_millis(120));
-    pb.set_message("SQLite integrity check");
-    let integrity = meta.integrity_check()?;
+    let integrity = match url.sqlite_path() {
+        Some(db) => {
+            pb.set_message("SQLite integrity check");
+            SqliteEngine::open(db)?.integrity_check()?
+        }
+        // PostgreSQL checks its own pages (checksums, WAL); deskfs checks the namespace.
+        None => Vec::new(),
+    };
+    // Without --cache-dir: the default one (or, for workspaces from before cache ids,
+    // the one recorded).
     let recorded = deskfs_meta::read(&*meta, |t| t.get_kv("cache_dir"))?;
     let cache_dir = a
         .cache_dir

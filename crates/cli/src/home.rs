@@ -55,7 +55,8 @@ pub struct WorkspaceConfig {
     pub name: String,
     /// Bucket URL (`s3://…`, `gs://…`, `az://…`, `file:///…`).
     pub bucket: String,
-    /// Metadata URL (`sqlite:///abs/path.db`).
+    /// Metadata URL (`sqlite:///abs/path.db` or `postgres://user@host:port/db`, never
+    /// with a password).
     pub meta: String,
     /// S3 endpoint, if set at format time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -120,11 +121,6 @@ impl WorkspaceConfig {
         Ok(())
     }
 
-    /// The SQLite database path of `meta`.
-    pub fn sqlite_path(&self) -> Result<PathBuf> {
-        sqlite_path(&self.meta)
-    }
-
     /// The bucket spec with the stored S3 settings applied.
     pub fn bucket_spec(&self) -> Result<deskfs_bucket::BucketSpec> {
         let mut spec = deskfs_bucket::BucketSpec::parse(&self.bucket)?;
@@ -136,25 +132,6 @@ impl WorkspaceConfig {
         }
         Ok(spec)
     }
-}
-
-/// Parses `sqlite:///abs/path.db` (or a bare absolute path).
-pub fn sqlite_path(url: &str) -> Result<PathBuf> {
-    let p = if let Some(rest) = url.strip_prefix("sqlite://") {
-        rest
-    } else if url.starts_with('/') {
-        url
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        bail!("metadata URL {url:?}: PostgreSQL is not supported by this build yet; use sqlite:///ABSOLUTE/PATH.db");
-    } else {
-        bail!("bad metadata URL {url:?}: use sqlite:///ABSOLUTE/PATH.db");
-    };
-    if !p.starts_with('/') {
-        bail!(
-            "bad metadata URL {url:?}: the SQLite path must be absolute (sqlite:///path/meta.db)"
-        );
-    }
-    Ok(PathBuf::from(p))
 }
 
 /// Names of all formatted workspaces.

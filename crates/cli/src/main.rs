@@ -10,6 +10,7 @@ mod format;
 mod fsck;
 mod home;
 mod manual_cmd;
+mod metadb;
 mod resume_cmd;
 mod size;
 mod status;
@@ -38,9 +39,15 @@ struct Cli {
 enum Cmd {
     /// Create a workspace on a bucket (or on the embedded local default).
     #[command(
-        after_help = "Examples:\n  deskfs format work\n  deskfs format work --bucket file:///srv/buckets/work\n  AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \\\n    deskfs format work --bucket s3://my-bucket/agents/work --endpoint http://127.0.0.1:3900 --region garage\n\nS3 settings also come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and\nAWS_SECRET_ACCESS_KEY. An existing prefix keeps its objects: they appear as files."
+        after_help = "Examples:\n  deskfs format work\n  deskfs format work --bucket file:///srv/buckets/work\n  deskfs format work --meta postgres://deskfs@db:5432/work --bucket s3://b/work   # shared by hosts\n  AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \\\n    deskfs format work --bucket s3://my-bucket/agents/work --endpoint http://127.0.0.1:3900 --region garage\n\nS3 settings also come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and\nAWS_SECRET_ACCESS_KEY. An existing prefix keeps its objects: they appear as files."
     )]
     Format(format::FormatArgs),
+    /// Join, from this host, a workspace whose metadata lives in a shared PostgreSQL
+    /// database (made by `deskfs format NAME --meta postgres://…` on another host).
+    #[command(
+        after_help = "Examples:\n  export PGPASSWORD=...                    # or a line in ~/.pgpass\n  deskfs attach work --meta postgres://deskfs@db.internal:5432/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache\n\nThe bucket URL and settings come from the database; credentials never do (AWS_* variables\nor --access-key/--secret-key here). Each host has its own cache dir."
+    )]
+    Attach(format::AttachArgs),
     /// Mount a workspace at MOUNTPOINT (daemonizes; returns once the mount is ready).
     #[command(
         after_help = "Examples:\n  deskfs mount work /mnt/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache --cache-size 50G\n  deskfs mount work /mnt/work --foreground     # stay attached; logs to stderr"
@@ -101,6 +108,7 @@ fn main() -> ExitCode {
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     let res = match cli.cmd {
         Cmd::Format(a) => done(format::run(a)),
+        Cmd::Attach(a) => done(format::attach(a)),
         Cmd::Mount(a) => done(daemon::mount(a)),
         Cmd::Daemon(a) => done(daemon::run_daemon(a)),
         Cmd::Umount(a) => done(daemon::umount(a)),

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use anyhow::Result;
 use clap::Args;
-use deskfs_meta::sqlite::SqliteEngine;
 use serde_json::{json, Value};
 
 use crate::home::{list_workspaces, mounts_of, WorkspaceConfig};
@@ -39,9 +38,9 @@ fn workspace_status(name: &str) -> Result<Value> {
             "live": live,
         }));
     }
-    let meta = SqliteEngine::open(&cfg.sqlite_path()?)?;
-    let (usage, pending, failed) = deskfs_meta::read(&meta, |t| {
-        Ok((t.usage()?, t.pending_stats()?, t.failed_pending(10)?))
+    let meta = crate::metadb::MetaUrl::parse(&cfg.meta)?.open()?;
+    let (usage, pending, failed) = deskfs_meta::read(&*meta, |t| {
+        Ok::<_, deskfs_meta::MetaError>((t.usage()?, t.pending_stats()?, t.failed_pending(10)?))
     })?;
     let failures: Vec<Value> = failed
         .into_iter()
@@ -93,6 +92,46 @@ fn human(n: u64) -> String {
     } else {
         format!("{v:.1} {}", units[i])
     }
+}
+
+/// "session 7, other hosts live; database: 1,234 round trips, 2 retries; fenced 1 time
+/// (last 5 min ago), 1 conflict copy" from a daemon's status.
+fn sharing_line(l: &Value) -> Option<String> {
+    let session = l.get("session")?.as_u64()?;
+    let peers = match l.get("peers")?.as_str()? {
+        "Alone" => "alone",
+        "SameHost" => "other mounts on this host live",
+        _ => "mounts on other hosts live",
+    };
+    let e = l.get("engine")?;
+    let n = |k: &str| e.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let mut s = format!(
+        "session {session}, {peers}; database: {} round trips, {} retries, {} refused batches",
+        n("round_trips"),
+        n("retries"),
+        n("preconditions")
+    );
+    let f = l.get("fences")?;
+    let count = f.get("count").and_then(Value::as_u64).unwrap_or(0);
+    if count > 0 {
+        let ago = f
+            .get("last")
+            .and_then(|v| v.get(1))
+            .and_then(Value::as_i64)
+            .map(|t| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as i64)
+                    .unwrap_or(0);
+                (now - t) / 1_000_000_000
+            })
+            .unwrap_or(0);
+        s.push_str(&format!(
+            "; FENCED {count} time(s) (lease lost, last {ago} s ago; locks held then were released), {} conflict cop(ies)",
+            f.get("conflicts").and_then(Value::as_u64).unwrap_or(0)
+        ));
+    }
+    Some(s)
 }
 
 /// Runs `deskfs status`.
@@ -172,6 +211,15 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 );
                 if let Some(line) = requests_line(l.get("requests")) {
                     println!("  requests      {line}");
+                }
+                if let Some(line) = sharing_line(l) {
+                    println!("  sharing       {line}");
+                }
+                for wv in l["waiting_for"].as_array().cloned().unwrap_or_default() {
+                    println!(
+                        "  waiting       open of inode {} (version {}) waits {:.1} s for cache {} to upload it",
+                        wv["ino"], wv["version"], wv["waited_s"].as_f64().unwrap_or(0.0), wv["holder"]
+                    );
                 }
             }
         }

@@ -205,6 +205,8 @@ impl Filesystem for DeskFs {
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
         self.vfs.forget(ino.0, nlookup);
     }
+    // batch_forget: fuser 0.18 keeps `ForgetOne` private, so its default (one `forget`
+    // per node) is used.
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _op = self.timed(crate::stats::Op::Getattr);

@@ -9,37 +9,132 @@
 //! cases). Those live once, above the engines, in the VFS core (`deskfs-vfs`).
 
 pub mod error;
+pub mod ops;
+pub mod postgres;
 pub mod sqlite;
+#[cfg(test)]
+mod suite;
 pub mod types;
 
-pub use error::MetaError;
+pub use error::{MetaError, TxnError};
+pub use ops::{AttrUpdate, Expect, Op, OpOut, XattrMode};
 pub use types::*;
 
 /// Result alias for metadata operations.
 pub type Result<T, E = MetaError> = std::result::Result<T, E>;
 
+/// How many times an engine runs a transaction that failed with a retryable error
+/// ([`MetaError::is_retryable`]) before giving up.
+pub const TXN_ATTEMPTS: u32 = 50;
+
+/// The backoff before attempt `n` (1-based) of a retried transaction: 1 ms doubling up
+/// to 100 ms, with jitter (so two contending mounts do not retry in lock step).
+pub fn retry_backoff(attempt: u32) -> std::time::Duration {
+    let base_us = 1000u64 << attempt.min(7);
+    let cap = base_us.min(100_000);
+    // Cheap jitter from the clock: 50-150 % of the base.
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0);
+    std::time::Duration::from_micros(cap / 2 + nanos % cap.max(1))
+}
+
+/// Counters of one engine instance (this process), for `deskfs status` and the
+/// benchmark's per-operation figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineCounters {
+    /// Waits for the database: one per statement or pipelined batch sent and answered
+    /// (for SQLite, one per transaction or read: there is no network).
+    pub round_trips: u64,
+    /// Transactions committed (interactive, batches and single reads excluded).
+    pub commits: u64,
+    /// Transactions run again after a serialization failure, deadlock or busy database.
+    pub retries: u64,
+    /// Batches refused by an expectation ([`MetaError::Precondition`]).
+    pub preconditions: u64,
+    /// Statements that failed with another error.
+    pub errors: u64,
+}
+
+/// A wake-up sent between mounts through the engine (PostgreSQL `LISTEN`/`NOTIFY`).
+/// Followers treat every signal as a hint to look at the database, never as data.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Signal {
+    /// The change feed has new entries.
+    Feed,
+    /// A lock on the inode was released (blocked `F_SETLKW`/`flock` waiters retry).
+    LockFreed(Ino),
+    /// Another mount waits for the content of the inode, held only in the local journal
+    /// of the mount whose cache is named: upload it now.
+    UploadWanted {
+        /// Inode.
+        ino: Ino,
+        /// Cache holding the content ([`Local::At`]).
+        cache: u64,
+    },
+    /// The content of the inode reached the bucket.
+    Uploaded(Ino),
+    /// Mount sessions changed (one joined, left or was fenced).
+    Sessions,
+}
+
+/// An opaque position in the change feed, owned by one follower.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FeedCursor {
+    /// Engine-defined (SQLite: the last sequence number applied).
+    pub a: u64,
+    /// Engine-defined.
+    pub b: u64,
+}
+
 /// One open metadata database.
 ///
-/// Every namespace change runs inside [`MetaEngine::txn`]: either all its writes commit, or
-/// none do. Commits are crash-safe against a `kill -9` of the process as soon as `txn`
-/// returns; they become durable against power loss after [`MetaEngine::make_durable`].
+/// Namespace changes on the request path go through [`MetaEngine::apply`] (one round
+/// trip); everything else runs inside [`MetaEngine::txn`]: either all its writes commit,
+/// or none do. Commits are crash-safe against a `kill -9` of the process as soon as the
+/// call returns; they become durable against power loss after
+/// [`MetaEngine::make_durable`].
 pub trait MetaEngine: Send + Sync {
     /// Runs `f` inside one write transaction and commits it when `f` returns `Ok`.
     ///
-    /// `f` may be called more than once when the database is busy (another mount holds the
-    /// write lock past the busy timeout), so it must not have side effects outside the
-    /// transaction. An `Err` from `f` rolls the transaction back and is returned as is.
+    /// `f` is run again when the transaction fails with a retryable error (serialization
+    /// failure, deadlock, busy database; [`TXN_ATTEMPTS`] times with backoff), so it must
+    /// not have side effects outside the transaction. An `Err` from `f` rolls the
+    /// transaction back and is returned as is (after retries when retryable).
     fn txn(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()>;
 
-    /// Runs `f` against a consistent read snapshot (no write lock taken).
+    /// Runs `f` against a consistent read snapshot (no write lock taken). Retried like
+    /// [`MetaEngine::txn`].
     fn read(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()>;
+
+    /// Applies `ops` in order, atomically, in one round trip where the engine allows it.
+    /// Returns one [`OpOut`] per op. Errors: [`MetaError::Precondition`] (nothing applied)
+    /// when an op's expectation fails, [`MetaError::Fenced`] for a failed
+    /// [`Op::CheckSession`]; retryable errors are retried inside.
+    fn apply(&self, ops: &[Op]) -> Result<Vec<OpOut>>;
+
+    /// The inode row of `ino` (one round trip, no transaction).
+    fn get_inode(&self, ino: Ino) -> Result<Option<InodeRow>>;
+
+    /// The inode named `parent/name` (one round trip, no transaction).
+    fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Option<InodeRow>>;
+
+    /// Reserves `n` fresh inode numbers (never handed out again) for [`Op::InsertInode`].
+    fn alloc_inos(&self, n: u64) -> Result<std::ops::Range<Ino>>;
 
     /// Makes every transaction committed so far durable on stable storage (an fsync point,
     /// used by `fsync(2)`/`fsyncdir(2)`). Errors: [`MetaError::Io`] / [`MetaError::Db`].
     fn make_durable(&self) -> Result<()>;
 
-    /// Short description for logs and `deskfs status`, e.g. `sqlite:/path/meta.db`.
+    /// Short description for logs and `deskfs status`, e.g. `sqlite:/path/meta.db`
+    /// (never a password).
     fn describe(&self) -> String;
+
+    /// Counters of this engine instance.
+    fn counters(&self) -> EngineCounters {
+        EngineCounters::default()
+    }
 
     /// Starts logging this connection's namespace and attribute changes into the change
     /// feed, tagged with `session`, whenever another session is registered (a mount that
@@ -47,32 +142,99 @@ pub trait MetaEngine: Send + Sync {
     fn log_changes_as(&self, _session: u64) -> Result<()> {
         Ok(())
     }
+
+    /// The current end of the change feed: a follower starting here sees every change
+    /// committed after this call.
+    fn feed_start(&self) -> Result<FeedCursor>;
+
+    /// Changes after `cursor` (up to `limit`) not made by session `not_session`, oldest
+    /// first, and the cursor to continue from. No committed change is ever skipped; a
+    /// change may be returned twice (followers' actions are idempotent).
+    fn feed_read(
+        &self,
+        cursor: FeedCursor,
+        not_session: u64,
+        limit: usize,
+    ) -> Result<(Vec<ChangeRow>, FeedCursor)>;
+
+    /// Sends `signal` to the other mounts (no-op where the engine has no notifications).
+    fn signal(&self, _signal: &Signal) -> Result<()> {
+        Ok(())
+    }
+
+    /// Signals from other mounts, for the one follower of this engine (the first caller
+    /// gets the receiver, later callers `None`). `None` where the engine has no
+    /// notifications: followers poll.
+    fn subscribe(&self) -> Option<std::sync::mpsc::Receiver<Signal>> {
+        None
+    }
 }
 
-/// Runs `f` in a write transaction and returns its value (convenience over [`MetaEngine::txn`]).
-pub fn txn<T>(
+/// Runs `f` in a write transaction and returns its value (typed wrapper over
+/// [`MetaEngine::txn`]). `f` may return the caller's own error type `E` (e.g. a POSIX
+/// errno): it comes back as itself, while engine errors inside it stay engine errors (and
+/// are retried when retryable).
+pub fn txn<T, E: TxnError>(
     engine: &dyn MetaEngine,
-    mut f: impl FnMut(&mut dyn MetaTxn) -> Result<T>,
-) -> Result<T> {
+    mut f: impl FnMut(&mut dyn MetaTxn) -> Result<T, E>,
+) -> Result<T, E> {
     let mut out = None;
-    engine.txn(&mut |t| {
-        out = Some(f(t)?);
-        Ok(())
-    })?;
-    out.ok_or_else(|| MetaError::Internal("transaction produced no value".into()))
+    let mut caller_err = None;
+    let res = engine.txn(&mut |t| {
+        caller_err = None;
+        match f(t) {
+            Ok(v) => {
+                out = Some(v);
+                Ok(())
+            }
+            Err(e) => match e.into_meta() {
+                Ok(m) => Err(m),
+                Err(e) => {
+                    caller_err = Some(e);
+                    Err(MetaError::Aborted)
+                }
+            },
+        }
+    });
+    finish(res, out, caller_err)
 }
 
-/// Runs `f` on a read snapshot and returns its value (convenience over [`MetaEngine::read`]).
-pub fn read<T>(
+/// Runs `f` on a read snapshot and returns its value (typed wrapper over
+/// [`MetaEngine::read`], errors as in [`txn`]).
+pub fn read<T, E: TxnError>(
     engine: &dyn MetaEngine,
-    mut f: impl FnMut(&mut dyn MetaTxn) -> Result<T>,
-) -> Result<T> {
+    mut f: impl FnMut(&mut dyn MetaTxn) -> Result<T, E>,
+) -> Result<T, E> {
     let mut out = None;
-    engine.read(&mut |t| {
-        out = Some(f(t)?);
-        Ok(())
-    })?;
-    out.ok_or_else(|| MetaError::Internal("read produced no value".into()))
+    let mut caller_err = None;
+    let res = engine.read(&mut |t| {
+        caller_err = None;
+        match f(t) {
+            Ok(v) => {
+                out = Some(v);
+                Ok(())
+            }
+            Err(e) => match e.into_meta() {
+                Ok(m) => Err(m),
+                Err(e) => {
+                    caller_err = Some(e);
+                    Err(MetaError::Aborted)
+                }
+            },
+        }
+    });
+    finish(res, out, caller_err)
+}
+
+fn finish<T, E: TxnError>(res: Result<()>, out: Option<T>, caller_err: Option<E>) -> Result<T, E> {
+    match res {
+        Ok(()) => {
+            out.ok_or_else(|| E::from(MetaError::Internal("transaction produced no value".into())))
+        }
+        Err(MetaError::Aborted) => Err(caller_err
+            .unwrap_or_else(|| E::from(MetaError::Internal("aborted without an error".into())))),
+        Err(e) => Err(E::from(e)),
+    }
 }
 
 /// The operations one transaction offers. All names are raw bytes (POSIX names need not be
@@ -128,6 +290,10 @@ pub trait MetaTxn {
     fn has_children(&mut self, parent: Ino) -> Result<bool>;
     /// Every `(parent, name)` that names `ino` (several for hard links).
     fn names_of(&mut self, ino: Ino) -> Result<Vec<(Ino, Vec<u8>)>>;
+    /// Every workspace path of `ino` (`/`-joined names from the root, one per hard link,
+    /// in the order of their entries' cookies; the root is the empty path). Names under
+    /// an unlinked directory have no path and are left out. One statement.
+    fn paths_of(&mut self, ino: Ino) -> Result<Vec<Vec<u8>>>;
 
     // ---- xattrs ----
     /// The value of xattr `name`, or `None`.
@@ -174,6 +340,9 @@ pub trait MetaTxn {
     fn failed_pending(&mut self, limit: usize) -> Result<Vec<PendingRow>>;
 
     // ---- sessions (leases), open files, locks ----
+    /// The database's clock, ns since the Unix epoch. Lease times (heartbeats, expiry)
+    /// are measured on it, so hosts whose clocks differ still agree on who expired.
+    fn db_now_ns(&mut self) -> Result<i64>;
     /// Registers a mount session and returns its id.
     fn register_session(&mut self, host: &str, pid: u32, now_ns: i64) -> Result<u64>;
     /// Renews a session's lease. [`MetaError::NotFound`] if it was expired by someone.
@@ -182,6 +351,10 @@ pub trait MetaTxn {
     fn sessions(&mut self) -> Result<Vec<SessionRow>>;
     /// Removes a session with its locks and open-file records.
     fn delete_session(&mut self, session: u64) -> Result<()>;
+    /// Fails with [`MetaError::Fenced`] unless `session` is registered, and keeps it from
+    /// being expired until this transaction ends (PostgreSQL: a key-share lock on its
+    /// row). Lock and open-file transactions call it first.
+    fn check_session(&mut self, session: u64) -> Result<()>;
     /// Adds `delta` to the open count of `ino` in `session` (rows at 0 are removed).
     fn add_open(&mut self, ino: Ino, session: u64, delta: i64) -> Result<()>;
     /// Whether any session other than `session` has `ino` open.
@@ -201,6 +374,15 @@ pub trait MetaTxn {
     /// Number of locks held through `session` (status).
     fn session_lock_count(&mut self, session: u64) -> Result<u64>;
 
+    // ---- content wanted by another mount (close-to-open across caches) ----
+    /// Records that a mount waits for the content of `ino`, held only in cache `cache`
+    /// (its holder's uploader uploads it at once). Idempotent.
+    fn want_upload(&mut self, ino: Ino, cache: u64, now_ns: i64) -> Result<()>;
+    /// Inodes whose upload other mounts wait for, held in cache `cache`.
+    fn wanted_for(&mut self, cache: u64) -> Result<Vec<Ino>>;
+    /// Forgets the upload request for `ino` (its content reached the bucket).
+    fn clear_wanted(&mut self, ino: Ino) -> Result<()>;
+
     // ---- workspace records and counters ----
     /// Reads a workspace-level setting.
     fn get_kv(&mut self, key: &str) -> Result<Option<String>>;
@@ -210,16 +392,6 @@ pub trait MetaTxn {
     fn usage(&mut self) -> Result<Usage>;
 
     // ---- change feed (see `MetaEngine::log_changes_as`) ----
-    /// Up to `limit` feed entries after `after`, oldest first, leaving out those made by
-    /// session `not_session`.
-    fn changes_after(
-        &mut self,
-        after: u64,
-        not_session: u64,
-        limit: usize,
-    ) -> Result<Vec<ChangeRow>>;
-    /// The newest feed position (0 when the feed is empty).
-    fn last_change(&mut self) -> Result<u64>;
     /// Drops feed entries older than `before_ms` (ms since the Unix epoch); returns how many.
     fn prune_changes(&mut self, before_ms: i64) -> Result<u64>;
 }

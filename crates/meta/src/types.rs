@@ -54,19 +54,49 @@ impl Kind {
     }
 }
 
-/// Where an inode's content is, locally.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where an inode's current content (`data_version`) is held outside the bucket.
+///
+/// Every cache directory has a random 63-bit id (mounts sharing a cache dir share it;
+/// caches made before ids existed are id 1). The content is in a cache's staging file
+/// only when the inode says `At(that cache)`; a staging file found in another cache for
+/// the inode is stale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Local {
-    /// Nothing local beyond evictable block-cache blocks; the bucket object is the content.
+    /// Nothing held beyond evictable block-cache blocks: the bucket object is the content.
     None,
-    /// The staging file in the cache dir holds the full content of `data_version`.
-    Full,
+    /// The staging file in the cache with this id holds the full content.
+    At(u64),
+}
+
+impl Local {
+    /// The stored form: 0 for [`Local::None`], else the cache id.
+    pub fn code(self) -> i64 {
+        match self {
+            Local::None => 0,
+            Local::At(c) => c as i64,
+        }
+    }
+
+    /// From the stored form.
+    pub fn from_code(c: i64) -> Local {
+        if c == 0 {
+            Local::None
+        } else {
+            Local::At(c as u64)
+        }
+    }
+
+    /// Whether the content is in the cache with id `cache`.
+    pub fn is_in(self, cache: u64) -> bool {
+        self == Local::At(cache)
+    }
 }
 
 /// One inode. Times are nanoseconds since the Unix epoch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InodeRow {
-    /// Inode number (ignored by `insert_inode`).
+    /// Inode number (ignored by [`crate::MetaTxn::insert_inode`], which allocates one;
+    /// allocated by [`crate::MetaEngine::alloc_inos`] for [`crate::Op::InsertInode`]).
     pub ino: Ino,
     /// File type.
     pub kind: Kind,

@@ -5,15 +5,16 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use deskfs_cache::BlockKey;
-use deskfs_meta::{Ino, InodeRow, Kind, Local};
+use deskfs_meta::{AttrUpdate, Ino, InodeRow, Kind, Op, OpOut};
 use futures::future::{BoxFuture, FutureExt, Shared};
 
-use crate::handles::{Handle, InodeState, OPEN_CLOSED, OPEN_RECORDED, OPEN_UNRECORDED};
+use crate::changes::{Batch, Plan};
+use crate::handles::{Handle, InodeState, OpenRecord};
 use crate::namespace::NodeSpec;
 use crate::types::{Attr, Ctx, Opened};
 use crate::{now_ns, poisoned, Result, Vfs, VfsError};
@@ -24,6 +25,19 @@ pub const MAX_FILE_SIZE: u64 = 16 << 40;
 const DOWNLOAD_CHUNK: u64 = 8 << 20;
 
 type BlockFuture = Shared<BoxFuture<'static, std::result::Result<Bytes, String>>>;
+
+/// What the locked part of an `open` decided.
+enum OpenStep {
+    /// Wait for content another cache holds, then try again.
+    Remote(InodeRow),
+    /// Opened (the open count is taken).
+    Opened {
+        file: bool,
+        stale: bool,
+        version: u64,
+        keep: bool,
+    },
+}
 
 /// Readahead window of a reader's first sequential read, blocks (doubles from there).
 const RA_START_BLOCKS: u64 = 2;
@@ -49,19 +63,74 @@ impl Vfs {
         ino: Ino,
         f: impl FnOnce(&mut InodeState) -> Result<T>,
     ) -> Result<T> {
+        self.locked_inner(ino, 0, |s, _| f(s))
+    }
+
+    /// [`Vfs::locked`] that also reads the inode's committed row under the state's lock
+    /// (one round trip, which also loads a fresh state) and hands it to `f`: the row is
+    /// never older than this mount's own commits. `ESTALE` when the inode is gone or
+    /// another mount's orphan.
+    pub(crate) fn locked_fresh<T>(
+        &self,
+        ino: Ino,
+        f: impl FnOnce(&mut InodeState, &InodeRow) -> Result<T>,
+    ) -> Result<T> {
+        self.locked_fresh_as(ino, false, f)
+    }
+
+    /// [`Vfs::locked_fresh`]; with `orphan_ok`, an orphan of another mount is served too
+    /// (the request began while the inode still had its name).
+    fn locked_fresh_as<T>(
+        &self,
+        ino: Ino,
+        orphan_ok: bool,
+        f: impl FnOnce(&mut InodeState, &InodeRow) -> Result<T>,
+    ) -> Result<T> {
+        self.locked_inner(ino, if orphan_ok { 2 } else { 1 }, |s, r| match r {
+            Some(r) => f(s, r),
+            None => Err(VfsError::Stale),
+        })
+    }
+
+    /// `read_row`: 0 = no row, 1 = the row (servable here), 2 = the row (orphans too).
+    fn locked_inner<T>(
+        &self,
+        ino: Ino,
+        read_row: u8,
+        f: impl FnOnce(&mut InodeState, Option<&InodeRow>) -> Result<T>,
+    ) -> Result<T> {
         loop {
             let st = self.state_arc(ino);
             let mut s = st.lock().map_err(|_| poisoned())?;
             if s.detached {
                 continue;
             }
+            let row = if read_row > 0 {
+                let held = read_row == 2 || s.open_count > 0 || s.uncommitted;
+                match self.current_held(ino, Some(held)) {
+                    Ok(r) => Some(r),
+                    Err(e) => {
+                        self.maybe_detach(ino, &st, &mut s);
+                        return Err(e);
+                    }
+                }
+            } else {
+                None
+            };
             if !s.loaded {
-                if let Err(e) = self.load_state(ino, &mut s) {
+                let loaded = match &row {
+                    Some(r) => {
+                        s.fill(r);
+                        Ok(())
+                    }
+                    None => self.load_state(ino, &mut s),
+                };
+                if let Err(e) = loaded {
                     self.maybe_detach(ino, &st, &mut s);
                     return Err(e);
                 }
             }
-            let out = f(&mut s);
+            let out = f(&mut s, row.as_ref());
             self.maybe_detach(ino, &st, &mut s);
             return out;
         }
@@ -82,46 +151,51 @@ impl Vfs {
     }
 
     fn load_state(&self, ino: Ino, s: &mut InodeState) -> Result<()> {
-        let row =
-            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
-        s.size = row.size;
-        s.mtime_ns = row.mtime_ns;
-        s.ctime_ns = row.ctime_ns;
-        s.version = row.data_version;
-        s.loaded = true;
+        let row = self.meta.get_inode(ino)?.ok_or(VfsError::Stale)?;
+        s.fill(&row);
         Ok(())
     }
 
     /// Close-to-open (and lock-to-read) coherence between mounts: when the committed
-    /// content version changed since this mount loaded it (another mount wrote), reload
-    /// size and times, reopen the staging file, and (with `kernel`) drop the kernel's
-    /// cached pages and attributes. Nothing happens while this mount has uncommitted
-    /// writes (they win at their commit).
+    /// content differs from what this mount's state holds, or from what the kernel's page
+    /// cache and cached attributes were last told (another mount wrote), reload size and
+    /// times, reopen the staging file, and (with `kernel`) drop the kernel's cached pages
+    /// and attributes — the kernel would otherwise read the new content through the old
+    /// size. Nothing changes while this mount has uncommitted writes (they win at their
+    /// commit).
     pub(crate) fn revalidate(&self, ino: Ino, kernel: bool) -> Result<()> {
-        let changed = self.locked(ino, |s| {
-            if s.uncommitted {
-                return Ok(false);
-            }
-            let row =
-                deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
-            if row.data_version == s.version && row.size == s.size {
-                return Ok(false);
-            }
-            s.size = row.size;
-            s.mtime_ns = row.mtime_ns;
-            s.ctime_ns = row.ctime_ns;
-            s.version = row.data_version;
-            s.staging = None;
-            Ok(true)
-        })?;
-        if changed {
+        let (changed, version) = self.locked_fresh(ino, |s, row| Ok(Self::adopt_row(s, row)))?;
+        self.after_revalidate(ino, changed, version, kernel);
+        Ok(())
+    }
+
+    /// Moves a state that has no uncommitted writes to the committed content of `row`;
+    /// returns whether it changed, and the version the state now holds.
+    fn adopt_row(s: &mut InodeState, row: &InodeRow) -> (bool, u64) {
+        if s.uncommitted || (row.data_version == s.version && row.size == s.size) {
+            return (false, s.version);
+        }
+        s.size = row.size;
+        s.mtime_ns = row.mtime_ns;
+        s.ctime_ns = row.ctime_ns;
+        s.version = row.data_version;
+        s.staging = None;
+        (true, row.data_version)
+    }
+
+    /// The kernel's view after a revalidation: its cached size and pages go when the
+    /// content changed, or when (shared) they may be another version's than `version`.
+    fn after_revalidate(&self, ino: Ino, changed: bool, version: u64, kernel: bool) {
+        // The state may be fresh (loaded just now) while the kernel still caches an older
+        // version's size and pages: compare with what the kernel was last given too.
+        let kernel_stale = self.shared() && !self.kernel_pages.holds(ino, version);
+        if changed || kernel_stale {
             if kernel {
                 self.invalidate_now(&crate::Invalidation::Inode(ino));
             } else {
                 self.kernel_pages.forget(ino);
             }
         }
-        Ok(())
     }
 
     /// Removes an idle state from the table (caller holds the state's lock).
@@ -147,39 +221,51 @@ impl Vfs {
     }
 
     /// A new handle. `recorded`: its open is already in the open-file table (`create`
-    /// records it in its own transaction); otherwise it is recorded now when other
-    /// mounts are live (see [`Vfs::publish_opens`]).
+    /// records it in its own batch); otherwise it is recorded now when other mounts are
+    /// live (see [`Vfs::publish_opens`]).
     fn new_handle(&self, ino: Ino, flags: i32, recorded: bool) -> Result<u64> {
         let acc = flags & libc::O_ACCMODE;
-        let h = Arc::new(Handle {
+        let h = Arc::new(Handle::new(
             ino,
-            write: acc == libc::O_WRONLY || acc == libc::O_RDWR,
-            read: acc == libc::O_RDONLY || acc == libc::O_RDWR,
-            append: flags & libc::O_APPEND != 0,
-            dir: false,
-            last_read_end: AtomicU64::new(u64::MAX),
-            ra_blocks: AtomicU64::new(0),
-            lock_owners: Default::default(),
-            recorded: AtomicU8::new(if recorded {
-                OPEN_RECORDED
+            acc == libc::O_RDONLY || acc == libc::O_RDWR,
+            acc == libc::O_WRONLY || acc == libc::O_RDWR,
+            flags & libc::O_APPEND != 0,
+            false,
+            if recorded {
+                OpenRecord::Recorded
             } else {
-                OPEN_UNRECORDED
-            }),
-        });
+                OpenRecord::Unrecorded
+            },
+        ));
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles
             .lock()
             .map_err(|_| poisoned())?
             .insert(fh, h.clone());
-        // Inserted first, then checked: either this open sees the flag or the publisher
-        // sees this handle (both compare-and-swap, so it is counted once).
-        if !recorded && self.track_opens.load(Ordering::SeqCst) {
-            let session = self.session.load(Ordering::SeqCst);
-            let res = deskfs_meta::txn(&*self.meta, |t| h.record_open(t, session));
-            if let Err(e) = res {
-                h.recorded.store(OPEN_CLOSED, Ordering::SeqCst);
-                self.handles.lock().map_err(|_| poisoned())?.remove(&fh);
-                return Err(e.into());
+        // Inserted first, then checked: either this open sees the shared state or the
+        // publisher (which moves the state first) sees this handle.
+        if !recorded && self.shared() && h.claim_record() {
+            let session = self.coherence.session();
+            let res = self.meta.apply(&[Op::AddOpen {
+                ino,
+                session,
+                delta: 1,
+            }]);
+            match res {
+                Ok(_) => {
+                    if h.finish_record() == OpenRecord::Closed {
+                        let _ = self.meta.apply(&[Op::AddOpen {
+                            ino,
+                            session,
+                            delta: -1,
+                        }]);
+                    }
+                }
+                Err(e) => {
+                    h.abandon_record();
+                    self.handles.lock().map_err(|_| poisoned())?.remove(&fh);
+                    return Err(e.into());
+                }
             }
         }
         Ok(fh)
@@ -187,30 +273,112 @@ impl Vfs {
 
     /// `open`: a handle on an existing inode; `O_TRUNC` truncates (without fetching the old
     /// content). Errors: `ENOENT`, `EISDIR` (write on a directory).
-    pub fn open(&self, _ctx: &Ctx, ino: Ino, flags: i32) -> Result<Opened> {
-        let row =
-            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+    pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Opened> {
+        let r = self.open_inner(ctx, ino, flags);
+        if matches!(r, Err(VfsError::Stale)) {
+            // The kernel looks the path up again and repeats the open (see `kernel_refs`).
+            self.retries.staled(ctx.pid);
+        }
+        r
+    }
+
+    fn open_inner(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Opened> {
         let acc = flags & libc::O_ACCMODE;
-        if row.kind == Kind::Dir && acc != libc::O_RDONLY {
-            return Err(VfsError::IsDir);
-        }
-        if row.kind == Kind::File {
-            // Another mount's new content: the kernel's cached size and pages go (no
-            // directory or page lock of this inode is held by the kernel during OPEN).
-            self.revalidate(ino, true)?;
-        }
-        let keep_cache = self.locked(ino, |s| {
-            let trunc = flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY;
-            if trunc && row.kind == Kind::File {
-                self.truncate_locked(ino, s, 0)?;
+        let trunc = flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY;
+        // The kernel's repeat of an open we answered ESTALE, through a fresh lookup: that
+        // inode is served even if it lost its name since (see `kernel_refs`).
+        let retry = self.retries.is_retry(ctx.pid, ino);
+        let mut waited = false;
+        loop {
+            // One round trip: the committed row, read under the state's lock. After a
+            // wait for remote content, the inode is served even if it lost its name
+            // during the wait: this open began while it had it.
+            let step = self.locked_fresh_as(ino, retry || waited, |s, row| {
+                if row.kind == Kind::Dir && acc != libc::O_RDONLY {
+                    return Err(VfsError::IsDir);
+                }
+                let file = row.kind == Kind::File;
+                let (changed, version) = if file {
+                    Self::adopt_row(s, row)
+                } else {
+                    (false, s.version)
+                };
+                // Close-to-open across caches: content only another mount's journal
+                // holds is uploaded by it first (waited for outside this lock).
+                if file && !trunc && !waited && row.dirty && row.local != self.here() {
+                    return Ok(OpenStep::Remote(row.clone()));
+                }
+                // The kernel's cached size and pages are another version's when the
+                // content changed, or (shared) when it was last given another one.
+                let stale = changed || (self.shared() && !self.kernel_pages.holds(ino, version));
+                if trunc && file {
+                    self.truncate_locked(ino, s, 0)?;
+                }
+                s.open_count += 1;
+                // The kernel's pages stay when they hold the current content (every
+                // change since came through this kernel, or was invalidated).
+                let keep = file && !trunc && !stale && self.kernel_pages.opened(ino, s.version);
+                Ok(OpenStep::Opened {
+                    file,
+                    stale,
+                    version: s.version,
+                    keep,
+                })
+            })?;
+            match step {
+                OpenStep::Remote(row) => {
+                    self.await_remote_content(&row)?;
+                    // The first block now, before the object can be replaced.
+                    self.prefetch_first_block(&row);
+                    waited = true;
+                }
+                OpenStep::Opened {
+                    file,
+                    stale,
+                    version,
+                    keep,
+                } => {
+                    if file && stale {
+                        // Another mount's new content: the kernel's cached size and pages
+                        // go (the kernel holds no lock of this inode during OPEN); from
+                        // now on it caches this version.
+                        self.invalidate_now(&crate::Invalidation::Inode(ino));
+                        self.kernel_pages.opened(ino, version);
+                    }
+                    let fh = self.new_handle(ino, flags, false).inspect_err(|_| {
+                        let _ = self.with_state(ino, |s| {
+                            s.open_count = s.open_count.saturating_sub(1);
+                        });
+                    })?;
+                    return Ok(Opened {
+                        fh,
+                        keep_cache: keep,
+                    });
+                }
             }
-            s.open_count += 1;
-            // The kernel's pages stay when they hold the current content (every change
-            // since came through this kernel, or was invalidated).
-            Ok(row.kind == Kind::File && !trunc && self.kernel_pages.opened(ino, s.version))
-        })?;
-        let fh = self.new_handle(ino, flags, false)?;
-        Ok(Opened { fh, keep_cache })
+        }
+    }
+
+    /// Starts fetching the first block of `row`'s content into the block cache (content
+    /// just uploaded for this mount by another one; small files are then read whole).
+    fn prefetch_first_block(&self, row: &InodeRow) {
+        if row.size == 0 {
+            return;
+        }
+        let src = deskfs_meta::read(&*self.meta, |t| {
+            t.object_with_content(row.ino, row.data_version)
+        });
+        if let Ok(Some(src)) = src {
+            let k = BlockKey {
+                ino: row.ino,
+                version: row.data_version,
+                index: 0,
+            };
+            if !self.cache.has_block(&k) {
+                let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
+                self.rt.spawn(fut.map(|_| ()));
+            }
+        }
     }
 
     /// `create`: a new regular file, opened. Errors: `EEXIST`, `ENOENT`, `ENOTDIR`,
@@ -224,13 +392,13 @@ impl Vfs {
         umask: u32,
         flags: i32,
     ) -> Result<(Attr, Opened)> {
-        let tracked = self.track_opens.load(Ordering::SeqCst);
+        let tracked = self.shared();
         let row = self.create_node(
             ctx,
             parent,
             name,
             NodeSpec {
-                open_in: tracked.then(|| self.session.load(Ordering::SeqCst)),
+                open_in: tracked.then(|| self.coherence.session()),
                 ..NodeSpec::new(Kind::File, mode & !umask & 0o7777)
             },
         )?;
@@ -260,9 +428,8 @@ impl Vfs {
         if let Some(f) = &s.staging {
             return Ok(f.clone());
         }
-        let row =
-            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
-        if row.local == Local::Full {
+        let row = self.current(ino)?;
+        if row.local == self.here() {
             match self.cache.open_staging(ino, false) {
                 Ok(f) => {
                     let f = Arc::new(f);
@@ -280,29 +447,68 @@ impl Vfs {
                 Err(_) => {}
             }
         }
-        if row.size == 0 || truncating_to == Some(0) {
-            let f = self.cache.open_staging(ino, true)?;
-            f.set_len(0)?;
+        let empty = row.size == 0 || truncating_to == Some(0);
+        let tmp = if empty {
+            None
         } else {
-            self.download_full(&row)?;
-        }
-        deskfs_meta::txn(&*self.meta, |t| {
-            if let Some(mut r) = t.get_inode(ino)? {
-                if r.local != Local::Full {
-                    r.local = Local::Full;
-                    t.update_inode(&r)?;
-                }
-            }
-            Ok(())
-        })?;
+            // Content held by another cache is uploaded by its mount first.
+            self.await_remote_content(&row)?;
+            Some(self.download_full(&row)?)
+        };
+        self.adopt_local(&row, tmp.as_deref())?;
         let f = Arc::new(self.cache.open_staging(ino, false)?);
         s.staging = Some(f.clone());
         Ok(f)
     }
 
-    /// Downloads the whole content of `row` (its current version) into its staging file,
-    /// fsyncing it before it is recorded as local.
-    pub(crate) fn download_full(&self, row: &InodeRow) -> Result<()> {
+    /// Downloads `row`'s content and makes this cache its holder (a copy kept before the
+    /// last bucket copy of live content is replaced).
+    pub(crate) fn make_local(&self, row: &InodeRow) -> Result<()> {
+        let tmp = self.download_full(row)?;
+        self.adopt_local(row, Some(&tmp))
+    }
+
+    /// Makes this cache the holder of `row`'s content version: the downloaded file `tmp`
+    /// (or an empty file) becomes the staging file, replacing a stale one, unless a mount
+    /// sharing this cache dir did the same first. Serialised per cache dir, and recorded
+    /// only while the version is still current.
+    pub(crate) fn adopt_local(&self, row: &InodeRow, tmp: Option<&std::path::Path>) -> Result<()> {
+        let here = self.here();
+        let _lock = self.cache.local_lock()?;
+        let cur = self.meta.get_inode(row.ino)?.ok_or(VfsError::Stale)?;
+        let path = self.cache.staging_path(row.ino);
+        if cur.local == here && path.exists() {
+            // A sibling mount made it local meanwhile: its file stays.
+            if let Some(t) = tmp {
+                let _ = std::fs::remove_file(t);
+            }
+            return Ok(());
+        }
+        match tmp {
+            Some(t) => std::fs::rename(t, &path)?,
+            None => {
+                let f = self.cache.open_staging(row.ino, true)?;
+                f.set_len(0)?;
+                f.sync_all()?;
+            }
+        }
+        let version = row.data_version;
+        deskfs_meta::txn(&*self.meta, |t| {
+            if let Some(mut r) = t.get_inode(row.ino)? {
+                if r.data_version == version && r.local != here {
+                    r.local = here;
+                    t.update_inode(&r)?;
+                }
+            }
+            Ok::<_, deskfs_meta::MetaError>(())
+        })?;
+        Ok(())
+    }
+
+    /// Downloads the whole content of `row` (its current version) into a new file of its
+    /// own beside the staging file (another mount sharing this cache dir may download
+    /// the same inode at the same time), fsynced; returns its path.
+    pub(crate) fn download_full(&self, row: &InodeRow) -> Result<std::path::PathBuf> {
         let src = deskfs_meta::read(&*self.meta, |t| {
             t.object_with_content(row.ino, row.data_version)
         })?;
@@ -313,36 +519,19 @@ impl Vfs {
             )));
         };
         let path = self.cache.staging_path(row.ino);
-        // A name of our own: another mount sharing this cache dir may download the same
-        // inode at the same time (a shared `.part` would be truncated under us).
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let tmp = path.with_extension(format!(
             "part.{}.{}",
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
-        let res = self.download_into(row, &src, &tmp).and_then(|()| {
-            // Never replace a staging file that appeared meanwhile: it is the same content
-            // (another mount's download), maybe already written to since.
-            match nix::fcntl::renameat2(
-                nix::fcntl::AT_FDCWD,
-                &tmp,
-                nix::fcntl::AT_FDCWD,
-                &path,
-                nix::fcntl::RenameFlags::RENAME_NOREPLACE,
-            ) {
-                Ok(()) => Ok(()),
-                Err(nix::errno::Errno::EEXIST) => {
-                    let _ = std::fs::remove_file(&tmp);
-                    Ok(())
-                }
-                Err(e) => Err(VfsError::Io(std::io::Error::from(e))),
+        match self.download_into(row, &src, &tmp) {
+            Ok(()) => Ok(tmp),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
             }
-        });
-        if res.is_err() {
-            let _ = std::fs::remove_file(&tmp);
         }
-        res
     }
 
     /// Writes the content of `row` (object `src`) into the new file `tmp`, fsynced.
@@ -381,9 +570,10 @@ impl Vfs {
         }
         let (staging, cur_size) = self.locked(ino, |s| {
             if s.staging.is_none() {
-                let local = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?
-                    .map(|r| r.local == Local::Full)
-                    .unwrap_or(false);
+                let local = self
+                    .meta
+                    .get_inode(ino)?
+                    .is_some_and(|r| r.local == self.here());
                 if local {
                     if let Ok(f) = self.cache.open_staging(ino, false) {
                         s.staging = Some(Arc::new(f));
@@ -419,13 +609,23 @@ impl Vfs {
                 Some(r) => t.object_with_content(ino, r.data_version)?,
                 None => None,
             };
-            Ok((row, src))
+            Ok::<_, crate::VfsError>((row, src))
         })?;
-        let row = row.ok_or(VfsError::NotFound)?;
-        let Some(src) = src else {
-            return Err(io_err(format!(
-                "inode {ino}: content not in the bucket yet and not local"
-            )));
+        let row = row.ok_or(VfsError::Stale)?;
+        let src = match src {
+            Some(src) => src,
+            None => {
+                // Only another cache holds this version: have it uploaded, then read.
+                self.await_remote_content(&row)?;
+                deskfs_meta::read(&*self.meta, |t| {
+                    t.object_with_content(ino, row.data_version)
+                })?
+                .ok_or_else(|| {
+                    io_err(format!(
+                        "inode {ino}: content not in the bucket yet and not local"
+                    ))
+                })?
+            }
         };
         let bs = self.cache.block_size();
         let end = (offset + len as u64).min(row.size);
@@ -565,53 +765,108 @@ impl Vfs {
         self.cache.staging_dirty(ino);
         // Usually already dirty (a new file, or writes since the last upload): a read
         // suffices.
-        if deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.is_some_and(|r| r.dirty) {
+        if self.meta.get_inode(ino)?.is_some_and(|r| r.dirty) {
             return Ok(());
         }
-        deskfs_meta::txn(&*self.meta, |t| {
-            if let Some(mut r) = t.get_inode(ino)? {
-                if !r.dirty {
-                    r.dirty = true;
-                    t.update_inode(&r)?;
-                }
-            }
-            Ok(())
+        self.change(|_| {
+            let mut b = Batch::new(self);
+            b.guard(Op::SetAttrs {
+                ino,
+                set: AttrUpdate {
+                    dirty: Some(true),
+                    ..Default::default()
+                },
+            });
+            Ok(Plan::Apply(b, Box::new(|_| Ok(()))))
         })?;
         self.cache.staging_dirty(ino);
         Ok(())
     }
 
     /// Commits uncommitted writes of a locked state: size, mtime and a new content
-    /// version go to the metadata engine in one transaction that also marks every path of
-    /// the inode pending. With `durable`, the staging file is fdatasync'ed first and the
-    /// commit is made durable (fsync semantics).
+    /// version go to the metadata engine in one batch that also marks every path of the
+    /// inode pending. With `durable`, the staging file is fdatasync'ed and the commit is
+    /// made durable (fsync semantics).
     pub(crate) fn commit_locked(&self, ino: Ino, s: &mut InodeState, durable: bool) -> Result<()> {
-        if s.uncommitted {
-            let (size, mtime, ctime) = (s.size, s.mtime_ns, s.ctime_ns);
-            // The transaction returns the new content version: no second read needed.
-            let version = deskfs_meta::txn(&*self.meta, |t| {
-                let Some(mut r) = t.get_inode(ino)? else {
-                    return Ok(None);
-                };
-                r.size = size;
-                r.mtime_ns = mtime;
-                r.ctime_ns = ctime.max(r.ctime_ns);
-                r.data_version += 1;
-                r.dirty = true;
-                r.local = Local::Full;
-                t.update_inode(&r)?;
-                for (parent, name) in t.names_of(ino)? {
-                    self.mark_name(t, parent, &name, false)?;
+        self.commit_with(ino, s, durable, None, false).map(|_| ())
+    }
+
+    /// [`Vfs::commit_locked`], in the same batch also removing an open-file record of
+    /// `unrecord` (a session) and reading the inode back (`get`): a close costs one round
+    /// trip. Returns the row when `get` (`None` when the inode is gone).
+    fn commit_with(
+        &self,
+        ino: Ino,
+        s: &mut InodeState,
+        durable: bool,
+        unrecord: Option<u64>,
+        get: bool,
+    ) -> Result<Option<InodeRow>> {
+        let here = self.here();
+        let commit = s.uncommitted;
+        let (size, mtime, ctime) = (s.size, s.mtime_ns, s.ctime_ns);
+        let mut row = None;
+        if commit || unrecord.is_some() || get {
+            let out = self.change(|f| {
+                if f.fresh() && f.row(ino)?.is_none() {
+                    // Purged meanwhile (another mount's cleanup): nothing to commit.
+                    return Ok(Plan::Done((None, None)));
                 }
-                Ok(Some(r.data_version))
-            })?;
-            s.uncommitted = false;
-            if let Some(v) = version {
-                self.kernel_pages.committed(ino, s.version, v);
-                s.version = v;
+                let mut b = Batch::new(self);
+                let version = commit.then(|| {
+                    b.guard(Op::CommitContent {
+                        ino,
+                        size,
+                        mtime_ns: mtime,
+                        ctime_ns: ctime,
+                        local: here,
+                    })
+                });
+                if commit {
+                    b.guard(Op::MarkInode {
+                        ino,
+                        not_before_ns: self.not_before(),
+                    });
+                }
+                if let Some(session) = unrecord {
+                    b.guard(Op::AddOpen {
+                        ino,
+                        session,
+                        delta: -1,
+                    });
+                }
+                let read = get.then(|| b.guard(Op::GetInode(ino)));
+                Ok(Plan::Apply(
+                    b,
+                    Box::new(move |out: &[OpOut]| {
+                        let v = version.and_then(|i| match out[i] {
+                            OpOut::Version(v) => Some(v),
+                            _ => None,
+                        });
+                        Ok((v, read.and_then(|i| out[i].row().cloned())))
+                    }),
+                ))
+            });
+            let out = match out {
+                // Written under a lease that was lost meanwhile (the session was just
+                // replaced): commit unless another mount committed since, else keep the
+                // writes beside the file.
+                Err(VfsError::Meta(deskfs_meta::MetaError::Fenced(_))) if commit => {
+                    return self.commit_after_fence(ino, s, durable, get);
+                }
+                other => other?,
+            };
+            let (version, r) = out;
+            row = r;
+            if commit {
+                s.uncommitted = false;
+                if let Some(v) = version {
+                    self.kernel_pages.committed(ino, s.version, v);
+                    s.version = v;
+                }
+                self.cache.drop_blocks(ino);
+                self.uploader.kick();
             }
-            self.cache.drop_blocks(ino);
-            self.uploader.kick();
         }
         if durable {
             // Both device flushes at once: the staging file's data and the metadata log.
@@ -630,7 +885,116 @@ impl Vfs {
                 Ok(())
             })?;
         }
-        Ok(())
+        Ok(row)
+    }
+
+    /// Commits writes made while this mount's session was lost (see `coherence`): when the
+    /// file's content is still the version they were made on, they commit as usual;
+    /// when another mount committed newer content meanwhile, that content stays and
+    /// these writes become a file of their own beside it,
+    /// `NAME.deskfs-conflict-HOST-UNIXTIME` — nothing is lost, nothing newer is
+    /// overwritten. Writes to a file deleted meanwhile are dropped, as on ext4.
+    fn commit_after_fence(
+        &self,
+        ino: Ino,
+        s: &mut InodeState,
+        durable: bool,
+        get: bool,
+    ) -> Result<Option<InodeRow>> {
+        let cur = self.meta.get_inode(ino)?;
+        match cur {
+            Some(r) if r.data_version == s.version => {
+                return self.commit_with(ino, s, durable, None, get);
+            }
+            Some(r) if r.nlink > 0 => {
+                self.save_conflict(ino, s, &r)?;
+                // The kernel's pages hold the conflicting writes: they go.
+                self.invalidate_later(crate::Invalidation::Inode(ino));
+            }
+            _ => {
+                tracing::warn!(
+                    ino,
+                    "writes made under a lost lease to a file deleted meanwhile are dropped"
+                );
+                s.uncommitted = false;
+            }
+        }
+        s.staging = None;
+        s.loaded = false;
+        Ok(if get { self.meta.get_inode(ino)? } else { None })
+    }
+
+    /// Moves the uncommitted content of `ino` (state `s`, row `r`) to a new file beside
+    /// its first name.
+    fn save_conflict(&self, ino: Ino, s: &mut InodeState, r: &InodeRow) -> Result<()> {
+        let names = deskfs_meta::read(&*self.meta, |t| t.names_of(ino))?;
+        let Some((parent, name)) = names.into_iter().next() else {
+            s.uncommitted = false;
+            return Ok(());
+        };
+        let new_ino = self.alloc_ino()?;
+        let here = self.here();
+        // The journal moves first: the new inode's staging file is these writes.
+        std::fs::rename(
+            self.cache.staging_path(ino),
+            self.cache.staging_path(new_ino),
+        )?;
+        let stamp = crate::now_ns() / 1_000_000_000;
+        let host = crate::session::hostname();
+        let res = self.change(|_| {
+            let mut cname = name.clone();
+            cname.extend_from_slice(format!(".deskfs-conflict-{host}-{stamp}").as_bytes());
+            cname.truncate(crate::namespace::NAME_MAX);
+            let now = crate::now_ns();
+            let row = InodeRow {
+                ino: new_ino,
+                size: s.size,
+                mtime_ns: s.mtime_ns,
+                ctime_ns: now,
+                btime_ns: now,
+                nlink: 1,
+                data_version: 1,
+                local: here,
+                dirty: true,
+                ..r.clone()
+            };
+            let mut b = Batch::new(self);
+            b.guard(Op::TouchDir {
+                ino: parent,
+                nlink_delta: 0,
+                time_ns: now,
+            });
+            b.guard(Op::InsertInode(row));
+            b.guard(Op::InsertDentry {
+                parent,
+                name: cname.clone(),
+                ino: new_ino,
+            });
+            b.guard(Op::MarkPath {
+                parent,
+                name: cname.clone(),
+                recursive: false,
+                not_before_ns: self.not_before(),
+            });
+            Ok(Plan::Apply(b, Box::new(move |_| Ok(cname))))
+        });
+        match res {
+            Ok(cname) => {
+                tracing::warn!(ino, new_ino, name = %String::from_utf8_lossy(&cname), "writes made while this mount's lease was lost conflict with newer content committed by another mount: kept beside it");
+                self.coherence.conflict();
+                s.uncommitted = false;
+                self.uploader.kick();
+                Ok(())
+            }
+            Err(e) => {
+                // Put the journal back: the writes stay uncommitted and are retried.
+                let _ = std::fs::rename(
+                    self.cache.staging_path(new_ino),
+                    self.cache.staging_path(ino),
+                );
+                Err(e)
+            }
+        }
     }
 
     /// `flush` (every `close` of a descriptor): commits the file's writes so that they
@@ -639,8 +1003,9 @@ impl Vfs {
         self.locked(ino, |s| self.commit_locked(ino, s, false))
     }
 
-    /// `release` (last close of an open file description): commits, then drops the inode
-    /// if it was unlinked while open.
+    /// `release` (last close of an open file description): commits, removes the open's
+    /// record, and purges the inode if it lost its last name while open and nothing else
+    /// holds it.
     pub fn release(&self, ino: Ino, fh: u64) -> Result<()> {
         let h = self.handles.lock().map_err(|_| poisoned())?.remove(&fh);
         if h.as_ref().is_some_and(|h| h.dir) {
@@ -656,60 +1021,63 @@ impl Vfs {
                 self.release_fh_locks(ino, owner, fh)?;
             }
         }
-        let session = self.session.load(Ordering::SeqCst);
+        let unrecord = h
+            .as_ref()
+            .is_some_and(|h| h.close_record())
+            .then(|| self.coherence.session());
         let mut res = Ok(());
-        let (last, size) = self.locked(ino, |s| {
-            res = self.commit_locked(ino, s, false);
+        let (last, size, row, clean) = self.locked(ino, |s| {
             if h.is_some() {
                 s.open_count = s.open_count.saturating_sub(1);
             }
-            Ok((s.open_count == 0, s.size))
+            let last = s.open_count == 0;
+            // The row decides the purge of an orphan: read it in the same batch when this
+            // is the last handle and the inode may have lost its names (always possible
+            // while other mounts are live; alone, only through this mount).
+            let get = last && (self.shared() || self.refs.is_kept_orphan(ino));
+            let row = match self.commit_with(ino, s, false, unrecord, get) {
+                Ok(r) => r,
+                Err(e) => {
+                    res = Err(e);
+                    None
+                }
+            };
+            let clean = last && !s.uncommitted && s.clean_at_close == Some(s.version);
+            Ok((last, s.size, row, clean))
         })?;
-        let recorded = h
-            .as_ref()
-            .is_some_and(|h| h.recorded.swap(OPEN_CLOSED, Ordering::SeqCst) == OPEN_RECORDED);
-        // An unrecorded open needs no write unless its inode may have to go.
-        let mut maybe_purge = last;
-        if last && !recorded {
-            if let Some(r) = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))? {
-                if r.nlink > 0 {
-                    maybe_purge = false;
-                    if r.local == Local::Full && !r.dirty {
-                        self.cache.staging_clean(ino, size);
-                    }
+        if last {
+            match row {
+                Some(r) if r.nlink == 0 => self.settle_orphan(ino),
+                Some(r) if r.local == self.here() && !r.dirty => {
+                    self.cache.staging_clean(ino, size)
                 }
-            }
-        }
-        if recorded || maybe_purge {
-            let purge = deskfs_meta::txn(&*self.meta, |t| {
-                if recorded {
-                    t.add_open(ino, session, -1)?;
-                }
-                if !last {
-                    return Ok(false);
-                }
-                match t.get_inode(ino)? {
-                    Some(r) if r.nlink == 0 => {
-                        if self.is_open(ino) || t.open_elsewhere(ino, 0)? {
-                            return Ok(false);
-                        }
-                        t.delete_inode(ino)?;
-                        Ok(true)
-                    }
-                    Some(r) => {
-                        if r.local == Local::Full && !r.dirty {
-                            self.cache.staging_clean(ino, size);
-                        }
-                        Ok(false)
-                    }
-                    None => Ok(false),
-                }
-            })?;
-            if purge {
-                self.purge_local(ino);
+                // Not read: evictable when its upload was recorded while it was open
+                // (else when the upload is recorded, or at the next mount's recovery).
+                None if clean => self.cache.staging_clean(ino, size),
+                _ => {}
             }
         }
         res
+    }
+
+    /// Commits writes of files already closed whose commit failed (the database was
+    /// unreachable): called periodically, so they are not lost once it answers again.
+    pub(crate) fn recommit_released(&self) {
+        let states: Vec<(u64, Arc<Mutex<InodeState>>)> = match self.inodes.lock() {
+            Ok(m) => m.iter().map(|(k, v)| (*k, v.clone())).collect(),
+            Err(_) => return,
+        };
+        for (ino, st) in states {
+            let pending = st
+                .lock()
+                .map(|s| s.uncommitted && s.open_count == 0)
+                .unwrap_or(false);
+            if pending {
+                if let Err(e) = self.locked(ino, |s| self.commit_locked(ino, s, false)) {
+                    tracing::warn!(ino, error = %e, "commit of a closed file still fails; retrying");
+                }
+            }
+        }
     }
 
     /// `fsync`/`fdatasync`: the file's data and metadata are on stable local storage when
@@ -724,9 +1092,10 @@ impl Vfs {
     }
 
     fn truncate_locked(&self, ino: Ino, s: &mut InodeState, size: u64) -> Result<()> {
-        let kind = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?
-            .ok_or(VfsError::NotFound)?
-            .kind;
+        let kind = match self.hints.kind(ino) {
+            Some(k) => k,
+            None => self.current(ino)?.kind,
+        };
         match kind {
             Kind::File => {}
             Kind::Dir => return Err(VfsError::IsDir),
@@ -796,8 +1165,10 @@ impl Vfs {
         }
         let (staging, size) = self.locked(ino, |s| {
             if s.staging.is_none() {
-                let local = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?
-                    .is_some_and(|r| r.local == Local::Full);
+                let local = self
+                    .meta
+                    .get_inode(ino)?
+                    .is_some_and(|r| r.local == self.here());
                 if local {
                     if let Ok(f) = self.cache.open_staging(ino, false) {
                         s.staging = Some(Arc::new(f));

@@ -65,6 +65,12 @@ pub enum VfsError {
     /// `ENXIO`: `SEEK_DATA`/`SEEK_HOLE` at or past end of file.
     #[error("no such device or address")]
     NoSuchOffset,
+    /// `ESTALE`: the inode the kernel names no longer exists (another mount removed it,
+    /// or it was purged after its last name went away). The kernel then walks the path
+    /// again (`LOOKUP_REVAL`), so a name replaced by a rename resolves to the new file
+    /// instead of failing with `ENOENT` (NFS does the same).
+    #[error("stale file handle")]
+    Stale,
     /// `ENOSPC`: the cache disk is full.
     #[error("no space left on the cache device")]
     NoSpace,
@@ -107,6 +113,7 @@ impl VfsError {
             NoSuchOffset => libc::ENXIO,
             Interrupted => libc::EINTR,
             NoSpace => libc::ENOSPC,
+            Stale => libc::ESTALE,
             Meta(MetaError::NotFound(_)) => libc::ENOENT,
             Meta(MetaError::Conflict(_)) => libc::EEXIST,
             Meta(_) => libc::EIO,
@@ -125,13 +132,49 @@ pub type Result<T, E = VfsError> = std::result::Result<T, E>;
 
 impl From<MetaError> for VfsError {
     fn from(e: MetaError) -> Self {
-        VfsError::from_meta(e)
+        VfsError::Meta(e)
     }
 }
 
-/// Lets VFS errors cross metadata transaction closures with `?`.
-impl From<VfsError> for MetaError {
-    fn from(e: VfsError) -> Self {
-        e.into_meta()
+/// Lets a POSIX error travel through a metadata transaction closure as itself (see
+/// [`deskfs_meta::txn`]); engine errors inside stay engine errors, so the engine can retry
+/// them.
+impl deskfs_meta::TxnError for VfsError {
+    fn into_meta(self) -> std::result::Result<MetaError, Self> {
+        match self {
+            VfsError::Meta(m) => Ok(m),
+            other => Err(other),
+        }
+    }
+}
+
+impl VfsError {
+    /// The error for an errno value (the inverse of [`VfsError::errno`] for the codes it
+    /// has a variant for; others become [`VfsError::Io`] carrying the code).
+    pub fn from_errno(n: i32) -> VfsError {
+        match n {
+            libc::ENOENT => VfsError::NotFound,
+            libc::EEXIST => VfsError::Exists,
+            libc::ENOTDIR => VfsError::NotDir,
+            libc::EISDIR => VfsError::IsDir,
+            libc::ENOTEMPTY => VfsError::NotEmpty,
+            libc::EINVAL => VfsError::Invalid,
+            libc::ENAMETOOLONG => VfsError::NameTooLong,
+            libc::EPERM => VfsError::NotPermitted,
+            libc::EACCES => VfsError::Access,
+            libc::EBADF => VfsError::BadHandle,
+            libc::ENODATA => VfsError::NoAttr,
+            libc::ERANGE => VfsError::Range,
+            libc::E2BIG => VfsError::TooBig,
+            libc::EOPNOTSUPP => VfsError::NotSupported,
+            libc::EFBIG => VfsError::FileTooBig,
+            libc::EMLINK => VfsError::TooManyLinks,
+            libc::EAGAIN => VfsError::WouldBlock,
+            libc::EINTR => VfsError::Interrupted,
+            libc::ENXIO => VfsError::NoSuchOffset,
+            libc::ENOSPC => VfsError::NoSpace,
+            libc::ESTALE => VfsError::Stale,
+            _ => VfsError::Io(std::io::Error::from_raw_os_error(n)),
+        }
     }
 }

@@ -8,7 +8,8 @@
 //! * **Other mounts** of the workspace: the metadata engine logs their namespace and
 //!   attribute changes in its change feed while more than one session is live
 //!   ([`deskfs_meta::MetaEngine::log_changes_as`]). The feed thread of every mount follows
-//!   it every [`FEED_POLL`] and turns each entry into `inval_entry` / `inval_inode`.
+//!   it — woken by the engine's signals where it has them (PostgreSQL `NOTIFY`), else
+//!   every [`FEED_POLL`] — and turns each entry into `inval_entry` / `inval_inode`.
 //! * **This mount's own background work** (the importer adding names listed from the
 //!   bucket, a content refresh): queued with [`Vfs::invalidate_later`], because a
 //!   notification sent from inside a request handler can deadlock on the directory lock
@@ -19,10 +20,12 @@
 //! those pages exactly when they are still current.
 
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use deskfs_meta::Signal;
+
+use crate::handles::OpenRecord;
 use crate::{Ino, Vfs};
 
 /// How often the change feed is polled (bounds how long another mount's change can stay
@@ -59,6 +62,37 @@ pub enum Invalidation {
     },
 }
 
+/// Sequence numbers of feed entries already delivered (a bounded window: engines repeat
+/// an entry only while it is recent).
+#[derive(Default)]
+pub(crate) struct SeenChanges {
+    inner: Mutex<(
+        std::collections::HashSet<u64>,
+        std::collections::VecDeque<u64>,
+    )>,
+}
+
+/// Entries remembered by [`SeenChanges`].
+const SEEN_MAX: usize = 1 << 16;
+
+impl SeenChanges {
+    /// Whether `seq` is seen for the first time (and remembers it).
+    pub(crate) fn first(&self, seq: u64) -> bool {
+        let mut g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        let (set, order) = &mut *g;
+        if !set.insert(seq) {
+            return false;
+        }
+        order.push_back(seq);
+        if order.len() > SEEN_MAX {
+            if let Some(old) = order.pop_front() {
+                set.remove(&old);
+            }
+        }
+        true
+    }
+}
+
 /// The content version whose pages the kernel holds, per inode (see the module docs).
 #[derive(Default)]
 pub(crate) struct KernelPages {
@@ -77,6 +111,13 @@ impl KernelPages {
             m.clear();
         }
         m.insert(ino, version) == Some(version)
+    }
+
+    /// Whether the kernel's pages (and the size it caches with them) of `ino` are those
+    /// of content `version` (false when unknown).
+    pub(crate) fn holds(&self, ino: Ino, version: u64) -> bool {
+        let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        m.get(&ino) == Some(&version)
     }
 
     /// This mount committed content `new` over `old` through the kernel (its page cache
@@ -108,9 +149,7 @@ impl Vfs {
     /// Delivers `inv` now. Only for callers outside request handlers (or that hold no
     /// lock the kernel could be waiting on): otherwise use [`Vfs::invalidate_later`].
     pub(crate) fn invalidate_now(&self, inv: &Invalidation) {
-        if let Invalidation::Inode(ino) = inv {
-            self.kernel_pages.forget(*ino);
-        }
+        self.forget_cached(inv);
         if let Some(f) = self.invalidator.get() {
             f(inv);
         }
@@ -119,53 +158,54 @@ impl Vfs {
     /// Queues `inv` for the feed thread (within [`FEED_POLL`]). Safe from request
     /// handlers.
     pub(crate) fn invalidate_later(&self, inv: Invalidation) {
-        if let Invalidation::Inode(ino) = &inv {
-            self.kernel_pages.forget(*ino);
-        }
+        self.forget_cached(&inv);
         self.deferred
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push(inv);
     }
 
-    /// One round of the feed thread: queued invalidations, then the change feed.
-    /// Returns how many invalidations were delivered.
+    /// What this mount itself remembers about `inv`'s subject goes too.
+    fn forget_cached(&self, inv: &Invalidation) {
+        match inv {
+            Invalidation::Inode(ino) => {
+                self.kernel_pages.forget(*ino);
+                self.hints.forget_attrs(*ino);
+            }
+            Invalidation::Attrs(ino) => self.hints.forget_attrs(*ino),
+            Invalidation::Entry { parent, name } => self.hints.forget_entry(*parent, name),
+        }
+    }
+
+    /// One round of the feed thread: queued invalidations, the session table (the
+    /// coherence state), then the change feed. Returns how many invalidations were
+    /// delivered.
     pub(crate) fn feed_round(&self) -> usize {
         let queued = std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()));
         let mut n = queued.len();
         for inv in &queued {
             self.invalidate_now(inv);
         }
-        let me = self.session.load(Ordering::SeqCst);
-        match deskfs_meta::read(&*self.meta, |t| t.sessions()) {
-            Ok(sessions) => {
-                let newest_peer = sessions.iter().map(|s| s.id).filter(|&id| id != me).max();
-                self.shared.store(newest_peer.is_some(), Ordering::SeqCst);
-                match newest_peer {
-                    Some(peer) => {
-                        if let Err(e) = self.publish_opens(peer) {
-                            tracing::warn!(error = %e, "cannot publish open files to a new mount");
-                        }
-                    }
-                    None => self.track_opens.store(false, Ordering::SeqCst),
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "cannot read the mount sessions"),
+        self.flush_purges();
+        if let Err(e) = self.observe_sessions() {
+            tracing::warn!(error = %e, "cannot read the mount sessions");
         }
+        let me = self.coherence.session();
         loop {
-            let after = self.feed_cursor.load(Ordering::SeqCst);
-            let rows =
-                match deskfs_meta::read(&*self.meta, |t| t.changes_after(after, me, FEED_BATCH)) {
-                    Ok(rows) => rows,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "change feed unreadable; retrying");
-                        return n;
-                    }
-                };
-            let Some(last) = rows.last().map(|r| r.seq) else {
-                return n;
+            let cursor = self.coherence.cursor();
+            let (rows, next) = match self.meta.feed_read(cursor, me, FEED_BATCH) {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::warn!(error = %e, "change feed unreadable; retrying");
+                    return n;
+                }
             };
             for r in &rows {
+                // Engines may return a change twice (PostgreSQL, until its transaction
+                // is below every snapshot): deliver it once.
+                if !self.feed_seen.first(r.seq) {
+                    continue;
+                }
                 if let (Some(parent), Some(name)) = (r.parent, r.name.clone()) {
                     self.invalidate_now(&Invalidation::Entry { parent, name });
                     // The directory's cached listing and attributes too.
@@ -175,23 +215,42 @@ impl Vfs {
                 self.invalidate_now(&Invalidation::Inode(r.ino));
                 n += 1;
             }
-            self.feed_cursor.store(last, Ordering::SeqCst);
+            self.coherence.set_cursor(next);
             if rows.len() < FEED_BATCH {
                 return n;
             }
         }
     }
 
-    /// Another mount (newest session `peer`) is live: from now on opens are recorded in
-    /// the open-file table (so its `unlink` keeps an inode this mount has open), the ones
-    /// made while alone are recorded now, and the acknowledgement it waits for at mount
-    /// time is written (kv `feed_ack.<session>` = newest peer seen).
-    pub(crate) fn publish_opens(&self, peer: u64) -> crate::Result<()> {
-        if self.acked_peer.load(Ordering::SeqCst) >= peer && self.track_opens.load(Ordering::SeqCst)
-        {
+    /// Reads the session table and moves the coherence state machine; entering a shared
+    /// state (or seeing a newer peer) publishes this mount's open files to it.
+    pub(crate) fn observe_sessions(&self) -> crate::Result<()> {
+        let sessions = deskfs_meta::read(&*self.meta, |t| t.sessions())?;
+        let me = self.coherence.session();
+        if me != 0 && !sessions.iter().any(|s| s.id == me) {
+            self.fenced(me);
             return Ok(());
         }
-        self.track_opens.store(true, Ordering::SeqCst);
+        let t = self
+            .coherence
+            .observe(&crate::session::hostname(), &sessions);
+        if t.from != t.to {
+            tracing::info!(from = ?t.from, to = ?t.to, "coherence state changed");
+        }
+        if let Some(peer) = t.newest_peer {
+            if self.coherence.owes_ack(peer) {
+                self.publish_opens(peer)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Another mount (newest session `peer`) is live: the opens made while alone are
+    /// recorded in the open-file table now (so its `unlink` keeps an inode this mount has
+    /// open), and the acknowledgement it waits for at mount time is written (kv
+    /// `feed_ack.<session>` = newest peer seen). New opens are recorded as they happen
+    /// while shared.
+    pub(crate) fn publish_opens(&self, peer: u64) -> crate::Result<()> {
         let handles: Vec<_> = self
             .handles
             .lock()
@@ -200,15 +259,34 @@ impl Vfs {
             .filter(|h| !h.dir)
             .cloned()
             .collect();
-        let me = self.session.load(Ordering::SeqCst);
-        deskfs_meta::txn(&*self.meta, |t| {
-            for h in &handles {
-                h.record_open(t, me)?;
+        // Claim the unrecorded ones first (outside the transaction: it may run twice).
+        let claimed: Vec<_> = handles.into_iter().filter(|h| h.claim_record()).collect();
+        let me = self.coherence.session();
+        let res = deskfs_meta::txn(&*self.meta, |t| {
+            t.check_session(me)?;
+            for h in &claimed {
+                t.add_open(h.ino, me, 1)?;
             }
             t.set_kv(&format!("feed_ack.{me}"), &peer.to_string())
-        })?;
-        self.acked_peer.fetch_max(peer, Ordering::SeqCst);
-        Ok(())
+        });
+        match res {
+            Ok(()) => {
+                for h in &claimed {
+                    if h.finish_record() == OpenRecord::Closed {
+                        // Released while being recorded: take the record back.
+                        let _ = deskfs_meta::txn(&*self.meta, |t| t.add_open(h.ino, me, -1));
+                    }
+                }
+                self.coherence.acked(peer);
+                Ok(())
+            }
+            Err(e) => {
+                for h in &claimed {
+                    h.abandon_record();
+                }
+                Err(e.into())
+            }
+        }
     }
 
     /// Mount-time handshake: waits (up to `limit`) until every other live mount has
@@ -216,8 +294,8 @@ impl Vfs {
     /// that does not answer in time (an older deskfs, or hung) is logged and not waited
     /// for.
     pub(crate) fn await_peer_acks(&self, limit: Duration) {
-        let me = self.session.load(Ordering::SeqCst);
-        let start = std::time::Instant::now();
+        let me = self.coherence.session();
+        let start = Instant::now();
         loop {
             let pending = deskfs_meta::read(&*self.meta, |t| {
                 let mut v = Vec::new();
@@ -233,7 +311,7 @@ impl Vfs {
                         v.push(s.id);
                     }
                 }
-                Ok(v)
+                Ok::<_, deskfs_meta::MetaError>(v)
             });
             match pending {
                 Ok(v) if v.is_empty() => return,
@@ -241,7 +319,10 @@ impl Vfs {
                     tracing::warn!(sessions = ?v, "other mounts did not acknowledge this one in time; continuing");
                     return;
                 }
-                Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+                Ok(_) => {
+                    let _ = self.meta.signal(&Signal::Sessions);
+                    std::thread::sleep(Duration::from_millis(10));
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot read the mount sessions");
                     return;
@@ -250,41 +331,73 @@ impl Vfs {
         }
     }
 
-    /// Whether other mounts of the workspace are live (as of the last feed round, at most
-    /// [`FEED_POLL`] ago). A mount that is alone may let the kernel cache entries,
-    /// negative entries and attributes for long; a shared one keeps them short, and the
-    /// feed invalidates what the others change.
+    /// Whether other mounts of the workspace are live (as of the last look at the
+    /// session table, at most [`FEED_POLL`] ago). A mount that is alone may let the
+    /// kernel cache entries, negative entries and attributes for long; a shared one keeps
+    /// them short, and the feed invalidates what the others change.
     pub fn shared(&self) -> bool {
-        self.shared.load(Ordering::SeqCst)
+        self.coherence.shared()
     }
 
-    /// Starts following the feed from its current end (the kernel has cached nothing of
-    /// this mount yet).
-    pub(crate) fn reset_feed_cursor(&self) -> crate::Result<()> {
-        let last = deskfs_meta::read(&*self.meta, |t| t.last_change())?;
-        self.feed_cursor.store(last, Ordering::SeqCst);
-        let me = self.session.load(Ordering::SeqCst);
-        let shared = deskfs_meta::read(&*self.meta, |t| t.sessions())?
-            .iter()
-            .any(|s| s.id != me);
-        self.shared.store(shared, Ordering::SeqCst);
-        self.track_opens.store(shared, Ordering::SeqCst);
-        Ok(())
+    /// The coherence state (see [`crate::coherence`]).
+    pub fn peers(&self) -> crate::coherence::Peers {
+        self.coherence.peers()
     }
 }
 
-/// Starts the feed thread of `vfs`; it ends when the VFS is dropped or shut down.
+/// How often uncommitted writes of released files (a commit that failed while the
+/// database was unreachable) are committed again.
+const RECOMMIT_EVERY: Duration = Duration::from_secs(2);
+
+/// Starts the feed thread of `vfs`: follows the change feed and the session table, renews
+/// the lease, retries failed commits. It ends when the VFS is dropped or shut down.
 pub(crate) fn start(vfs: &Arc<Vfs>) {
     let weak: Weak<Vfs> = Arc::downgrade(vfs);
+    let signals = vfs.meta.subscribe();
+    vfs.locks
+        .notified
+        .store(signals.is_some(), std::sync::atomic::Ordering::Relaxed);
     let spawned = std::thread::Builder::new()
         .name("deskfs-feed".into())
-        .spawn(move || loop {
-            std::thread::sleep(FEED_POLL);
-            let Some(v) = weak.upgrade() else { return };
-            if v.feed_stopped.load(Ordering::SeqCst) {
-                return;
+        .spawn(move || {
+            let mut last_beat = Instant::now();
+            let mut last_recommit = Instant::now();
+            loop {
+                // Wait for a signal (or the poll period).
+                match &signals {
+                    Some(rx) => match rx.recv_timeout(FEED_POLL) {
+                        Ok(sig) => {
+                            if let Some(v) = weak.upgrade() {
+                                v.on_signal(&sig);
+                            }
+                            // Take whatever else arrived meanwhile.
+                            while let Ok(more) = rx.try_recv() {
+                                if let Some(v) = weak.upgrade() {
+                                    v.on_signal(&more);
+                                }
+                            }
+                        }
+                        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                            std::thread::sleep(FEED_POLL)
+                        }
+                    },
+                    None => std::thread::sleep(FEED_POLL),
+                }
+                let Some(v) = weak.upgrade() else { return };
+                if v.coherence.stopped() {
+                    return;
+                }
+                v.feed_round();
+                if last_beat.elapsed() >= v.heartbeat_period() {
+                    last_beat = Instant::now();
+                    v.heartbeat();
+                }
+                if last_recommit.elapsed() >= RECOMMIT_EVERY {
+                    last_recommit = Instant::now();
+                    v.recommit_released();
+                }
             }
-            v.feed_round();
         });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the change-feed thread; kernel caches of other mounts' changes expire only by TTL");

@@ -72,6 +72,8 @@ pub fn fsck(
     progress: &dyn Fn(&str),
 ) -> Result<FsckReport> {
     let mut rep = FsckReport::default();
+    // Content held in this cache dir; other caches' (other hosts') content is theirs.
+    let here = Local::At(cache.id());
     let add = |rep: &mut FsckReport, kind: &'static str, detail: String, repaired: bool| {
         rep.problems.push(Problem {
             kind,
@@ -149,7 +151,7 @@ pub fn fsck(
             for (p, n) in &bad {
                 t.delete_dentry(*p, n)?;
             }
-            Ok(())
+            Ok::<_, crate::VfsError>(())
         })?;
     }
     // Link counts and directory shape.
@@ -256,7 +258,7 @@ pub fn fsck(
             for ino in &orphans {
                 t.delete_inode(*ino)?;
             }
-            Ok(())
+            Ok::<_, crate::VfsError>(())
         })?;
         for ino in &orphans {
             cache.remove_staging(*ino)?;
@@ -268,7 +270,7 @@ pub fn fsck(
     progress("checking staging files");
     let staged: HashSet<Ino> = cache.staging_inodes()?.into_iter().collect();
     for ino in &staged {
-        let keep = inodes.get(ino).is_some_and(|r| r.local == Local::Full);
+        let keep = inodes.get(ino).is_some_and(|r| r.local == here);
         if !keep {
             // Left by a crash between a delete's commit and the file's removal (or an
             // interrupted download): the next mount removes it.
@@ -291,7 +293,7 @@ pub fn fsck(
         }
         let staging = cache.staging_path(ino);
         let len = std::fs::metadata(&staging).ok().map(|m| m.len());
-        if r.local == Local::Full {
+        if r.local == here {
             match len {
                 None if r.dirty && r.size > 0 => add(
                     &mut rep,
@@ -317,11 +319,11 @@ pub fn fsck(
                                 cur.local = Local::None;
                                 if cur.size == 0 {
                                     cur.dirty = true;
-                                    cur.local = Local::Full;
+                                    cur.local = here;
                                 }
                                 t.update_inode(&cur)?;
                             }
-                            Ok(())
+                            Ok::<_, crate::VfsError>(())
                         })?;
                         if r.size == 0 {
                             cache.open_staging(ino, true)?;
@@ -349,7 +351,7 @@ pub fn fsck(
                                 cur.local = Local::None;
                                 t.update_inode(&cur)?;
                             }
-                            Ok(())
+                            Ok::<_, crate::VfsError>(())
                         })?;
                     }
                 }
@@ -358,7 +360,7 @@ pub fn fsck(
         }
         if !r.dirty && r.size > 0 {
             let obj = deskfs_meta::read(meta, |t| t.object_with_content(ino, r.data_version))?;
-            let local = r.local == Local::Full && len == Some(r.size);
+            let local = r.local == here && len == Some(r.size);
             match obj {
                 None if local => {
                     let queued = deskfs_meta::read(meta, |t| {
@@ -368,7 +370,7 @@ pub fn fsck(
                                 any |= t.is_pending(&join(&dir, &name))?;
                             }
                         }
-                        Ok(any)
+                        Ok::<_, crate::VfsError>(any)
                     })?;
                     let p = Problem {
                         kind: "not-uploaded",
@@ -467,7 +469,7 @@ pub fn fsck(
                 for p in &stale {
                     t.mark_pending(p, false, now_ns())?;
                 }
-                Ok(())
+                Ok::<_, crate::VfsError>(())
             })?;
         }
         add(
@@ -488,7 +490,7 @@ pub fn fsck(
                     v.push(join(&dir, &name));
                 }
             }
-            Ok(v)
+            Ok::<_, crate::VfsError>(v)
         })?;
         requeue.extend(paths);
     }
@@ -497,7 +499,7 @@ pub fn fsck(
             for p in &requeue {
                 t.mark_pending(p, false, now_ns())?;
             }
-            Ok(())
+            Ok::<_, crate::VfsError>(())
         })?;
     }
     Ok(rep)
@@ -510,7 +512,7 @@ fn mark_dirty(meta: &dyn MetaEngine, ino: Ino) -> Result<()> {
             cur.data_version += 1;
             t.update_inode(&cur)?;
         }
-        Ok(())
+        Ok::<_, crate::VfsError>(())
     })?;
     Ok(())
 }
@@ -523,7 +525,7 @@ fn adopt_staging(meta: &dyn MetaEngine, ino: Ino, len: u64) -> Result<()> {
             cur.ctime_ns = now_ns();
             t.update_inode(&cur)?;
         }
-        Ok(())
+        Ok::<_, crate::VfsError>(())
     })?;
     Ok(())
 }

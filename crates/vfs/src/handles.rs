@@ -1,7 +1,8 @@
 //! Open file handles and the in-memory state of open inodes.
 
 use std::fs::File;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicU64, AtomicU8};
 use std::sync::Arc;
 
 /// One open file description (what `open(2)` returned, as the kernel's `fh`).
@@ -24,40 +25,121 @@ pub(crate) struct Handle {
     pub(crate) ra_blocks: AtomicU64,
     /// Lock owners that took locks through this open file (dropped at its release).
     pub(crate) lock_owners: std::sync::Mutex<std::collections::HashSet<u64>>,
-    /// Whether this open is recorded in the metadata engine's open-file table (for other
-    /// mounts): [`OPEN_UNRECORDED`], [`OPEN_RECORDED`] or [`OPEN_CLOSED`]. Moves only by
-    /// compare-and-swap inside the transaction that adds the record, so an open is
-    /// counted once and uncounted once.
-    pub(crate) recorded: std::sync::atomic::AtomicU8,
+    /// Whether this open is counted in the metadata engine's open-file table (for other
+    /// mounts); see [`OpenRecord`]. Moved only by compare-and-swap, outside transactions,
+    /// so an open is counted once and uncounted once however recording, publishing and
+    /// release race.
+    pub(crate) record: AtomicU8,
 }
 
-impl Handle {
-    /// Inside a metadata transaction: records this open in the open-file table for
-    /// `session`, unless it already is or was released (compare-and-swap, so an open is
-    /// counted once however many callers race).
-    pub(crate) fn record_open(
-        &self,
-        t: &mut dyn deskfs_meta::MetaTxn,
-        session: u64,
-    ) -> deskfs_meta::Result<()> {
-        use std::sync::atomic::Ordering::SeqCst;
-        if self
-            .recorded
-            .compare_exchange(OPEN_UNRECORDED, OPEN_RECORDED, SeqCst, SeqCst)
-            .is_ok()
-        {
-            t.add_open(self.ino, session, 1)?;
+/// The states of a handle's open-file record.
+///
+/// ```text
+/// Unrecorded --claim--> Recording --finish--> Recorded --release--> Closed
+///      ^                    |  abandon (the record's transaction failed)
+///      +--------------------+
+/// Unrecorded/Recording --release--> Closed   (a Recording one is taken back by its recorder)
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OpenRecord {
+    /// Not in the open-file table (opened while the mount was alone).
+    Unrecorded = 0,
+    /// Being added to the table by someone now.
+    Recording = 1,
+    /// Counted in the table.
+    Recorded = 2,
+    /// Released.
+    Closed = 3,
+}
+
+impl OpenRecord {
+    fn from_u8(v: u8) -> OpenRecord {
+        match v {
+            0 => OpenRecord::Unrecorded,
+            1 => OpenRecord::Recording,
+            2 => OpenRecord::Recorded,
+            _ => OpenRecord::Closed,
         }
-        Ok(())
     }
 }
 
-/// The open is not in the open-file table (this mount was alone when it was opened).
-pub(crate) const OPEN_UNRECORDED: u8 = 0;
-/// The open is counted in the open-file table.
-pub(crate) const OPEN_RECORDED: u8 = 1;
-/// Released.
-pub(crate) const OPEN_CLOSED: u8 = 2;
+impl Handle {
+    /// A new handle on `ino` whose open-file record starts in state `record`.
+    pub(crate) fn new(
+        ino: u64,
+        read: bool,
+        write: bool,
+        append: bool,
+        dir: bool,
+        record: OpenRecord,
+    ) -> Handle {
+        Handle {
+            ino,
+            write,
+            read,
+            append,
+            dir,
+            last_read_end: AtomicU64::new(u64::MAX),
+            ra_blocks: AtomicU64::new(0),
+            lock_owners: Default::default(),
+            record: AtomicU8::new(record as u8),
+        }
+    }
+
+    /// Claims the recording of an unrecorded open (true: the caller must add the record,
+    /// then call [`Handle::finish_record`] or [`Handle::abandon_record`]).
+    pub(crate) fn claim_record(&self) -> bool {
+        self.record
+            .compare_exchange(
+                OpenRecord::Unrecorded as u8,
+                OpenRecord::Recording as u8,
+                SeqCst,
+                SeqCst,
+            )
+            .is_ok()
+    }
+
+    /// The record was committed. Returns [`OpenRecord::Closed`] when the handle was
+    /// released meanwhile: then the caller removes the record again.
+    pub(crate) fn finish_record(&self) -> OpenRecord {
+        match self.record.compare_exchange(
+            OpenRecord::Recording as u8,
+            OpenRecord::Recorded as u8,
+            SeqCst,
+            SeqCst,
+        ) {
+            Ok(_) => OpenRecord::Recorded,
+            Err(v) => OpenRecord::from_u8(v),
+        }
+    }
+
+    /// The record's transaction failed: the open is unrecorded again (unless released).
+    pub(crate) fn abandon_record(&self) {
+        let _ = self.record.compare_exchange(
+            OpenRecord::Recording as u8,
+            OpenRecord::Unrecorded as u8,
+            SeqCst,
+            SeqCst,
+        );
+    }
+
+    /// Marks the handle released; returns whether its record must be removed (it was
+    /// [`OpenRecord::Recorded`]). A `Recording` one is removed by its recorder.
+    pub(crate) fn close_record(&self) -> bool {
+        OpenRecord::from_u8(self.record.swap(OpenRecord::Closed as u8, SeqCst))
+            == OpenRecord::Recorded
+    }
+
+    /// The session the record was in is gone (fenced): the open counts as unrecorded.
+    pub(crate) fn unrecord(&self) {
+        let _ = self.record.compare_exchange(
+            OpenRecord::Recorded as u8,
+            OpenRecord::Unrecorded as u8,
+            SeqCst,
+            SeqCst,
+        );
+    }
+}
 
 /// In-memory state of an inode that is open (or being operated on). Guarded by its own
 /// mutex; the metadata engine stays the truth for everything committed.
@@ -85,9 +167,21 @@ pub(crate) struct InodeState {
     pub(crate) version: u64,
     /// Removed from the state table: whoever locks it must fetch the current state.
     pub(crate) detached: bool,
+    /// The content version that was uploaded while the file was open: its staging file
+    /// becomes evictable at the last close if nothing was written since.
+    pub(crate) clean_at_close: Option<u64>,
 }
 
 impl InodeState {
+    /// Loads size, times and content version from a committed row.
+    pub(crate) fn fill(&mut self, row: &deskfs_meta::InodeRow) {
+        self.size = row.size;
+        self.mtime_ns = row.mtime_ns;
+        self.ctime_ns = row.ctime_ns;
+        self.version = row.data_version;
+        self.loaded = true;
+    }
+
     /// Records a content change at `now` (ns): mtime and ctime, the start of the
     /// uncommitted period, and a new write generation.
     pub(crate) fn note_change(&mut self, now: i64) {

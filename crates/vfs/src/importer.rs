@@ -20,7 +20,11 @@ impl Vfs {
     /// `refresh`) if its listing is older than the TTL. A failed first listing is `EIO`; a
     /// failed refresh keeps serving what is known.
     pub(crate) fn ensure_listed(&self, dir: Ino, refresh: bool) -> Result<()> {
-        let Some(row) = deskfs_meta::read(&*self.meta, |t| t.get_inode(dir))? else {
+        // A listing is never undone: a directory known listed needs no read.
+        if !refresh && self.hints.is_listed(dir) {
+            return Ok(());
+        }
+        let Some(row) = self.meta.get_inode(dir)? else {
             return Ok(());
         };
         if row.kind != Kind::Dir {
@@ -28,10 +32,13 @@ impl Vfs {
         }
         let now = now_ns();
         let ttl = self.cfg.list_ttl.as_nanos() as i64;
-        if row.listed_ns != 0 && (!refresh || now.saturating_sub(row.listed_ns) < ttl) {
-            return Ok(());
+        if row.listed_ns != 0 {
+            self.hints.set_listed(dir);
+            if !refresh || now.saturating_sub(row.listed_ns) < ttl {
+                return Ok(());
+            }
         }
-        let Some(path) = deskfs_meta::read(&*self.meta, |t| Ok(dir_path(t, dir)?))? else {
+        let Some(path) = deskfs_meta::read(&*self.meta, |t| dir_path(t, dir))? else {
             return Ok(());
         };
         let key = if path.is_empty() {
@@ -65,7 +72,7 @@ impl Vfs {
                     v.push(n.clone());
                 }
             }
-            Ok(v)
+            Ok::<_, crate::VfsError>(v)
         })?;
         // POSIX attributes (and symlink targets) of new objects, fetched concurrently.
         let mut attrs: HashMap<String, (Option<PosixMeta>, Option<Vec<u8>>)> = HashMap::new();
@@ -257,8 +264,9 @@ impl Vfs {
                 d.listed_ns = now_ns();
                 t.update_inode(&d)?;
             }
-            Ok(())
+            Ok::<_, crate::VfsError>(())
         })?;
+        self.hints.set_listed(dir);
         // The kernel may hold negative entries for the new names and pages of the
         // replaced contents (delivered after this request: see `feed`).
         if !added.is_empty() {
@@ -300,12 +308,13 @@ impl Vfs {
     }
 
     fn set_listed(&self, dir: Ino, now: i64) -> Result<()> {
+        self.hints.set_listed(dir);
         deskfs_meta::txn(&*self.meta, |t| {
             if let Some(mut d) = t.get_inode(dir)? {
                 d.listed_ns = now;
                 t.update_inode(&d)?;
             }
-            Ok(())
+            Ok::<_, crate::VfsError>(())
         })?;
         Ok(())
     }

@@ -9,15 +9,21 @@
 //! in the background. Reads come from the staging file when the content is local, else
 //! from the block cache, filled by ranged GETs with sequential readahead.
 
+mod changes;
+pub mod coherence;
 mod data;
 pub mod error;
 pub mod feed;
 pub mod fsck;
 mod handles;
+mod hints;
 mod importer;
+mod kernel_refs;
 pub mod locks;
 mod namespace;
 pub mod paths;
+pub mod remote;
+mod session;
 mod status;
 pub mod types;
 pub mod uploader;
@@ -29,11 +35,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deskfs_bucket::Bucket;
 use deskfs_cache::Cache;
-use deskfs_meta::{InodeRow, Local, MetaEngine};
+use deskfs_meta::{InodeRow, Local, MetaEngine, Op};
 
+pub use coherence::Peers;
 pub use error::{Result, VfsError};
 pub use feed::Invalidation;
 pub use locks::{LockInfo, LockType};
+pub use session::hostname;
 pub use status::{FailedPath, VfsStatus};
 pub use types::*;
 
@@ -58,6 +66,13 @@ pub struct VfsConfig {
     pub default_uid: u32,
     /// Group of objects imported from the bucket without POSIX metadata.
     pub default_gid: u32,
+    /// Session lease: a mount that misses its heartbeats this long is expired by the
+    /// others (its locks freed, its opens forgotten); a mount that finds itself expired
+    /// is fenced. Heartbeats run every sixth of it.
+    pub lease: Duration,
+    /// How long an `open` waits for content that only another mount's cache holds (that
+    /// mount is asked to upload it at once) before failing with `EIO`.
+    pub remote_wait: Duration,
 }
 
 impl Default for VfsConfig {
@@ -69,6 +84,8 @@ impl Default for VfsConfig {
             upload_workers: 8,
             default_uid: 0,
             default_gid: 0,
+            lease: Duration::from_secs(30),
+            remote_wait: Duration::from_secs(30),
         }
     }
 }
@@ -88,30 +105,31 @@ pub struct Vfs {
     /// Sync barriers currently waiting (the uploader ignores coalescing delays meanwhile).
     pub(crate) urgent: AtomicUsize,
     pub(crate) fetches: data::Inflight,
-    /// This mount's session id in the metadata engine (lease for locks and open files).
-    pub(crate) session: AtomicU64,
+    /// Who else is live, this mount's session, feed position, fencing (see [`coherence`]).
+    pub(crate) coherence: coherence::Coherence,
     /// Delivers invalidations to the kernel (set by the FUSE adapter's owner).
     pub(crate) invalidator: std::sync::OnceLock<feed::Invalidator>,
     /// Invalidations queued for the feed thread (see [`feed`]).
     pub(crate) deferred: Mutex<Vec<Invalidation>>,
-    /// Position in the metadata engine's change feed this mount has applied.
-    pub(crate) feed_cursor: AtomicU64,
     /// When the request path last queued work for the uploader or served a request, ns
     /// (burst detection: uploads wait for a quiet moment).
     pub(crate) last_mark_ns: std::sync::atomic::AtomicI64,
-    /// Inodes on which this mount may hold locks (see `locks`): closes of other files
-    /// skip the lock table.
-    pub(crate) locked_inodes: Mutex<std::collections::HashSet<Ino>>,
-    /// Opens are recorded in the open-file table (only while other mounts are live).
-    pub(crate) track_opens: std::sync::atomic::AtomicBool,
-    /// Highest other session this mount has published its opens for (join handshake).
-    pub(crate) acked_peer: AtomicU64,
-    /// Other mounts are live (see [`Vfs::shared`]).
-    pub(crate) shared: std::sync::atomic::AtomicBool,
-    /// Set at shutdown: the feed thread ends.
-    pub(crate) feed_stopped: std::sync::atomic::AtomicBool,
+    /// Inodes on which this mount may hold locks, and waiters' wake-ups (see `locks`).
+    pub(crate) locks: locks::LocalLocks,
     /// Content versions the kernel's page cache holds (keep_cache decisions).
     pub(crate) kernel_pages: feed::KernelPages,
+    /// Feed entries already turned into invalidations.
+    pub(crate) feed_seen: feed::SeenChanges,
+    /// Lookup counts of the kernel and the orphans kept for them.
+    pub(crate) refs: kernel_refs::KernelRefs,
+    /// Opens the kernel repeats after an `ESTALE`.
+    pub(crate) retries: kernel_refs::StaleRetries,
+    /// Facts remembered between requests (guarded by expectations when used).
+    pub(crate) hints: hints::Hints,
+    /// Inode numbers reserved from the engine, handed out by creates.
+    pub(crate) free_inos: Mutex<std::ops::Range<u64>>,
+    /// Content this mount waits for from other caches (see [`remote`]).
+    pub(crate) remote: remote::RemoteWaits,
 }
 
 impl std::fmt::Debug for Vfs {
@@ -175,17 +193,18 @@ impl Vfs {
             uploader: uploader::UploaderShared::default(),
             urgent: AtomicUsize::new(0),
             fetches: data::Inflight::default(),
-            session: AtomicU64::new(0),
+            coherence: coherence::Coherence::default(),
             invalidator: std::sync::OnceLock::new(),
             deferred: Mutex::new(Vec::new()),
-            feed_cursor: AtomicU64::new(0),
-            feed_stopped: std::sync::atomic::AtomicBool::new(false),
-            shared: std::sync::atomic::AtomicBool::new(true),
             last_mark_ns: std::sync::atomic::AtomicI64::new(0),
-            track_opens: std::sync::atomic::AtomicBool::new(true),
-            locked_inodes: Mutex::new(std::collections::HashSet::new()),
-            acked_peer: AtomicU64::new(0),
+            locks: locks::LocalLocks::default(),
             kernel_pages: feed::KernelPages::default(),
+            feed_seen: feed::SeenChanges::default(),
+            refs: kernel_refs::KernelRefs::default(),
+            retries: kernel_refs::StaleRetries::default(),
+            hints: hints::Hints::default(),
+            free_inos: Mutex::new(0..0),
+            remote: remote::RemoteWaits::default(),
         });
         vfs.start_session()?;
         vfs.await_peer_acks(feed::JOIN_WAIT);
@@ -196,31 +215,42 @@ impl Vfs {
         Ok(vfs)
     }
 
+    /// This mount's cache id ([`Local::At`] of content held here).
+    pub(crate) fn here(&self) -> Local {
+        Local::At(self.cache.id())
+    }
+
+    /// A fresh inode number (reserved from the engine in batches of 64).
+    pub(crate) fn alloc_ino(&self) -> Result<u64> {
+        let mut r = self.free_inos.lock().map_err(|_| poisoned())?;
+        if r.is_empty() {
+            *r = self.meta.alloc_inos(64)?;
+        }
+        r.next()
+            .ok_or_else(|| VfsError::Io(std::io::Error::other("inode allocation returned nothing")))
+    }
+
     fn recover(&self) -> Result<()> {
         // Orphans: inodes whose last name went away while open, then the process died.
-        let orphans = deskfs_meta::txn(&*self.meta, |t| {
-            let mut v = t.orphan_inodes()?;
-            // Still open through another live mount: that mount purges it at its last close.
-            let mut keep = Vec::new();
-            for ino in &v {
-                if t.open_elsewhere(*ino, 0)? {
-                    keep.push(*ino);
-                } else {
-                    t.delete_inode(*ino)?;
+        // Still open through another live mount: that mount purges it at its last close.
+        let orphans = deskfs_meta::read(&*self.meta, |t| t.orphan_inodes())?;
+        if !orphans.is_empty() {
+            let ops: Vec<Op> = orphans.iter().map(|i| Op::Purge(*i)).collect();
+            let out = self.meta.apply(&ops)?;
+            for (ino, o) in orphans.iter().zip(out) {
+                if o == deskfs_meta::OpOut::Purged(true) {
+                    self.cache.remove_staging(*ino)?;
+                    self.cache.drop_blocks(*ino);
                 }
             }
-            v.retain(|i| !keep.contains(i));
-            Ok(v)
-        })?;
-        for ino in orphans {
-            self.cache.remove_staging(ino)?;
-            self.cache.drop_blocks(ino);
         }
-        // Staging files: keep full ones, drop partial downloads, index clean ones.
+        // Staging files: keep the ones holding their inode's current content here, drop
+        // stale copies (another cache holds a newer version) and partial downloads, index
+        // clean ones.
+        let here = self.here();
         for ino in self.cache.staging_inodes()? {
-            let row = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?;
-            match row {
-                Some(r) if r.local == Local::Full => {
+            match self.meta.get_inode(ino)? {
+                Some(r) if r.local == here => {
                     if !r.dirty {
                         self.cache.staging_clean(ino, r.size);
                     }
@@ -228,12 +258,13 @@ impl Vfs {
                 _ => self.cache.remove_staging(ino)?,
             }
         }
-        // Dirty inodes: their staging file is the truth. Writes that reached it after the
-        // last commit (the daemon died before close) are adopted as a new version, so the
-        // file is never left with local content that differs from what gets uploaded.
+        // Dirty inodes held here: their staging file is the truth. Writes that reached it
+        // after the last commit (the daemon died before close) are adopted as a new
+        // version, so the file is never left with local content that differs from what
+        // gets uploaded.
         let dirty = deskfs_meta::read(&*self.meta, |t| t.dirty_inodes())?;
         for r in dirty {
-            if r.kind != deskfs_meta::Kind::File {
+            if r.kind != deskfs_meta::Kind::File || r.local != here {
                 continue;
             }
             let staging = self.cache.staging_path(r.ino);
@@ -247,7 +278,7 @@ impl Vfs {
                         tracing::error!(
                             ino = r.ino,
                             cache = %self.cache.root().display(),
-                            "dirty inode has no staging file in this cache dir: its unuploaded content is not here (was the workspace mounted with another --cache-dir?)"
+                            "dirty inode has no staging file in its cache dir: its unuploaded content is lost"
                         );
                     }
                     continue;
@@ -259,23 +290,28 @@ impl Vfs {
                 .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
                 .map(|d| d.as_nanos() as i64)
                 .unwrap_or(r.mtime_ns);
-            deskfs_meta::txn(&*self.meta, |t| {
-                let Some(mut cur) = t.get_inode(r.ino)? else {
-                    return Ok(());
-                };
-                if cur.size != md.len() {
-                    cur.size = md.len();
-                    cur.mtime_ns = cur.mtime_ns.max(mtime);
-                    cur.ctime_ns = cur.ctime_ns.max(mtime);
-                }
-                cur.data_version += 1;
-                cur.local = Local::Full;
-                t.update_inode(&cur)?;
-                for p in paths::paths_of(t, r.ino)? {
-                    t.mark_pending(&p, false, now_ns())?;
-                }
-                Ok(())
-            })?;
+            let (mtime, ctime) = if r.size != md.len() {
+                (r.mtime_ns.max(mtime), r.ctime_ns.max(mtime))
+            } else {
+                (r.mtime_ns, r.ctime_ns)
+            };
+            let res = self.meta.apply(&[
+                Op::CommitContent {
+                    ino: r.ino,
+                    size: md.len(),
+                    mtime_ns: mtime,
+                    ctime_ns: ctime,
+                    local: here,
+                },
+                Op::MarkInode {
+                    ino: r.ino,
+                    not_before_ns: now_ns(),
+                },
+            ]);
+            match res {
+                Ok(_) | Err(deskfs_meta::MetaError::Precondition { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
         Ok(())
     }
@@ -286,7 +322,9 @@ impl Vfs {
     /// `timeout` and then returns [`VfsError::Io`] (`TimedOut`) naming what is stuck.
     pub fn sync(&self, timeout: Duration) -> Result<()> {
         self.commit_all()?;
-        let barrier = deskfs_meta::read(&*self.meta, |t| Ok(t.pending_stats()?.last_seq))?;
+        let barrier = deskfs_meta::read(&*self.meta, |t| {
+            Ok::<_, crate::VfsError>(t.pending_stats()?.last_seq)
+        })?;
         self.urgent.fetch_add(1, Ordering::SeqCst);
         self.uploader.kick();
         let start = std::time::Instant::now();
@@ -334,7 +372,8 @@ impl Vfs {
         self.commit_all()?;
         let res = if wait { self.sync(timeout) } else { Ok(()) };
         self.uploader.stop();
-        self.feed_stopped.store(true, Ordering::SeqCst);
+        self.coherence.stop();
+        self.flush_purges_after(Duration::ZERO);
         self.end_session();
         res
     }

@@ -5,19 +5,76 @@
 //! Locks belong to an owner (the kernel's lock-owner id) through this mount's session.
 //! They are released when the owner unlocks, when the owner closes the file (`flush` for
 //! POSIX locks, release of the open file for OFD/flock locks), and when the mount's
-//! session dies (lease: no heartbeat for [`LEASE_NS`], or its daemon is gone).
+//! session dies (its lease expires, or its daemon is gone: see [`crate::session`]).
+//!
+//! A blocked `F_SETLKW`/`flock` waits for a wake-up: an unlock on this mount, or a
+//! [`Signal::LockFreed`] from another (PostgreSQL `NOTIFY`), with a slow poll as the
+//! fallback for engines without notifications and for holders that die.
 
-use std::sync::atomic::Ordering;
+use std::collections::HashSet;
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
-use deskfs_meta::{Ino, LockRow, MetaTxn};
+use deskfs_meta::{Ino, LockRow, MetaError, MetaTxn, Signal};
 
-use crate::{now_ns, Result, Vfs, VfsError};
+use crate::session::pid_alive;
+use crate::{Result, Vfs, VfsError};
 
-/// A session without heartbeat for this long is dead; its locks are released (ns).
-pub const LEASE_NS: i64 = 30_000_000_000;
-/// Heartbeat period.
-pub const HEARTBEAT: Duration = Duration::from_secs(5);
+/// Longest a blocked lock request sleeps between looks at the lock table when nothing
+/// wakes it, with an engine that has no notifications (SQLite: other mounts' unlocks are
+/// seen by looking).
+const LOCK_POLL_MAX: Duration = Duration::from_millis(50);
+/// The same with notifications (PostgreSQL `NOTIFY`): a release anywhere wakes the
+/// waiter; looking is only the fallback for holders that die and leases that expire.
+const LOCK_POLL_NOTIFIED: Duration = Duration::from_secs(1);
+
+/// This mount's side of the lock table: which inodes it may hold locks on (closes of
+/// other files skip the lock table), and the wake-up of blocked requests.
+#[derive(Default)]
+pub(crate) struct LocalLocks {
+    /// Inodes this mount may hold locks on. Changed only while `mu`'s guard is held,
+    /// around the transaction that changes the locks, so it never misses one.
+    held: Mutex<HashSet<Ino>>,
+    /// Serialises this mount's lock transactions with `held`.
+    mu: Mutex<()>,
+    /// Releases on other mounts arrive as signals (the engine notifies).
+    pub(crate) notified: std::sync::atomic::AtomicBool,
+    /// Bumped on every wake-up.
+    gen: Mutex<u64>,
+    cv: Condvar,
+}
+
+impl LocalLocks {
+    fn may_hold(&self, ino: Ino) -> bool {
+        self.held.lock().map(|m| m.contains(&ino)).unwrap_or(true)
+    }
+
+    /// Wakes blocked lock requests (a lock was released somewhere).
+    pub(crate) fn wake(&self) {
+        let mut g = self.gen.lock().unwrap_or_else(|p| p.into_inner());
+        *g += 1;
+        self.cv.notify_all();
+    }
+
+    /// The current wake-up generation.
+    fn generation(&self) -> u64 {
+        *self.gen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sleeps until a wake-up after generation `seen`, or `d`.
+    fn sleep(&self, seen: u64, d: Duration) {
+        let g = self.gen.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self.cv.wait_timeout_while(g, d, |v| *v == seen);
+    }
+
+    /// The session these locks were held through is gone (fenced).
+    pub(crate) fn forget_all(&self) {
+        if let Ok(mut m) = self.held.lock() {
+            m.clear();
+        }
+        self.wake();
+    }
+}
 
 /// `F_RDLCK` / `F_WRLCK` / `F_UNLCK` (Linux values, as the FUSE protocol passes them).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,15 +165,7 @@ fn apply(mine: &[LockRow], new: &LockRow, typ: LockType) -> Vec<LockRow> {
     merged
 }
 
-fn pid_alive(pid: u32) -> bool {
-    pid == 0 || std::path::Path::new(&format!("/proc/{pid}")).exists()
-}
-
 impl Vfs {
-    fn session(&self) -> u64 {
-        self.session.load(Ordering::SeqCst)
-    }
-
     fn conflict(
         &self,
         t: &mut dyn MetaTxn,
@@ -126,7 +175,7 @@ impl Vfs {
         end: u64,
         write: bool,
     ) -> deskfs_meta::Result<Option<LockRow>> {
-        let s = self.session();
+        let s = self.coherence.session();
         Ok(t.locks_on(ino)?.into_iter().find(|l| {
             !(l.session == s && l.owner == owner) && overlaps(l, start, end) && (l.write || write)
         }))
@@ -151,7 +200,7 @@ impl Vfs {
                 },
                 start: l.start,
                 end: l.end,
-                pid: if l.session == self.session() {
+                pid: if l.session == self.coherence.session() {
                     l.pid
                 } else {
                     0
@@ -194,45 +243,52 @@ impl Vfs {
         }
         // Unlocking where this mount holds nothing (SQLite unlocks far more often than it
         // locks) needs no transaction.
-        if typ == LockType::Unlock && !self.may_hold_locks(ino) {
+        if typ == LockType::Unlock && !self.locks.may_hold(ino) {
             return Ok(());
         }
         let mut wait = Duration::from_millis(1);
         loop {
-            let s = self.session();
-            let granted = deskfs_meta::txn(&*self.meta, |t| {
-                if typ != LockType::Unlock
-                    && self
-                        .conflict(t, ino, owner, start, end, typ == LockType::Write)?
-                        .is_some()
-                {
-                    return Ok(false);
-                }
-                let mine: Vec<LockRow> = t
-                    .locks_on(ino)?
-                    .into_iter()
-                    .filter(|l| l.session == s && l.owner == owner)
-                    .collect();
-                let new = LockRow {
-                    ino,
-                    session: s,
-                    owner,
-                    write: typ == LockType::Write,
-                    start,
-                    end,
-                    pid,
-                    fh,
-                };
-                t.set_owner_locks(ino, s, owner, &apply(&mine, &new, typ))?;
-                // Inside the transaction (serialized with every other lock change of
-                // this mount), so the set never misses a lock that exists.
-                if typ != LockType::Unlock {
+            let seen = self.locks.generation();
+            let granted = {
+                let _mu = self.locks.mu.lock().map_err(|_| crate::poisoned())?;
+                let s = self.coherence.session();
+                let granted = deskfs_meta::txn(&*self.meta, |t| {
+                    t.check_session(s)?;
+                    if typ != LockType::Unlock
+                        && self
+                            .conflict(t, ino, owner, start, end, typ == LockType::Write)?
+                            .is_some()
+                    {
+                        return Ok(false);
+                    }
+                    let mine: Vec<LockRow> = t
+                        .locks_on(ino)?
+                        .into_iter()
+                        .filter(|l| l.session == s && l.owner == owner)
+                        .collect();
+                    let new = LockRow {
+                        ino,
+                        session: s,
+                        owner,
+                        write: typ == LockType::Write,
+                        start,
+                        end,
+                        pid,
+                        fh,
+                    };
+                    t.set_owner_locks(ino, s, owner, &apply(&mine, &new, typ))?;
+                    Ok::<_, MetaError>(true)
+                })
+                .map_err(|e| self.on_meta_error(e))?;
+                if granted && typ != LockType::Unlock {
                     self.note_locks(ino);
                 }
-                Ok(true)
-            })?;
+                granted
+            };
             if granted {
-                if typ != LockType::Unlock {
+                if typ == LockType::Unlock {
+                    self.lock_freed(ino);
+                } else {
                     // Like NFS: taking a lock revalidates what this mount has cached, so
                     // the holder sees what the previous holder wrote on another mount.
                     self.revalidate(ino, true)?;
@@ -245,8 +301,22 @@ impl Vfs {
             if !pid_alive(pid) {
                 return Err(VfsError::Interrupted);
             }
-            std::thread::sleep(wait);
-            wait = (wait * 2).min(Duration::from_millis(50));
+            self.locks.sleep(seen, wait);
+            let max = if self.locks.notified.load(std::sync::atomic::Ordering::Relaxed) {
+                LOCK_POLL_NOTIFIED
+            } else {
+                LOCK_POLL_MAX
+            };
+            wait = (wait * 2).min(max);
+        }
+    }
+
+    /// A lock on `ino` was released through this mount: wake local waiters and tell the
+    /// other mounts.
+    fn lock_freed(&self, ino: Ino) {
+        self.locks.wake();
+        if self.shared() {
+            let _ = self.meta.signal(&Signal::LockFreed(ino));
         }
     }
 
@@ -254,41 +324,40 @@ impl Vfs {
     /// for POSIX locks; last close of an open file for OFD/flock locks).
     pub fn release_locks(&self, ino: Ino, owner: u64) -> Result<()> {
         // Every close comes here: most files were never locked through this mount.
-        if !self.may_hold_locks(ino) {
+        if !self.locks.may_hold(ino) {
             return Ok(());
         }
-        let s = self.session();
-        deskfs_meta::txn(&*self.meta, |t| {
+        let _mu = self.locks.mu.lock().map_err(|_| crate::poisoned())?;
+        let s = self.coherence.session();
+        let (freed, none_left) = deskfs_meta::txn(&*self.meta, |t| {
             let all = t.locks_on(ino)?;
-            if all.iter().any(|l| l.session == s && l.owner == owner) {
+            let mine = all.iter().any(|l| l.session == s && l.owner == owner);
+            if mine {
                 t.set_owner_locks(ino, s, owner, &[])?;
             }
-            if !all.iter().any(|l| l.session == s && l.owner != owner) {
-                self.forget_locks(ino);
-            }
-            Ok(())
+            let others_mine = all.iter().any(|l| l.session == s && l.owner != owner);
+            Ok::<_, MetaError>((mine, !others_mine))
         })?;
+        if none_left {
+            self.forget_locks(ino);
+        }
+        drop(_mu);
+        if freed {
+            self.lock_freed(ino);
+        }
         Ok(())
     }
 
-    /// Whether this mount may hold a lock on `ino` (false: it certainly holds none).
-    fn may_hold_locks(&self, ino: Ino) -> bool {
-        self.locked_inodes
-            .lock()
-            .map(|m| m.contains(&ino))
-            .unwrap_or(true)
-    }
-
-    /// A lock on `ino` may be taken through this mount.
+    /// A lock on `ino` may be taken through this mount (caller holds `locks.mu`).
     fn note_locks(&self, ino: Ino) {
-        if let Ok(mut m) = self.locked_inodes.lock() {
+        if let Ok(mut m) = self.locks.held.lock() {
             m.insert(ino);
         }
     }
 
-    /// No lock of this mount is left on `ino`.
+    /// No lock of this mount is left on `ino` (caller holds `locks.mu`).
     fn forget_locks(&self, ino: Ino) {
-        if let Ok(mut m) = self.locked_inodes.lock() {
+        if let Ok(mut m) = self.locks.held.lock() {
             m.remove(&ino);
         }
     }
@@ -296,79 +365,17 @@ impl Vfs {
     /// Drops the locks `owner` took through open file `fh` (the file's last close). A
     /// late release cannot drop a lock that a new open file with a recycled owner id took.
     pub fn release_fh_locks(&self, ino: Ino, owner: u64, fh: u64) -> Result<()> {
-        if !self.may_hold_locks(ino) {
+        if !self.locks.may_hold(ino) {
             return Ok(());
         }
-        let s = self.session();
-        deskfs_meta::txn(&*self.meta, |t| t.delete_fh_locks(ino, s, owner, fh))?;
-        Ok(())
-    }
-
-    /// Registers this mount's session and releases sessions that are dead: same host with
-    /// their daemon gone, or any host without heartbeat for [`LEASE_NS`].
-    pub(crate) fn start_session(&self) -> Result<()> {
-        let host = hostname();
-        let me = std::process::id();
-        let now = now_ns();
-        let id = deskfs_meta::txn(&*self.meta, |t| {
-            for s in t.sessions()? {
-                let dead = (s.host == host && (s.pid == me || !pid_alive(s.pid)))
-                    || now - s.heartbeat_ns > LEASE_NS;
-                if dead {
-                    t.delete_session(s.id)?;
-                }
-            }
-            t.register_session(&host, me, now)
-        })?;
-        self.session.store(id, Ordering::SeqCst);
-        // Follow other mounts' changes from here on; log ours while others are live.
-        self.meta.log_changes_as(id)?;
-        self.reset_feed_cursor()?;
-        Ok(())
-    }
-
-    /// Renews the lease and expires dead sessions (called every [`HEARTBEAT`]).
-    pub(crate) fn heartbeat(&self) {
-        let now = now_ns();
-        let s = self.session();
-        let r = deskfs_meta::txn(&*self.meta, |t| {
-            let host = hostname();
-            for other in t.sessions()? {
-                let gone_here =
-                    other.host == host && other.pid != std::process::id() && !pid_alive(other.pid);
-                if other.id != s && (gone_here || now - other.heartbeat_ns > LEASE_NS) {
-                    tracing::warn!(session = other.id, host = %other.host, pid = other.pid, "mount session expired: releasing its locks");
-                    t.delete_session(other.id)?;
-                }
-            }
-            t.prune_changes(now / 1_000_000 - crate::feed::FEED_KEEP_MS)?;
-            t.heartbeat(s, now)
-        });
-        if let Err(e) = r {
-            tracing::error!(error = %e, "lease renewal failed; registering a new session (locks held through the old one are gone)");
-            let _ = self.start_session();
+        let s = self.coherence.session();
+        {
+            let _mu = self.locks.mu.lock().map_err(|_| crate::poisoned())?;
+            deskfs_meta::txn(&*self.meta, |t| t.delete_fh_locks(ino, s, owner, fh))?;
         }
+        self.lock_freed(ino);
+        Ok(())
     }
-
-    /// Ends this mount's session (its locks and open-file records go with it).
-    pub(crate) fn end_session(&self) {
-        let s = self.session();
-        let _ = deskfs_meta::txn(&*self.meta, |t| {
-            t.delete_session(s)?;
-            t.set_kv(&format!("feed_ack.{s}"), "0")
-        });
-    }
-}
-
-fn hostname() -> String {
-    nix_hostname().unwrap_or_else(|| "localhost".into())
-}
-
-fn nix_hostname() -> Option<String> {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
 }
 
 #[cfg(test)]

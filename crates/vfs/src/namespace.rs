@@ -1,16 +1,17 @@
 //! Namespace operations: POSIX rules for lookup, create, unlink, rename, link, readdir,
-//! attributes and xattrs — written once here, on top of the metadata engine's
-//! transactions. Each namespace change is one transaction that also marks the affected
-//! workspace paths pending for the uploader.
+//! attributes and xattrs — written once here, above the metadata engines. Each namespace
+//! change is one batch of storage ops ([`deskfs_meta::Op`], applied in one round trip by
+//! [`Vfs::change`]) that also marks the affected workspace paths pending for the
+//! uploader; its expectations guard the facts the decision used.
 
-use std::collections::BTreeMap;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use deskfs_meta::{Ino, InodeRow, Kind, Local, MetaTxn, ROOT_INO};
+use deskfs_meta::{
+    AttrUpdate, Ino, InodeRow, Kind, Local, MetaTxn, Op, OpOut, XattrMode, ROOT_INO,
+};
 
-use crate::handles::Handle;
-use crate::paths::{dir_path, join};
+use crate::changes::{Batch, Facts, Node, OnFail, Plan};
+use crate::handles::{Handle, OpenRecord};
 use crate::types::{rename_flags, xattr_flags, Attr, Ctx, DirEntry, SetAttr, SetTime, StatFs};
 use crate::{attr_of, now_ns, poisoned, Result, Vfs, VfsError};
 
@@ -20,6 +21,10 @@ pub const NAME_MAX: usize = 255;
 pub const XATTR_SIZE_MAX: usize = 65536;
 /// Most hard links of one inode (`LINK_MAX`; ext4's `EXT4_LINK_MAX`).
 pub const LINK_MAX: u32 = 65000;
+/// While other mounts are live, an inode that lost its last name is purged no sooner than
+/// this: an open another mount began while it still had its name (a path resolved a
+/// moment before a rename over it) can still complete, as on ext4.
+pub const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 /// Directory entries returned per readdir call.
 const READDIR_BATCH: usize = 128;
 
@@ -55,32 +60,17 @@ pub(crate) fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn get(t: &mut dyn MetaTxn, ino: Ino) -> Result<InodeRow> {
-    t.get_inode(ino)?.ok_or(VfsError::NotFound)
-}
-
 fn get_dir(t: &mut dyn MetaTxn, ino: Ino) -> Result<InodeRow> {
-    let r = get(t, ino)?;
+    let r = t.get_inode(ino)?.ok_or(VfsError::Stale)?;
     if r.kind != Kind::Dir {
         return Err(VfsError::NotDir);
     }
     Ok(r)
 }
 
-/// Applies link-count deltas and mtime/ctime = `now` to directories, merging repeats.
-fn touch_dirs(t: &mut dyn MetaTxn, dirs: &[(Ino, i64)], now: i64) -> Result<()> {
-    let mut merged: BTreeMap<Ino, i64> = BTreeMap::new();
-    for (ino, d) in dirs {
-        *merged.entry(*ino).or_default() += d;
-    }
-    for (ino, delta) in merged {
-        let mut r = get(t, ino)?;
-        r.nlink = (r.nlink as i64 + delta).max(0) as u32;
-        r.mtime_ns = now;
-        r.ctime_ns = now;
-        t.update_inode(&r)?;
-    }
-    Ok(())
+/// Whether an inode's attributes say it is a directory.
+fn is_dir(n: &Node) -> bool {
+    n.hint.kind == Kind::Dir
 }
 
 impl Vfs {
@@ -91,6 +81,8 @@ impl Vfs {
             .store(now_ns(), std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// When a path marked now may be uploaded (the coalescing delay), and a note that
+    /// the request path is busy.
     pub(crate) fn not_before(&self) -> i64 {
         let now = now_ns();
         self.last_mark_ns
@@ -98,26 +90,84 @@ impl Vfs {
         now + self.cfg.upload_delay.as_nanos() as i64
     }
 
-    /// Marks `parent/name` pending for the uploader (no-op if `parent` is unreachable).
-    pub(crate) fn mark_name(
-        &self,
-        t: &mut dyn MetaTxn,
-        parent: Ino,
-        name: &[u8],
-        recursive: bool,
-    ) -> Result<()> {
-        if let Some(dir) = dir_path(t, parent)? {
-            t.mark_pending(&join(&dir, name), recursive, self.not_before())?;
+    /// A pending mark of `parent/name` for the uploader.
+    pub(crate) fn mark(&self, parent: Ino, name: &[u8], recursive: bool) -> Op {
+        Op::MarkPath {
+            parent,
+            name: name.to_vec(),
+            recursive,
+            not_before_ns: self.not_before(),
+        }
+    }
+
+    /// Whether this mount has `ino` open (handles) or holds uncommitted writes of it. A
+    /// state another thread has locked right now counts as held (the safe answer for
+    /// purge decisions).
+    pub(crate) fn is_open(&self, ino: Ino) -> bool {
+        let st = match self.inodes.lock() {
+            Ok(m) => m.get(&ino).cloned(),
+            Err(_) => return true,
+        };
+        match st {
+            None => false,
+            Some(st) => match st.try_lock() {
+                Ok(s) => s.open_count > 0 || s.uncommitted,
+                Err(std::sync::TryLockError::WouldBlock) => true,
+                Err(std::sync::TryLockError::Poisoned(_)) => true,
+            },
+        }
+    }
+
+    /// Whether `ino` must outlive its last name for this mount: open here, or held by
+    /// this mount's kernel (a process may have resolved a path to it a moment ago).
+    pub(crate) fn keeps(&self, ino: Ino) -> bool {
+        self.is_open(ino) || self.refs.held(ino)
+    }
+
+    /// Whether this mount may serve `row` (`held`: open or written here): a live inode,
+    /// or an orphan this mount keeps (its own open files and kernel references).
+    /// Another mount's orphan is `ESTALE`, so the kernel walks the path again and finds
+    /// what replaced it.
+    pub(crate) fn servable(&self, row: &InodeRow, held: bool) -> Result<()> {
+        if row.nlink == 0 && row.kind != Kind::Dir && !held && !self.refs.is_kept_orphan(row.ino) {
+            return Err(VfsError::Stale);
         }
         Ok(())
     }
 
-    /// Whether this mount holds in-memory state (open handles) for `ino`.
-    pub(crate) fn is_open(&self, ino: Ino) -> bool {
-        self.inodes
-            .lock()
-            .map(|m| m.contains_key(&ino))
-            .unwrap_or(true)
+    /// The error for a request naming inode `ino` that does not exist: `ESTALE` (the
+    /// kernel walks the path again), or `ENOENT` for a directory known to be removed (a
+    /// removed working directory answers that on ext4).
+    pub(crate) fn gone(&self, ino: Ino) -> VfsError {
+        if self.hints.kind(ino) == Some(Kind::Dir) {
+            VfsError::NotFound
+        } else {
+            VfsError::Stale
+        }
+    }
+
+    /// The row of `ino` as an inode-addressed request needs it: `ESTALE` when it is gone
+    /// (for a directory `ENOENT`, as a removed working directory answers on ext4) or an
+    /// orphan this mount does not keep.
+    pub(crate) fn current(&self, ino: Ino) -> Result<InodeRow> {
+        self.current_held(ino, None)
+    }
+
+    /// [`Vfs::current`] with what the caller knows of its state lock: `Some(held)` when
+    /// it holds the inode's state locked (then `is_open` must not be asked).
+    pub(crate) fn current_held(&self, ino: Ino, held: Option<bool>) -> Result<InodeRow> {
+        match self.meta.get_inode(ino)? {
+            Some(r) => {
+                let held = match held {
+                    Some(h) => h,
+                    None => self.is_open(ino),
+                };
+                self.servable(&r, held)?;
+                self.hints.note_row(&r);
+                Ok(r)
+            }
+            None => Err(self.gone(ino)),
+        }
     }
 
     /// Attributes with uncommitted in-memory size/mtime applied.
@@ -141,13 +191,13 @@ impl Vfs {
         a
     }
 
-    fn new_row(&self, ctx: &Ctx, parent: &InodeRow, kind: Kind, perm: u32) -> InodeRow {
-        let now = now_ns();
+    /// A row for a new inode of `kind` in directory `parent` (hint of its attributes).
+    fn new_row(&self, ctx: &Ctx, parent: &Node, kind: Kind, perm: u32, now: i64) -> InodeRow {
         let mut perm = perm & 0o7777;
         let mut gid = ctx.gid;
-        if parent.perm & 0o2000 != 0 {
+        if parent.hint.perm & 0o2000 != 0 {
             // BSD group semantics of a setgid directory (ext4 behaviour).
-            gid = parent.gid;
+            gid = parent.hint.gid;
             if kind == Kind::Dir {
                 perm |= 0o2000;
             }
@@ -173,7 +223,17 @@ impl Vfs {
         }
     }
 
-    /// Creates a new inode named `parent/name` in one transaction.
+    /// The facts every change inside directory `parent` starts from: it exists and is a
+    /// directory (`ENOENT`/`ENOTDIR` otherwise), with its attributes.
+    fn dir_facts(&self, f: &Facts<'_>, parent: Ino) -> Result<Node> {
+        let p = f.inode(parent)?.ok_or_else(|| self.gone(parent))?;
+        if !is_dir(&p) {
+            return Err(VfsError::NotDir);
+        }
+        Ok(p)
+    }
+
+    /// Creates a new inode named `parent/name` in one batch.
     pub(crate) fn create_node(
         &self,
         ctx: &Ctx,
@@ -190,18 +250,22 @@ impl Vfs {
         } = spec;
         check_name(name)?;
         self.ensure_listed(parent, false)?;
-        deskfs_meta::txn(&*self.meta, |t| {
-            let p = get_dir(t, parent)?;
-            if p.nlink == 0 {
-                return Err(VfsError::NotFound.into_meta());
+        let ino = self.alloc_ino()?;
+        let row = self.change(|f| {
+            let p = self.dir_facts(f, parent)?;
+            if f.fresh() {
+                // The decisive reads: a removed directory, a taken name, too many links.
+                let prow = f.row(parent)?.ok_or(VfsError::NotFound)?;
+                if prow.nlink == 0 {
+                    return Err(VfsError::NotFound);
+                }
+                if kind == Kind::Dir && prow.nlink >= LINK_MAX {
+                    return Err(VfsError::TooManyLinks);
+                }
             }
-            if t.lookup(parent, name)?.is_some() {
-                return Err(VfsError::Exists.into_meta());
-            }
-            if kind == Kind::Dir && p.nlink >= LINK_MAX {
-                return Err(VfsError::TooManyLinks.into_meta());
-            }
-            let mut row = self.new_row(ctx, &p, kind, perm);
+            let now = now_ns();
+            let mut row = self.new_row(ctx, &p, kind, perm, now);
+            row.ino = ino;
             row.rdev = rdev;
             if let Some(tg) = target {
                 row.size = tg.len() as u64;
@@ -209,55 +273,89 @@ impl Vfs {
             }
             if kind == Kind::File {
                 // Empty files need no download: their (empty) content is local.
-                row.local = Local::Full;
+                row.local = self.here();
                 row.dirty = true;
                 row.data_version = 1;
             }
-            row.ino = t.insert_inode(&row)?;
-            t.insert_dentry(parent, name, row.ino)?;
+            let mut b = Batch::new(self);
+            b.guard(Op::ExpectAttrs {
+                ino: parent,
+                perm: p.hint.perm,
+                uid: p.hint.uid,
+                gid: p.hint.gid,
+            });
+            b.guard(Op::TouchDir {
+                ino: parent,
+                nlink_delta: (kind == Kind::Dir) as i64,
+                time_ns: now,
+            });
+            b.guard(Op::InsertInode(row.clone()));
+            b.push(
+                Op::InsertDentry {
+                    parent,
+                    name: name.to_vec(),
+                    ino,
+                },
+                OnFail::Errno(libc::EEXIST),
+            );
             if let Some(session) = open_in {
-                t.add_open(row.ino, session, 1)?;
+                b.guard(Op::AddOpen {
+                    ino,
+                    session,
+                    delta: 1,
+                });
             }
-            touch_dirs(
-                t,
-                &[(parent, if kind == Kind::Dir { 1 } else { 0 })],
-                row.ctime_ns,
-            )?;
-            self.mark_name(t, parent, name, false)?;
-            Ok(row)
-        })
-        .map_err(VfsError::from_meta)
-        .and_then(|row| {
-            if row.kind == Kind::File {
-                // The staging file exists from birth: the empty content is local.
-                self.cache.open_staging(row.ino, true)?;
-            }
-            Ok(row)
-        })
+            b.guard(self.mark(parent, name, false));
+            Ok(Plan::Apply(b, Box::new(move |_| Ok(row))))
+        })?;
+        if row.kind == Kind::File {
+            // The staging file exists from birth: the empty content is local.
+            self.cache.open_staging(row.ino, true)?;
+        }
+        self.hints.note_row(&row);
+        self.hints.note_entry(parent, name, row.ino);
+        self.refs.looked_up(row.ino);
+        Ok(row)
     }
 
-    /// `lookup`: the attributes of `parent/name`. Errors: `ENOENT`, `ENOTDIR`,
-    /// `ENAMETOOLONG`. Lists the directory from the bucket first if it was never listed.
-    pub fn lookup(&self, _ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Attr> {
+    /// `lookup`: the attributes of `parent/name` (the kernel now holds a reference to the
+    /// inode). Errors: `ENOENT`, `ENAMETOOLONG`. Lists the directory from the bucket
+    /// first if it was never listed.
+    pub fn lookup(&self, ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<Attr> {
         if name.len() > NAME_MAX {
             return Err(VfsError::NameTooLong);
         }
         self.ensure_listed(parent, false)?;
-        let row = deskfs_meta::read(&*self.meta, |t| {
-            let p = get_dir(t, parent).map_err(VfsError::into_meta)?;
-            let ino = if name == b"." {
-                p.ino
-            } else if name == b".." {
-                self.parent_of(t, p.ino)?
+        let row = if name == b"." || name == b".." {
+            let me = self.current(parent)?;
+            if me.kind != Kind::Dir {
+                return Err(VfsError::NotDir);
+            }
+            if name == b"." {
+                Some(me)
             } else {
-                match t.lookup(parent, name)? {
-                    Some(d) => d.ino,
-                    None => return Err(VfsError::NotFound.into_meta()),
-                }
-            };
-            get(t, ino).map_err(VfsError::into_meta)
-        })
-        .map_err(VfsError::from_meta)?;
+                let p = deskfs_meta::read(&*self.meta, |t| self.parent_of(t, parent))?;
+                self.meta.get_inode(p)?
+            }
+        } else {
+            self.meta.lookup(parent, name)?
+        };
+        let Some(row) = row else {
+            // A miss: the parent decides between ENOENT and ENOTDIR.
+            return Err(match self.hints.kind(parent) {
+                Some(Kind::Dir) => VfsError::NotFound,
+                Some(_) => VfsError::NotDir,
+                None => match self.meta.get_inode(parent)? {
+                    Some(p) if p.kind != Kind::Dir => VfsError::NotDir,
+                    Some(_) => VfsError::NotFound,
+                    None => self.gone(parent),
+                },
+            });
+        };
+        self.hints.note_row(&row);
+        self.hints.note_entry(parent, name, row.ino);
+        self.refs.looked_up(row.ino);
+        self.retries.looked_up(ctx.pid, row.ino);
         Ok(self.overlay(&row))
     }
 
@@ -271,19 +369,88 @@ impl Vfs {
             .unwrap_or(ROOT_INO))
     }
 
-    /// Kernel `forget`: nothing is pinned by lookups in deskfs, so this is a no-op.
-    pub fn forget(&self, _ino: Ino, _nlookup: u64) {}
+    /// Kernel `forget`: the kernel dropped `nlookup` references to `ino`. An orphan kept
+    /// for the kernel is purged when its last reference and handle are gone.
+    pub fn forget(&self, ino: Ino, nlookup: u64) {
+        self.forget_many(&[(ino, nlookup)]);
+    }
 
-    /// `getattr`. Errors: `ENOENT`.
+    /// Kernel `batch_forget`: [`Vfs::forget`] for many inodes. Orphans released are
+    /// purged by the feed thread within [`crate::feed::FEED_POLL`], many per batch.
+    pub fn forget_many(&self, items: &[(Ino, u64)]) {
+        for (ino, n) in items {
+            if self.refs.forget(*ino, *n) && !self.keeps(*ino) {
+                self.refs.queue_purge(*ino);
+            }
+        }
+    }
+
+    /// Purges the queued orphans that nothing holds again meanwhile (after
+    /// [`ORPHAN_GRACE`] while other mounts are live).
+    pub(crate) fn flush_purges(&self) {
+        let grace = if self.shared() {
+            ORPHAN_GRACE
+        } else {
+            std::time::Duration::ZERO
+        };
+        self.flush_purges_after(grace);
+    }
+
+    /// Purges the queued orphans queued at least `grace` ago (all at shutdown).
+    pub(crate) fn flush_purges_after(&self, grace: std::time::Duration) {
+        let q: Vec<Ino> = self
+            .refs
+            .take_due(grace)
+            .into_iter()
+            .filter(|i| !self.keeps(*i))
+            .collect();
+        for chunk in q.chunks(256) {
+            self.purge_now(chunk);
+        }
+    }
+
+    /// Purges the orphans `inos` (those still unreferenced everywhere), with their local
+    /// data.
+    pub(crate) fn purge_now(&self, inos: &[Ino]) {
+        let ops: Vec<Op> = inos.iter().map(|i| Op::Purge(*i)).collect();
+        match self.meta.apply(&ops) {
+            Ok(out) => {
+                for (ino, o) in inos.iter().zip(out) {
+                    self.refs.drop_orphan(*ino);
+                    if o == OpOut::Purged(true) {
+                        self.purge_local(*ino);
+                    }
+                }
+            }
+            // Left as orphans: the next mount's recovery purges them.
+            Err(e) => tracing::warn!(error = %e, "cannot purge orphans"),
+        }
+    }
+
+    /// `ino` lost its last name while this mount keeps it: it stays an orphan until the
+    /// last handle or kernel reference goes (re-checked here, as the kernel may have let
+    /// go meanwhile).
+    pub(crate) fn settle_orphan(&self, ino: Ino) {
+        self.refs.keep_orphan(ino);
+        if !self.keeps(ino) {
+            if self.shared() {
+                // Other mounts may be opening it right now (see ORPHAN_GRACE).
+                self.refs.queue_purge(ino);
+            } else {
+                self.purge_now(&[ino]);
+            }
+        }
+    }
+
+    /// `getattr`. Errors: `ESTALE` (the inode is gone: the kernel walks the path again).
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        let row =
-            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let row = self.current(ino)?;
         Ok(self.overlay(&row))
     }
 
     /// `setattr`: chmod, chown, truncate (both ways), utimensat (ns, `UTIME_NOW`,
     /// `UTIME_OMIT` = `None`). Permission checks are the kernel's (`default_permissions`).
-    /// Errors: `ENOENT`, `EISDIR` (truncate of a directory), `EINVAL`.
+    /// Errors: `ESTALE`, `EISDIR` (truncate of a directory), `EINVAL`.
     pub fn setattr(&self, ctx: &Ctx, ino: Ino, set: &SetAttr) -> Result<Attr> {
         if let Some(size) = set.size {
             // Truncation by an unprivileged caller drops setuid/setgid (killpriv v2: the
@@ -293,68 +460,79 @@ impl Vfs {
             }
             self.truncate(ino, size)?;
         }
-        let now = now_ns();
         let needs_meta = set.mode.is_some()
             || set.uid.is_some()
             || set.gid.is_some()
             || set.atime.is_some()
             || set.mtime.is_some();
-        if needs_meta {
-            let t_of = |s: SetTime| match s {
-                SetTime::Now => now,
-                SetTime::At(ns) => ns,
-            };
-            // An explicit mtime wins over uncommitted writes' mtime.
-            if let Some(m) = set.mtime {
-                self.with_state(ino, |st| {
-                    if st.loaded {
-                        st.mtime_ns = t_of(m);
-                    }
-                })?;
-            }
-            let row = deskfs_meta::txn(&*self.meta, |t| {
-                let mut r = get(t, ino).map_err(VfsError::into_meta)?;
-                if let Some(mode) = set.mode {
-                    r.perm = mode & 0o7777;
-                }
-                if set.uid.is_some() || set.gid.is_some() {
-                    let changes_owner =
-                        set.uid.is_some_and(|u| u != r.uid) || set.gid.is_some_and(|g| g != r.gid);
-                    if let Some(u) = set.uid {
-                        r.uid = u;
-                    }
-                    if let Some(g) = set.gid {
-                        r.gid = g;
-                    }
-                    // chown clears setuid, and setgid when group-executable (Linux).
-                    if changes_owner && r.kind != Kind::Dir && set.mode.is_none() {
-                        r.perm &= !0o4000;
-                        if r.perm & 0o010 != 0 {
-                            r.perm &= !0o2000;
-                        }
-                    }
-                }
-                if let Some(a) = set.atime {
-                    r.atime_ns = t_of(a);
-                }
-                if let Some(m) = set.mtime {
-                    r.mtime_ns = t_of(m);
-                }
-                r.ctime_ns = now;
-                t.update_inode(&r)?;
-                for (parent, name) in t.names_of(ino)? {
-                    self.mark_name(t, parent, &name, false)?;
-                }
-                Ok(r)
-            })?;
+        if !needs_meta {
+            return self.getattr(ino);
+        }
+        let now = now_ns();
+        let t_of = |s: SetTime| match s {
+            SetTime::Now => now,
+            SetTime::At(ns) => ns,
+        };
+        // An explicit mtime wins over uncommitted writes' mtime.
+        if let Some(m) = set.mtime {
             self.with_state(ino, |st| {
                 if st.loaded {
-                    st.ctime_ns = now;
+                    st.mtime_ns = t_of(m);
                 }
             })?;
-            return Ok(self.overlay(&row));
         }
-        self.getattr(ino)
+        let row = self.change(|f| {
+            let cur = f.inode(ino)?.ok_or(VfsError::Stale)?;
+            let mut b = Batch::new(self);
+            let mut perm = set.mode.map(|m| m & 0o7777);
+            let changes_owner = set.uid.is_some_and(|u| u != cur.hint.uid)
+                || set.gid.is_some_and(|g| g != cur.hint.gid);
+            // chown clears setuid, and setgid when group-executable (Linux), judged on the
+            // mode it had: guarded.
+            if changes_owner && cur.hint.kind != Kind::Dir && set.mode.is_none() {
+                let mut p = cur.hint.perm & !0o4000;
+                if p & 0o010 != 0 {
+                    p &= !0o2000;
+                }
+                if p != cur.hint.perm {
+                    b.guard(Op::ExpectAttrs {
+                        ino,
+                        perm: cur.hint.perm,
+                        uid: cur.hint.uid,
+                        gid: cur.hint.gid,
+                    });
+                    perm = Some(p);
+                }
+            }
+            b.guard(Op::SetAttrs {
+                ino,
+                set: AttrUpdate {
+                    perm,
+                    uid: set.uid,
+                    gid: set.gid,
+                    atime_ns: set.atime.map(t_of),
+                    mtime_ns: set.mtime.map(t_of),
+                    ctime_ns: Some(now),
+                    ..Default::default()
+                },
+            });
+            b.guard(Op::MarkInode {
+                ino,
+                not_before_ns: self.not_before(),
+            });
+            let get = b.guard(Op::GetInode(ino));
+            Ok(Plan::Apply(
+                b,
+                Box::new(move |out| out[get].row().cloned().ok_or(VfsError::Stale)),
+            ))
+        })?;
+        self.hints.note_row(&row);
+        self.with_state(ino, |st| {
+            if st.loaded {
+                st.ctime_ns = now;
+            }
+        })?;
+        Ok(self.overlay(&row))
     }
 
     /// Drops the privileges a write or truncate by an unprivileged caller must drop
@@ -363,7 +541,7 @@ impl Vfs {
     /// group-executable or the caller is not in its group (judged by the caller's primary
     /// gid: FUSE does not pass supplementary groups); the `security.capability` xattr.
     /// ctime changes, and the kernel's cached attributes are dropped, only when something
-    /// was dropped. Errors: `ENOENT`.
+    /// was dropped. Errors: `ESTALE`.
     pub fn kill_privs(&self, ctx: &Ctx, ino: Ino) -> Result<()> {
         const CAPS: &[u8] = b"security.capability";
         let kill = |perm: u32, gid: u32| {
@@ -373,38 +551,55 @@ impl Vfs {
             }
             p
         };
-        let (row, has_caps) = deskfs_meta::read(&*self.meta, |t| {
-            Ok((t.get_inode(ino)?, t.get_xattr(ino, CAPS)?.is_some()))
-        })?;
-        let row = row.ok_or(VfsError::NotFound)?;
-        if row.kind != Kind::File || (kill(row.perm, row.gid) == row.perm && !has_caps) {
-            return Ok(());
-        }
         let now = now_ns();
-        deskfs_meta::txn(&*self.meta, |t| {
-            let mut r = get(t, ino).map_err(VfsError::into_meta)?;
-            r.perm = kill(r.perm, r.gid);
-            r.ctime_ns = now;
-            t.update_inode(&r)?;
-            t.remove_xattr(ino, CAPS)?;
-            for (parent, name) in t.names_of(ino)? {
-                self.mark_name(t, parent, &name, false)?;
+        let dropped = self.change(|f| {
+            let row = f.row(ino)?.ok_or(VfsError::Stale)?;
+            let has_caps = deskfs_meta::read(&*self.meta, |t| t.get_xattr(ino, CAPS))?.is_some();
+            let perm = kill(row.perm, row.gid);
+            if row.kind != Kind::File || (perm == row.perm && !has_caps) {
+                return Ok(Plan::Done(false));
             }
-            Ok(())
-        })?;
-        self.with_state(ino, |st| {
-            if st.loaded {
-                st.ctime_ns = now;
+            let mut b = Batch::new(self);
+            b.guard(Op::ExpectAttrs {
+                ino,
+                perm: row.perm,
+                uid: row.uid,
+                gid: row.gid,
+            });
+            b.guard(Op::SetAttrs {
+                ino,
+                set: AttrUpdate {
+                    perm: Some(perm),
+                    ctime_ns: Some(now),
+                    ..Default::default()
+                },
+            });
+            if has_caps {
+                b.guard(Op::RemoveXattr {
+                    ino,
+                    name: CAPS.to_vec(),
+                });
             }
+            b.guard(Op::MarkInode {
+                ino,
+                not_before_ns: self.not_before(),
+            });
+            Ok(Plan::Apply(b, Box::new(|_| Ok(true))))
         })?;
-        self.invalidate_now(&crate::Invalidation::Attrs(ino));
+        if dropped {
+            self.with_state(ino, |st| {
+                if st.loaded {
+                    st.ctime_ns = now;
+                }
+            })?;
+            self.invalidate_now(&crate::Invalidation::Attrs(ino));
+        }
         Ok(())
     }
 
-    /// `readlink`. Errors: `ENOENT`, `EINVAL` (not a symlink).
+    /// `readlink`. Errors: `ESTALE`, `EINVAL` (not a symlink).
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let row =
-            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let row = self.current(ino)?;
         match (row.kind, row.target) {
             (Kind::Symlink, Some(t)) => Ok(t),
             _ => Err(VfsError::Invalid),
@@ -438,7 +633,7 @@ impl Vfs {
         Ok(attr_of(&row))
     }
 
-    /// `mkdir`. Errors: `EEXIST`, `ENOENT`, `ENOTDIR`, `ENAMETOOLONG`.
+    /// `mkdir`. Errors: `EEXIST`, `ENOENT`, `ENOTDIR`, `ENAMETOOLONG`, `EMLINK`.
     pub fn mkdir(
         &self,
         ctx: &Ctx,
@@ -453,6 +648,7 @@ impl Vfs {
             name,
             NodeSpec::new(Kind::Dir, mode & !umask & 0o7777),
         )?;
+        self.hints.set_listed(row.ino);
         Ok(attr_of(&row))
     }
 
@@ -473,8 +669,9 @@ impl Vfs {
         Ok(attr_of(&row))
     }
 
-    /// Drops an inode's local data after its last name and handle went away.
+    /// Drops an inode's local data after it was purged.
     pub(crate) fn purge_local(&self, ino: Ino) {
+        self.forget_orphan_object(ino);
         // Its staging file can serve a new file, unless another mount (which may share
         // this cache dir and upload from it) is live.
         let res = if self.shared() {
@@ -486,62 +683,81 @@ impl Vfs {
             tracing::warn!(ino, error = %e, "cannot remove staging file");
         }
         self.cache.drop_blocks(ino);
+        self.hints.forget_inode(ino);
     }
 
-    /// Removes one name of a non-directory inside a transaction; returns the inode when it
-    /// must be purged (last link gone and not open).
+    /// Adds to `b` the removal of the name `parent/name` of non-directory `x`: one link
+    /// less, and the inode's purge when this mount does not keep it. Returns the index
+    /// of the op reporting the purge, if any, and of the `GetInode` giving its nlink.
     fn drop_link(
         &self,
-        t: &mut dyn MetaTxn,
+        b: &mut Batch,
         parent: Ino,
         name: &[u8],
+        x: Ino,
         now: i64,
-    ) -> deskfs_meta::Result<Option<Ino>> {
-        let d = t
-            .lookup(parent, name)?
-            .ok_or_else(|| VfsError::NotFound.into_meta())?;
-        let mut r = t
-            .get_inode(d.ino)?
-            .ok_or_else(|| VfsError::NotFound.into_meta())?;
-        t.delete_dentry(parent, name)?;
-        r.nlink = r.nlink.saturating_sub(1);
-        r.ctime_ns = now;
-        if r.nlink == 0 && !self.is_open(r.ino) && !t.open_elsewhere(r.ino, 0)? {
-            t.delete_inode(r.ino)?;
-            return Ok(Some(r.ino));
+    ) -> (Option<usize>, usize) {
+        b.guard(Op::DeleteDentry {
+            parent,
+            name: name.to_vec(),
+            ino: x,
+        });
+        b.guard(Op::AddNlink {
+            ino: x,
+            delta: -1,
+            ctime_ns: now,
+        });
+        // Purged at once only while alone: another mount may be opening it (ORPHAN_GRACE).
+        let purge = (!self.keeps(x) && !self.shared()).then(|| b.guard(Op::Purge(x)));
+        let get = b.guard(Op::GetInode(x));
+        (purge, get)
+    }
+
+    /// After a batch that removed a name of `x`: local cleanup of a purged inode, or an
+    /// orphan kept for this mount.
+    fn after_drop(&self, x: Ino, out: &[OpOut], purge: Option<usize>, get: usize) {
+        if purge.is_some_and(|i| out[i] == OpOut::Purged(true)) {
+            self.purge_local(x);
+            return;
         }
-        t.update_inode(&r)?;
-        Ok(None)
+        if out[get].row().is_some_and(|r| r.nlink == 0) {
+            self.settle_orphan(x);
+        }
     }
 
     /// `unlink`. An open file stays readable and writable through its handles until the
-    /// last close. Errors: `ENOENT`, `EISDIR`, `ENOTDIR`.
+    /// last close (and an inode the kernel still holds stays until it forgets it).
+    /// Errors: `ENOENT`, `EISDIR`, `ENOTDIR`.
     pub fn unlink(&self, _ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
         check_name(name)?;
         self.ensure_listed(parent, false)?;
-        let now = now_ns();
-        let purged = deskfs_meta::txn(&*self.meta, |t| {
-            get_dir(t, parent).map_err(VfsError::into_meta)?;
-            let d = t
-                .lookup(parent, name)?
-                .ok_or_else(|| VfsError::NotFound.into_meta())?;
-            let r = get(t, d.ino).map_err(VfsError::into_meta)?;
-            if r.kind == Kind::Dir {
-                return Err(VfsError::IsDir.into_meta());
+        self.change(|f| {
+            self.dir_facts(f, parent)?;
+            let x = f.entry(parent, name)?.ok_or(VfsError::NotFound)?;
+            if is_dir(&x) {
+                return Err(VfsError::IsDir);
             }
-            let purged = self.drop_link(t, parent, name, now)?;
-            touch_dirs(t, &[(parent, 0)], now)?;
-            self.mark_name(t, parent, name, false)?;
-            Ok(purged)
+            let now = now_ns();
+            let mut b = Batch::new(self);
+            b.guard(Op::TouchDir {
+                ino: parent,
+                nlink_delta: 0,
+                time_ns: now,
+            });
+            let (purge, get) = self.drop_link(&mut b, parent, name, x.ino, now);
+            b.guard(self.mark(parent, name, false));
+            Ok(Plan::Apply(
+                b,
+                Box::new(move |out| {
+                    self.hints.forget_entry(parent, name);
+                    self.after_drop(x.ino, out, purge, get);
+                    Ok(())
+                }),
+            ))
         })
-        .map_err(VfsError::from_meta)?;
-        if let Some(ino) = purged {
-            self.purge_local(ino);
-        }
-        Ok(())
     }
 
-    /// `rmdir`. Errors: `ENOENT`, `ENOTDIR`, `ENOTEMPTY`, `EBUSY` never (no mount points).
+    /// `rmdir`. Errors: `ENOENT`, `ENOTDIR`, `ENOTEMPTY`, `EINVAL` (`.`).
     pub fn rmdir(&self, _ctx: &Ctx, parent: Ino, name: &[u8]) -> Result<()> {
         if name == b"." {
             return Err(VfsError::Invalid);
@@ -552,55 +768,51 @@ impl Vfs {
         check_name(name)?;
         self.ensure_listed(parent, false)?;
         // Children that exist only in the bucket make the directory non-empty too.
-        let child = deskfs_meta::read(&*self.meta, |t| t.lookup(parent, name))?;
-        if let Some(d) = &child {
+        if let Some(d) = self.meta.lookup(parent, name)? {
             self.ensure_listed(d.ino, false)?;
         }
-        let now = now_ns();
-        deskfs_meta::txn(&*self.meta, |t| {
-            get_dir(t, parent).map_err(VfsError::into_meta)?;
-            let d = t
-                .lookup(parent, name)?
-                .ok_or_else(|| VfsError::NotFound.into_meta())?;
-            let r = get(t, d.ino).map_err(VfsError::into_meta)?;
-            if r.kind != Kind::Dir {
-                return Err(VfsError::NotDir.into_meta());
+        self.change(|f| {
+            self.dir_facts(f, parent)?;
+            let d = f.entry(parent, name)?.ok_or(VfsError::NotFound)?;
+            if !is_dir(&d) {
+                return Err(VfsError::NotDir);
             }
-            if t.has_children(r.ino)? {
-                return Err(VfsError::NotEmpty.into_meta());
-            }
-            t.delete_dentry(parent, name)?;
-            t.delete_inode(r.ino)?;
-            touch_dirs(t, &[(parent, -1)], now)?;
-            self.mark_name(t, parent, name, true)?;
-            Ok(())
+            let now = now_ns();
+            let mut b = Batch::new(self);
+            b.guard(Op::TouchDir {
+                ino: parent,
+                nlink_delta: -1,
+                time_ns: now,
+            });
+            // Lock the directory itself: a create inside it cannot slip in between.
+            b.guard(Op::TouchDir {
+                ino: d.ino,
+                nlink_delta: 0,
+                time_ns: now,
+            });
+            b.push(Op::ExpectEmpty(d.ino), OnFail::Errno(libc::ENOTEMPTY));
+            b.guard(Op::DeleteDentry {
+                parent,
+                name: name.to_vec(),
+                ino: d.ino,
+            });
+            b.guard(Op::DeleteInode(d.ino));
+            b.guard(self.mark(parent, name, true));
+            Ok(Plan::Apply(
+                b,
+                Box::new(move |_| {
+                    self.hints.forget_entry(parent, name);
+                    self.hints.forget_inode(d.ino);
+                    Ok(())
+                }),
+            ))
         })
-        .map_err(VfsError::from_meta)
-    }
-
-    /// Whether directory `anc` is `ino` or one of its ancestors.
-    fn is_ancestor(
-        &self,
-        t: &mut dyn MetaTxn,
-        anc: Ino,
-        mut ino: Ino,
-    ) -> deskfs_meta::Result<bool> {
-        let mut guard = 0;
-        loop {
-            if ino == anc {
-                return Ok(true);
-            }
-            if ino == ROOT_INO || guard > 4096 {
-                return Ok(false);
-            }
-            ino = self.parent_of(t, ino)?;
-            guard += 1;
-        }
     }
 
     /// `rename`/`renameat2`: atomic replace of a file or an empty directory,
     /// `RENAME_NOREPLACE`, `RENAME_EXCHANGE`, directories anywhere except into
-    /// themselves. One transaction; the bucket follows in the background (copy + delete).
+    /// themselves. One batch; the bucket follows in the background (copy + delete). A
+    /// replaced file this mount still holds stays as an orphan until released.
     /// Errors: `ENOENT`, `EEXIST` (NOREPLACE), `ENOTEMPTY`, `EISDIR`, `ENOTDIR`, `EINVAL`.
     pub fn rename(
         &self,
@@ -626,152 +838,262 @@ impl Vfs {
         }
         // Directories moved or replaced must be complete first: a moved directory takes
         // its bucket-only children along, a replaced one must really be empty.
-        let (src, dst) = deskfs_meta::read(&*self.meta, |t| {
-            Ok((t.lookup(parent, name)?, t.lookup(new_parent, new_name)?))
-        })?;
-        if let Some(d) = &src {
+        let src = self.meta.lookup(parent, name)?;
+        let dst = self.meta.lookup(new_parent, new_name)?;
+        if let Some(d) = src.as_ref().filter(|r| r.kind == Kind::Dir) {
             self.ensure_subtree_listed(d.ino)?;
         }
-        if let Some(d) = &dst {
+        if let Some(d) = dst.as_ref().filter(|r| r.kind == Kind::Dir) {
             self.ensure_listed(d.ino, false)?;
             if exchange {
                 self.ensure_subtree_listed(d.ino)?;
             }
         }
-        let now = now_ns();
-        let purged = deskfs_meta::txn(&*self.meta, |t| {
-            get_dir(t, parent).map_err(VfsError::into_meta)?;
-            get_dir(t, new_parent).map_err(VfsError::into_meta)?;
-            let src = t
-                .lookup(parent, name)?
-                .ok_or_else(|| VfsError::NotFound.into_meta())?;
-            let mut srow = get(t, src.ino).map_err(VfsError::into_meta)?;
-            let dst = t.lookup(new_parent, new_name)?;
-            if exchange && dst.is_none() {
-                return Err(VfsError::NotFound.into_meta());
+        self.change(|f| {
+            self.dir_facts(f, parent)?;
+            self.dir_facts(f, new_parent)?;
+            let s = f.entry(parent, name)?.ok_or(VfsError::NotFound)?;
+            let d = f.entry(new_parent, new_name)?;
+            if exchange && d.is_none() {
+                return Err(VfsError::NotFound);
             }
-            if noreplace && dst.is_some() {
-                return Err(VfsError::Exists.into_meta());
+            if noreplace && d.is_some() {
+                return Err(VfsError::Exists);
             }
-            if let Some(d) = &dst {
-                if d.ino == src.ino {
-                    // Same inode (same entry or two hard links): POSIX says do nothing.
-                    return Ok(None);
-                }
+            if d.is_some_and(|d| d.ino == s.ino) {
+                // Same inode (same entry or two hard links): POSIX says do nothing.
+                return Ok(Plan::Done(()));
             }
-            let src_dir = srow.kind == Kind::Dir;
-            if src_dir && self.is_ancestor(t, srow.ino, new_parent)? {
-                return Err(VfsError::Invalid.into_meta());
-            }
-            if exchange {
-                let d = dst.as_ref().ok_or_else(|| VfsError::NotFound.into_meta())?;
-                let mut drow = get(t, d.ino).map_err(VfsError::into_meta)?;
-                let dst_dir = drow.kind == Kind::Dir;
-                if dst_dir && self.is_ancestor(t, drow.ino, parent)? {
-                    return Err(VfsError::Invalid.into_meta());
-                }
-                t.repoint_dentry(parent, name, drow.ino)?;
-                t.repoint_dentry(new_parent, new_name, srow.ino)?;
-                let mut deltas = vec![(parent, 0i64), (new_parent, 0i64)];
-                if parent != new_parent {
+            let now = now_ns();
+            let src_dir = is_dir(&s);
+            let moves = parent != new_parent;
+            let mut b = Batch::new(self);
+            // Both directories' rows first (in inode order), so changes of the same
+            // directories serialise without deadlocking.
+            let mut dirs = vec![(parent, 0i64), (new_parent, 0i64)];
+            if let Some(d) = d.filter(|_| exchange) {
+                let dst_dir = is_dir(&d);
+                if moves {
                     if src_dir {
-                        deltas.push((parent, -1));
-                        deltas.push((new_parent, 1));
+                        dirs[0].1 -= 1;
+                        dirs[1].1 += 1;
                     }
                     if dst_dir {
-                        deltas.push((new_parent, -1));
-                        deltas.push((parent, 1));
+                        dirs[1].1 -= 1;
+                        dirs[0].1 += 1;
                     }
                 }
-                srow.ctime_ns = now;
-                drow.ctime_ns = now;
-                t.update_inode(&srow)?;
-                t.update_inode(&drow)?;
-                touch_dirs(t, &deltas, now)?;
-                self.mark_name(t, parent, name, true)?;
-                self.mark_name(t, new_parent, new_name, true)?;
-                return Ok(None);
+                push_dirs(&mut b, dirs, now);
+                if moves && src_dir {
+                    b.push(
+                        Op::ExpectNotAncestor {
+                            dir: s.ino,
+                            of: new_parent,
+                        },
+                        OnFail::Errno(libc::EINVAL),
+                    );
+                }
+                if moves && dst_dir {
+                    b.push(
+                        Op::ExpectNotAncestor {
+                            dir: d.ino,
+                            of: parent,
+                        },
+                        OnFail::Errno(libc::EINVAL),
+                    );
+                }
+                b.guard(Op::RepointDentry {
+                    parent,
+                    name: name.to_vec(),
+                    from: s.ino,
+                    to: d.ino,
+                });
+                b.guard(Op::RepointDentry {
+                    parent: new_parent,
+                    name: new_name.to_vec(),
+                    from: d.ino,
+                    to: s.ino,
+                });
+                for ino in [s.ino, d.ino] {
+                    b.guard(Op::SetAttrs {
+                        ino,
+                        set: AttrUpdate {
+                            ctime_ns: Some(now),
+                            ..Default::default()
+                        },
+                    });
+                }
+                b.guard(self.mark(parent, name, true));
+                b.guard(self.mark(new_parent, new_name, true));
+                return Ok(Plan::Apply(
+                    b,
+                    Box::new(move |_| {
+                        self.hints.note_entry(parent, name, d.ino);
+                        self.hints.note_entry(new_parent, new_name, s.ino);
+                        Ok(())
+                    }),
+                ));
             }
-            let mut deltas = vec![(parent, 0i64), (new_parent, 0i64)];
-            let mut purged = None;
-            if let Some(d) = &dst {
-                let drow = get(t, d.ino).map_err(VfsError::into_meta)?;
-                if src_dir {
-                    if drow.kind != Kind::Dir {
-                        return Err(VfsError::NotDir.into_meta());
-                    }
-                    if t.has_children(drow.ino)? {
-                        return Err(VfsError::NotEmpty.into_meta());
-                    }
-                    t.delete_dentry(new_parent, new_name)?;
-                    t.delete_inode(drow.ino)?;
-                    deltas.push((new_parent, -1));
-                } else {
-                    if drow.kind == Kind::Dir {
-                        return Err(VfsError::IsDir.into_meta());
-                    }
-                    purged = self.drop_link(t, new_parent, new_name, now)?;
+            if let Some(d) = &d {
+                if src_dir && !is_dir(d) {
+                    return Err(VfsError::NotDir);
+                }
+                if !src_dir && is_dir(d) {
+                    return Err(VfsError::IsDir);
+                }
+                if is_dir(d) {
+                    dirs[1].1 -= 1;
                 }
             }
-            t.move_dentry(parent, name, new_parent, new_name)?;
-            if src_dir && parent != new_parent {
-                deltas.push((parent, -1));
-                deltas.push((new_parent, 1));
+            if moves && src_dir {
+                dirs[0].1 -= 1;
+                dirs[1].1 += 1;
             }
-            srow.ctime_ns = now;
-            t.update_inode(&srow)?;
-            touch_dirs(t, &deltas, now)?;
+            push_dirs(&mut b, dirs, now);
+            if moves && src_dir {
+                b.push(
+                    Op::ExpectNotAncestor {
+                        dir: s.ino,
+                        of: new_parent,
+                    },
+                    OnFail::Errno(libc::EINVAL),
+                );
+            }
+            let mut dropped = None;
+            match &d {
+                Some(d) if is_dir(d) => {
+                    b.guard(Op::TouchDir {
+                        ino: d.ino,
+                        nlink_delta: 0,
+                        time_ns: now,
+                    });
+                    b.push(Op::ExpectEmpty(d.ino), OnFail::Errno(libc::ENOTEMPTY));
+                    b.guard(Op::DeleteDentry {
+                        parent: new_parent,
+                        name: new_name.to_vec(),
+                        ino: d.ino,
+                    });
+                    b.guard(Op::DeleteInode(d.ino));
+                }
+                Some(d) => {
+                    dropped = Some((
+                        d.ino,
+                        self.drop_link(&mut b, new_parent, new_name, d.ino, now),
+                    ));
+                }
+                None => {}
+            }
+            b.guard(Op::MoveDentry {
+                parent,
+                name: name.to_vec(),
+                ino: s.ino,
+                new_parent,
+                new_name: new_name.to_vec(),
+            });
+            b.guard(Op::SetAttrs {
+                ino: s.ino,
+                set: AttrUpdate {
+                    ctime_ns: Some(now),
+                    ..Default::default()
+                },
+            });
             // The old name must leave the bucket, the new one appear (whole subtrees for
             // directories); a replaced object is overwritten at the new path.
-            self.mark_name(t, parent, name, src_dir)?;
-            self.mark_name(t, new_parent, new_name, src_dir || dst.is_some())?;
-            Ok(purged)
+            b.guard(self.mark(parent, name, src_dir));
+            b.guard(self.mark(new_parent, new_name, src_dir || d.is_some()));
+            let replaced_dir = d.filter(is_dir).map(|d| d.ino);
+            Ok(Plan::Apply(
+                b,
+                Box::new(move |out| {
+                    self.hints.forget_entry(parent, name);
+                    self.hints.note_entry(new_parent, new_name, s.ino);
+                    if let Some(ino) = replaced_dir {
+                        self.hints.forget_inode(ino);
+                    }
+                    if let Some((x, (purge, get))) = dropped {
+                        self.after_drop(x, out, purge, get);
+                    }
+                    Ok(())
+                }),
+            ))
         })
-        .map_err(VfsError::from_meta)?;
-        if let Some(ino) = purged {
-            self.purge_local(ino);
-        }
-        Ok(())
     }
 
     /// `link`: a new name for a non-directory. Errors: `EPERM` (directory), `EEXIST`,
-    /// `ENOENT`, `ENOTDIR`, `EMLINK` (more than [`LINK_MAX`] links).
+    /// `ENOENT` (the inode has no name left), `ENOTDIR`, `EMLINK` (more than
+    /// [`LINK_MAX`] links).
     pub fn link(&self, _ctx: &Ctx, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
         check_name(new_name)?;
         self.ensure_listed(new_parent, false)?;
-        let now = now_ns();
-        let row = deskfs_meta::txn(&*self.meta, |t| {
-            get_dir(t, new_parent).map_err(VfsError::into_meta)?;
-            let mut r = get(t, ino).map_err(VfsError::into_meta)?;
+        let row = self.change(|f| {
+            self.dir_facts(f, new_parent)?;
+            // The link count decides EMLINK/ENOENT: always read.
+            let r = f.row(ino)?.ok_or(VfsError::Stale)?;
             if r.kind == Kind::Dir {
-                return Err(VfsError::NotPermitted.into_meta());
+                return Err(VfsError::NotPermitted);
             }
             if r.nlink == 0 {
-                return Err(VfsError::NotFound.into_meta());
-            }
-            if t.lookup(new_parent, new_name)?.is_some() {
-                return Err(VfsError::Exists.into_meta());
+                return Err(VfsError::NotFound);
             }
             if r.nlink >= LINK_MAX {
-                return Err(VfsError::TooManyLinks.into_meta());
+                return Err(VfsError::TooManyLinks);
             }
-            t.insert_dentry(new_parent, new_name, ino)?;
-            r.nlink += 1;
-            r.ctime_ns = now;
-            t.update_inode(&r)?;
-            touch_dirs(t, &[(new_parent, 0)], now)?;
-            self.mark_name(t, new_parent, new_name, false)?;
-            Ok(r)
-        })
-        .map_err(VfsError::from_meta)?;
+            let now = now_ns();
+            let mut b = Batch::new(self);
+            b.guard(Op::TouchDir {
+                ino: new_parent,
+                nlink_delta: 0,
+                time_ns: now,
+            });
+            b.push(
+                Op::AddNlink {
+                    ino,
+                    delta: 1,
+                    ctime_ns: now,
+                },
+                OnFail::Errno(libc::ENOENT),
+            );
+            b.push(
+                Op::InsertDentry {
+                    parent: new_parent,
+                    name: new_name.to_vec(),
+                    ino,
+                },
+                OnFail::Errno(libc::EEXIST),
+            );
+            b.guard(self.mark(new_parent, new_name, false));
+            let get = b.guard(Op::GetInode(ino));
+            Ok(Plan::Apply(
+                b,
+                Box::new(move |out| out[get].row().cloned().ok_or(VfsError::NotFound)),
+            ))
+        })?;
+        self.hints.note_entry(new_parent, new_name, ino);
+        self.refs.looked_up(ino);
         Ok(self.overlay(&row))
     }
+}
 
+/// Adds the `TouchDir` of each directory (merged, in inode order).
+fn push_dirs(b: &mut Batch, dirs: Vec<(Ino, i64)>, now: i64) {
+    let mut merged: std::collections::BTreeMap<Ino, i64> = std::collections::BTreeMap::new();
+    for (ino, d) in dirs {
+        *merged.entry(ino).or_default() += d;
+    }
+    for (ino, nlink_delta) in merged {
+        b.guard(Op::TouchDir {
+            ino,
+            nlink_delta,
+            time_ns: now,
+        });
+    }
+}
+
+impl Vfs {
     /// `opendir`: lists the directory from the bucket when it was never listed or its
-    /// listing is older than the TTL. Errors: `ENOENT`, `ENOTDIR`.
+    /// listing is older than the TTL. Errors: `ESTALE`/`ENOENT`, `ENOTDIR`.
     pub fn opendir(&self, ino: Ino) -> Result<u64> {
-        let row =
-            deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let row = self.current(ino)?;
         if row.kind != Kind::Dir {
             return Err(VfsError::NotDir);
         }
@@ -779,17 +1101,14 @@ impl Vfs {
         let fh = self
             .next_fh
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let h = Arc::new(Handle {
+        let h = Arc::new(Handle::new(
             ino,
-            write: false,
-            read: true,
-            append: false,
-            dir: true,
-            last_read_end: AtomicU64::new(0),
-            ra_blocks: AtomicU64::new(0),
-            lock_owners: Default::default(),
-            recorded: std::sync::atomic::AtomicU8::new(crate::handles::OPEN_CLOSED),
-        });
+            true,
+            false,
+            false,
+            true,
+            OpenRecord::Closed,
+        ));
         self.handles.lock().map_err(|_| poisoned())?.insert(fh, h);
         Ok(fh)
     }
@@ -800,7 +1119,7 @@ impl Vfs {
     /// Call after [`Vfs::opendir`] (which may re-list the bucket).
     pub fn dir_cache_current(&self, ino: Ino) -> bool {
         use std::hash::{Hash, Hasher};
-        let Ok(Some(row)) = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino)) else {
+        let Ok(Some(row)) = self.meta.get_inode(ino) else {
             return false;
         };
         let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -814,13 +1133,12 @@ impl Vfs {
     /// removed, so a listing under concurrent change neither repeats nor skips survivors.
     pub fn readdir(&self, ino: Ino, _fh: u64, offset: u64, plus: bool) -> Result<Vec<DirEntry>> {
         let (me, parent, rows) = deskfs_meta::read(&*self.meta, |t| {
-            let me = get_dir(t, ino).map_err(VfsError::into_meta)?;
+            let me = get_dir(t, ino)?;
             let parent = self.parent_of(t, ino)?;
             let after = offset.saturating_sub(2);
             let rows = t.list_dir(ino, after, READDIR_BATCH)?;
-            Ok((me, parent, rows))
-        })
-        .map_err(VfsError::from_meta)?;
+            Ok::<_, VfsError>((me, parent, rows))
+        })?;
         let mut out = Vec::with_capacity(rows.len() + 2);
         if offset < 1 {
             out.push(DirEntry {
@@ -841,6 +1159,13 @@ impl Vfs {
             });
         }
         for (d, r) in rows {
+            self.hints.note_row(&r);
+            self.hints.note_entry(ino, &d.name, d.ino);
+            if plus {
+                // Each readdirplus entry hands the kernel a reference (the adapter gives
+                // back those it could not send).
+                self.refs.looked_up(d.ino);
+            }
             out.push(DirEntry {
                 ino: d.ino,
                 offset: d.cookie + 2,
@@ -907,21 +1232,41 @@ impl Vfs {
         if value.len() > XATTR_SIZE_MAX {
             return Err(VfsError::TooBig);
         }
-        let now = now_ns();
-        deskfs_meta::txn(&*self.meta, |t| {
-            let mut r = get(t, ino).map_err(VfsError::into_meta)?;
-            let exists = t.get_xattr(ino, name)?.is_some();
-            if flags & xattr_flags::CREATE != 0 && exists {
-                return Err(VfsError::Exists.into_meta());
+        let mode = if flags & xattr_flags::CREATE != 0 {
+            XattrMode::Create
+        } else if flags & xattr_flags::REPLACE != 0 {
+            XattrMode::Replace
+        } else {
+            XattrMode::Any
+        };
+        self.change(|f| {
+            if f.fresh() {
+                f.row(ino)?.ok_or(VfsError::Stale)?;
             }
-            if flags & xattr_flags::REPLACE != 0 && !exists {
-                return Err(VfsError::NoAttr.into_meta());
-            }
-            t.set_xattr(ino, name, value)?;
-            r.ctime_ns = now;
-            t.update_inode(&r)
+            let mut b = Batch::new(self);
+            b.guard(Op::SetAttrs {
+                ino,
+                set: AttrUpdate {
+                    ctime_ns: Some(now_ns()),
+                    ..Default::default()
+                },
+            });
+            let errno = if mode == XattrMode::Create {
+                libc::EEXIST
+            } else {
+                libc::ENODATA
+            };
+            b.push(
+                Op::SetXattr {
+                    ino,
+                    name: name.to_vec(),
+                    value: value.to_vec(),
+                    mode,
+                },
+                OnFail::Errno(errno),
+            );
+            Ok(Plan::Apply(b, Box::new(|_| Ok(()))))
         })
-        .map_err(VfsError::from_meta)
     }
 
     /// `getxattr`: the whole value (the adapter applies the size protocol).
@@ -929,20 +1274,17 @@ impl Vfs {
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         Self::check_xattr_name(name)?;
         deskfs_meta::read(&*self.meta, |t| {
-            get(t, ino).map_err(VfsError::into_meta)?;
-            t.get_xattr(ino, name)?
-                .ok_or_else(|| VfsError::NoAttr.into_meta())
+            t.get_inode(ino)?.ok_or(VfsError::Stale)?;
+            t.get_xattr(ino, name)?.ok_or(VfsError::NoAttr)
         })
-        .map_err(VfsError::from_meta)
     }
 
     /// `listxattr`: names, each NUL-terminated, concatenated.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>> {
         let names = deskfs_meta::read(&*self.meta, |t| {
-            get(t, ino).map_err(VfsError::into_meta)?;
-            t.list_xattrs(ino)
-        })
-        .map_err(VfsError::from_meta)?;
+            t.get_inode(ino)?.ok_or(VfsError::Stale)?;
+            Ok::<_, VfsError>(t.list_xattrs(ino)?)
+        })?;
         let mut out = Vec::new();
         for n in names {
             out.extend_from_slice(&n);
@@ -951,25 +1293,36 @@ impl Vfs {
         Ok(out)
     }
 
-    /// `removexattr`. Errors: `ENODATA`, `ENOENT`.
+    /// `removexattr`. Errors: `ENODATA`, `ESTALE`.
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         Self::check_xattr_name(name)?;
-        let now = now_ns();
-        deskfs_meta::txn(&*self.meta, |t| {
-            let mut r = get(t, ino).map_err(VfsError::into_meta)?;
-            if !t.remove_xattr(ino, name)? {
-                return Err(VfsError::NoAttr.into_meta());
+        self.change(|f| {
+            if f.fresh() {
+                f.row(ino)?.ok_or(VfsError::Stale)?;
             }
-            r.ctime_ns = now;
-            t.update_inode(&r)
+            let mut b = Batch::new(self);
+            b.guard(Op::SetAttrs {
+                ino,
+                set: AttrUpdate {
+                    ctime_ns: Some(now_ns()),
+                    ..Default::default()
+                },
+            });
+            b.push(
+                Op::RemoveXattr {
+                    ino,
+                    name: name.to_vec(),
+                },
+                OnFail::Errno(libc::ENODATA),
+            );
+            Ok(Plan::Apply(b, Box::new(|_| Ok(()))))
         })
-        .map_err(VfsError::from_meta)
     }
 
     /// `access(2)` check against the mode bits (root passes read/write, and execute when
     /// any execute bit is set). Errors: `EACCES`, `ENOENT`.
     pub fn access(&self, ctx: &Ctx, ino: Ino, mask: i32) -> Result<()> {
-        let r = deskfs_meta::read(&*self.meta, |t| t.get_inode(ino))?.ok_or(VfsError::NotFound)?;
+        let r = self.current(ino)?;
         let mask = mask as u32 & 7;
         if mask == 0 {
             return Ok(());
@@ -994,46 +1347,3 @@ impl Vfs {
         }
     }
 }
-
-impl VfsError {
-    /// Carries a VFS error through a metadata transaction closure (which returns
-    /// `MetaError`), to be recovered by [`VfsError::from_meta`].
-    pub(crate) fn into_meta(self) -> deskfs_meta::MetaError {
-        if let VfsError::Meta(e) = self {
-            return e;
-        }
-        deskfs_meta::MetaError::Internal(format!("{}{}", VFS_TAG, self.errno()))
-    }
-
-    /// Recovers an error carried by [`VfsError::into_meta`], or wraps a real engine error.
-    pub(crate) fn from_meta(e: deskfs_meta::MetaError) -> VfsError {
-        if let deskfs_meta::MetaError::Internal(s) = &e {
-            if let Some(n) = s.strip_prefix(VFS_TAG).and_then(|n| n.parse::<i32>().ok()) {
-                return VfsError::from_errno(n);
-            }
-        }
-        VfsError::Meta(e)
-    }
-
-    pub(crate) fn from_errno(n: i32) -> VfsError {
-        match n {
-            libc::ENOENT => VfsError::NotFound,
-            libc::EEXIST => VfsError::Exists,
-            libc::ENOTDIR => VfsError::NotDir,
-            libc::EISDIR => VfsError::IsDir,
-            libc::ENOTEMPTY => VfsError::NotEmpty,
-            libc::EINVAL => VfsError::Invalid,
-            libc::ENAMETOOLONG => VfsError::NameTooLong,
-            libc::EPERM => VfsError::NotPermitted,
-            libc::EACCES => VfsError::Access,
-            libc::ENODATA => VfsError::NoAttr,
-            libc::ERANGE => VfsError::Range,
-            libc::E2BIG => VfsError::TooBig,
-            libc::EOPNOTSUPP => VfsError::NotSupported,
-            libc::EMLINK => VfsError::TooManyLinks,
-            _ => VfsError::Io(std::io::Error::from_raw_os_error(n)),
-        }
-    }
-}
-
-const VFS_TAG: &str = "vfs-errno:";

@@ -62,36 +62,15 @@ pub fn is_escaped(key: &str) -> bool {
     key.starts_with(".deskfs/")
 }
 
-/// The path of directory `ino` (first name of each ancestor). `None` when `ino` is not
-/// reachable from the root (an unlinked directory).
+/// The path of directory `ino` (the root is the empty path). `None` when `ino` is not
+/// reachable from the root (an unlinked directory). One engine statement.
 pub fn dir_path(t: &mut dyn MetaTxn, ino: Ino) -> Result<Option<Vec<u8>>> {
-    let mut names: Vec<Vec<u8>> = Vec::new();
-    let mut cur = ino;
-    let mut guard = 0;
-    while cur != ROOT_INO {
-        let Some((parent, name)) = t.names_of(cur)?.into_iter().next() else {
-            return Ok(None);
-        };
-        names.push(name);
-        cur = parent;
-        guard += 1;
-        if guard > 4096 {
-            return Ok(None);
-        }
-    }
-    names.reverse();
-    Ok(Some(names.join(&b'/')))
+    Ok(t.paths_of(ino)?.into_iter().next())
 }
 
-/// Every path naming `ino` (one per hard link).
+/// Every path naming `ino` (one per hard link). One engine statement.
 pub fn paths_of(t: &mut dyn MetaTxn, ino: Ino) -> Result<Vec<Vec<u8>>> {
-    let mut out = Vec::new();
-    for (parent, name) in t.names_of(ino)? {
-        if let Some(dir) = dir_path(t, parent)? {
-            out.push(join(&dir, &name));
-        }
-    }
-    Ok(out)
+    Ok(t.paths_of(ino)?)
 }
 
 /// Resolves a path to its inode by walking dentries from the root.

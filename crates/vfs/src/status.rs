@@ -46,13 +46,27 @@ pub struct VfsStatus {
     pub failures: Vec<FailedPath>,
     /// Open files in this mount.
     pub open_files: usize,
+    /// This mount's session id in the metadata engine.
+    pub session: u64,
+    /// Who else is live (see `coherence`).
+    pub peers: crate::coherence::Peers,
+    /// How often this mount lost its session lease, and the last time.
+    pub fences: crate::coherence::FenceReport,
+    /// Inodes the kernel holds references to (lookup counts).
+    pub kernel_inodes: usize,
+    /// Orphans (no name left) kept while this mount holds them.
+    pub kept_orphans: usize,
+    /// Opens waiting for content only another mount's cache holds (close-to-open).
+    pub waiting_for: Vec<crate::remote::RemoteWait>,
+    /// The metadata engine's counters (round trips, commits, retries, refused batches).
+    pub engine: deskfs_meta::EngineCounters,
 }
 
 impl Vfs {
     /// Current status (cache, dirty data, pending and failing uploads).
     pub fn status(&self) -> Result<VfsStatus> {
         let (usage, pending, failed) = deskfs_meta::read(&*self.meta, |t| {
-            Ok((t.usage()?, t.pending_stats()?, t.failed_pending(10)?))
+            Ok::<_, crate::VfsError>((t.usage()?, t.pending_stats()?, t.failed_pending(10)?))
         })?;
         let c = self.cache.stats();
         Ok(VfsStatus {
@@ -77,6 +91,13 @@ impl Vfs {
                 })
                 .collect(),
             open_files: self.handles.lock().map(|h| h.len()).unwrap_or(0),
+            session: self.coherence.session(),
+            peers: self.coherence.peers(),
+            fences: self.coherence.fence_report(),
+            kernel_inodes: self.refs.held_count(),
+            kept_orphans: self.refs.orphan_count(),
+            waiting_for: self.remote.list(),
+            engine: self.meta.counters(),
         })
     }
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use deskfs_bucket::{Bucket, BucketSpec};
 use deskfs_cache::Cache;
+use deskfs_meta::postgres::PgEngine;
 use deskfs_meta::sqlite::SqliteEngine;
 use deskfs_meta::{InodeRow, MetaEngine};
 
@@ -50,12 +51,65 @@ pub(crate) fn test_cfg() -> VfsConfig {
     }
 }
 
-/// One workspace in a temp dir: `meta.db`, `bucket/` (the local bucket), `cache/`, plus
-/// the tokio runtime the VFS runs its background work on. Derefs to the live [`Vfs`].
+/// The metadata database of a test workspace: SQLite (`meta.db` in the temp dir), or —
+/// with `DESKFS_TEST_META=postgres` — a fresh schema in the PostgreSQL database of
+/// `DESKFS_TEST_PG_URL`, dropped at the end. So every VFS test runs against either engine.
+pub(crate) enum MetaDb {
+    /// SQLite file.
+    Sqlite(PathBuf),
+    /// PostgreSQL URL with its `schema=` parameter.
+    Postgres(String),
+}
+
+impl MetaDb {
+    /// A new, empty database for the engine the environment selects.
+    fn create(dir: &Path) -> (MetaDb, Arc<dyn MetaEngine>) {
+        if std::env::var("DESKFS_TEST_META").as_deref() == Ok("postgres") {
+            let base = std::env::var("DESKFS_TEST_PG_URL")
+                .expect("DESKFS_TEST_META=postgres needs DESKFS_TEST_PG_URL");
+            static N: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let schema = format!(
+                "vt_{}_{}_{}",
+                std::process::id(),
+                N.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+                now_ns() % 1_000_000
+            );
+            let sep = if base.contains('?') { '&' } else { '?' };
+            let url = format!("{base}{sep}schema={schema}");
+            let e = PgEngine::create(&url, 0, 0, now_ns()).expect("create PostgreSQL workspace");
+            (MetaDb::Postgres(url), Arc::new(e))
+        } else {
+            let p = dir.join("meta.db");
+            let e = SqliteEngine::create(&p, 0, 0, now_ns()).expect("create meta db");
+            (MetaDb::Sqlite(p), Arc::new(e))
+        }
+    }
+
+    /// Another connection to the same database (a restart, or a second mount).
+    pub(crate) fn open(&self) -> Arc<dyn MetaEngine> {
+        match self {
+            MetaDb::Sqlite(p) => Arc::new(SqliteEngine::open(p).expect("reopen meta db")),
+            MetaDb::Postgres(u) => Arc::new(PgEngine::open(u).expect("reopen PostgreSQL")),
+        }
+    }
+}
+
+impl Drop for MetaDb {
+    fn drop(&mut self) {
+        if let MetaDb::Postgres(u) = self {
+            let _ = PgEngine::destroy(u);
+        }
+    }
+}
+
+/// One workspace in a temp dir: the metadata database ([`MetaDb`]), `bucket/` (the local
+/// bucket), `cache/`, plus the tokio runtime the VFS runs its background work on. Derefs
+/// to the live [`Vfs`].
 pub(crate) struct Harness {
-    tmp: tempfile::TempDir,
-    rt: Option<tokio::runtime::Runtime>,
     vfs: Option<Arc<Vfs>>,
+    rt: Option<tokio::runtime::Runtime>,
+    pub(crate) db: MetaDb,
+    tmp: tempfile::TempDir,
     pub(crate) cfg: VfsConfig,
 }
 
@@ -128,12 +182,12 @@ impl Harness {
         let tmp = tempfile::tempdir().expect("temp dir");
         std::fs::create_dir_all(tmp.path().join("bucket")).unwrap();
         fill(&tmp.path().join("bucket"));
-        let meta = SqliteEngine::create(&tmp.path().join("meta.db"), 0, 0, now_ns())
-            .expect("create meta db");
+        let (db, meta) = MetaDb::create(tmp.path());
         let rt = runtime();
-        let vfs = Self::open_vfs(tmp.path(), Arc::new(meta), &cfg, rt.handle());
+        let vfs = Self::open_vfs(tmp.path(), meta, &cfg, rt.handle());
         Harness {
             tmp,
+            db,
             rt: Some(rt),
             vfs: Some(vfs),
             cfg,
@@ -182,7 +236,7 @@ impl Harness {
     /// [`Harness::remount`] with another configuration.
     pub(crate) fn remount_with(&mut self, cfg: VfsConfig) {
         self.cfg = cfg;
-        self.remount_after(|_| {});
+        self.remount_after(|_, _| {});
     }
 
     /// Simulates `kill -9` of the daemon and a restart: the runtime (uploader included) is
@@ -199,20 +253,18 @@ impl Harness {
         );
         drop(vfs);
         let rt = runtime();
-        let meta = SqliteEngine::open(&self.tmp.path().join("meta.db")).expect("reopen meta db");
-        let vfs = Self::open_vfs(self.tmp.path(), Arc::new(meta), &self.cfg, rt.handle());
+        let vfs = Self::open_vfs(self.tmp.path(), self.db.open(), &self.cfg, rt.handle());
         self.rt = Some(rt);
         self.vfs = Some(vfs);
     }
 
     /// Shuts down, runs `f` on the temp dir (e.g. to wipe the cache), then remounts.
-    pub(crate) fn remount_after(&mut self, f: impl FnOnce(&Path)) {
+    pub(crate) fn remount_after(&mut self, f: impl FnOnce(&Path, &MetaDb)) {
         self.unmount();
-        f(self.tmp.path());
-        let meta = SqliteEngine::open(&self.tmp.path().join("meta.db")).expect("reopen meta db");
+        f(self.tmp.path(), &self.db);
         let vfs = Self::open_vfs(
             self.tmp.path(),
-            Arc::new(meta),
+            self.db.open(),
             &self.cfg,
             self.rt.as_ref().unwrap().handle(),
         );
@@ -273,6 +325,13 @@ impl Harness {
     /// The committed metadata row of `ino` (what the engine holds, without overlay).
     pub(crate) fn row(&self, ino: Ino) -> Option<InodeRow> {
         deskfs_meta::read(&**self.meta(), |t| t.get_inode(ino)).expect("meta read")
+    }
+
+    /// The kernel drops every lookup reference it has to `ino` (`FORGET`), and the
+    /// purge this may queue is done.
+    pub(crate) fn kernel_forgets(&self, ino: Ino) {
+        self.forget(ino, u64::MAX);
+        self.flush_purges();
     }
 
     // ---- convenience wrappers over the VFS API ----

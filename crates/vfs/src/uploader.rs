@@ -37,6 +37,10 @@ pub(crate) struct UploaderShared {
     /// Held by reconciles that copy from, overwrite or delete objects that may hold
     /// another inode's content, so a copy never reads a source being replaced.
     content_lock: tokio::sync::Mutex<()>,
+    /// Inodes other mounts wait for (see [`crate::remote`]) whose upload was made due.
+    serving: std::sync::Mutex<HashSet<Ino>>,
+    /// Orphans whose content this mount uploaded for another (deleted at their purge).
+    pub(crate) orphan_objects: std::sync::Mutex<HashSet<Ino>>,
 }
 
 impl UploaderShared {
@@ -79,7 +83,6 @@ async fn run(vfs: Arc<Vfs>) {
     let mut inflight: HashSet<Vec<u8>> = HashSet::new();
     let mut tasks = FuturesUnordered::new();
     let mut last_evict = std::time::Instant::now();
-    let mut last_beat = std::time::Instant::now();
     loop {
         let stopping = vfs.uploader.stop.load(Ordering::SeqCst);
         if stopping && tasks.is_empty() {
@@ -125,10 +128,31 @@ async fn run(vfs: Arc<Vfs>) {
                 Err(e) => tracing::error!(error = %e, "uploader cannot read pending work"),
             }
         }
-        if last_beat.elapsed() > crate::locks::HEARTBEAT && !stopping {
-            last_beat = std::time::Instant::now();
+        if !stopping {
+            // Content other mounts wait for (close-to-open across caches): due now, once.
             let v = vfs.clone();
-            let _ = tokio::task::spawn_blocking(move || v.heartbeat()).await;
+            let wanted = tokio::task::spawn_blocking(move || v.wanted_here())
+                .await
+                .unwrap_or_default();
+            let fresh: Vec<Ino> = {
+                let mut serving = vfs
+                    .uploader
+                    .serving
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let fresh: Vec<Ino> = wanted
+                    .iter()
+                    .copied()
+                    .filter(|i| !serving.contains(i))
+                    .collect();
+                serving.retain(|i| wanted.contains(i));
+                serving.extend(fresh.iter().copied());
+                fresh
+            };
+            if !fresh.is_empty() {
+                let v = vfs.clone();
+                let _ = tokio::task::spawn_blocking(move || v.serve_wanted(&fresh)).await;
+            }
         }
         if last_evict.elapsed() > Duration::from_secs(2) {
             last_evict = std::time::Instant::now();
@@ -181,7 +205,7 @@ async fn reconcile(vfs: &Arc<Vfs>, row: &PendingRow) -> Result<Outcome> {
         tokio::task::spawn_blocking(move || -> Result<(BTreeSet<Vec<u8>>, bool)> {
             let kids = subtree_paths(&v, &path)?;
             let is_dir = deskfs_meta::read(&*v.meta, |t| {
-                Ok(match resolve(t, &path)? {
+                Ok::<_, crate::VfsError>(match resolve(t, &path)? {
                     Some(i) => t.get_inode(i)?.is_some_and(|r| r.kind == Kind::Dir),
                     None => false,
                 })
@@ -233,7 +257,7 @@ fn subtree_paths(vfs: &Vfs, path: &[u8]) -> Result<BTreeSet<Vec<u8>>> {
                 }
             }
         }
-        Ok(())
+        Ok::<_, crate::VfsError>(())
     })?;
     Ok(out)
 }
@@ -268,7 +292,7 @@ async fn blocking<T: Send + 'static>(
 async fn snapshot(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Snapshot> {
     let p = path.to_vec();
     blocking(vfs, move |v| {
-        Ok(deskfs_meta::read(&*v.meta, |t| {
+        deskfs_meta::read(&*v.meta, |t| {
             let ino = resolve(t, &p)?;
             let row = match ino {
                 Some(i) => t.get_inode(i)?,
@@ -279,15 +303,15 @@ async fn snapshot(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Snapshot> {
                 Some(r) if r.kind == Kind::File => t.object_with_content(r.ino, r.data_version)?,
                 _ => None,
             };
-            Ok(Snapshot { row, obj, src })
-        })?)
+            Ok::<_, crate::VfsError>(Snapshot { row, obj, src })
+        })
     })
     .await
 }
 
 /// Whether reconciling `snap` copies from, overwrites or deletes an object that may be
 /// another inode's content (then it runs under the content lock).
-fn touches_shared_content(snap: &Snapshot) -> bool {
+fn touches_shared_content(snap: &Snapshot, here: Local) -> bool {
     let other_content = snap
         .obj
         .as_ref()
@@ -295,14 +319,14 @@ fn touches_shared_content(snap: &Snapshot) -> bool {
     let needs_copy = snap
         .row
         .as_ref()
-        .is_some_and(|r| r.kind == Kind::File && r.local != Local::Full && r.size > 0);
+        .is_some_and(|r| r.kind == Kind::File && r.local != here && r.size > 0);
     other_content || needs_copy
 }
 
 /// Reconciles one path with the bucket.
 async fn reconcile_one(vfs: &Arc<Vfs>, path: &[u8]) -> Result<Outcome> {
     let snap = snapshot(vfs, path).await?;
-    if touches_shared_content(&snap) {
+    if touches_shared_content(&snap, vfs.here()) {
         let _guard = vfs.uploader.content_lock.lock().await;
         // Re-read under the lock: another reconcile may have moved content meanwhile.
         let snap = snapshot(vfs, path).await?;
@@ -409,7 +433,7 @@ async fn reconcile_file(
         preserve_content(vfs, o).await?;
     }
     let meta = posix_of(&r);
-    if r.local == Local::Full && vfs.cache.has_staging(r.ino) {
+    if r.local == vfs.here() && vfs.cache.has_staging(r.ino) {
         let staging = vfs.cache.staging_path(r.ino);
         // While read by path, a purge deletes the file instead of recycling it.
         let put = {
@@ -434,6 +458,7 @@ async fn reconcile_file(
         }
         record(vfs, path, key, &r, r.data_version, put.etag, put.size).await?;
         mark_clean(vfs, r.ino, r.data_version, Some(put.size)).await?;
+        served(vfs, r.ino).await;
         return Ok(Outcome::Done);
     }
     if r.size == 0 {
@@ -452,20 +477,7 @@ async fn reconcile_file(
         Some(_) => {
             // Same object, new attributes, content not local: fetch it, then re-upload.
             let row = r.clone();
-            blocking(vfs, move |v| {
-                v.download_full(&row)?;
-                deskfs_meta::txn(&*v.meta, |t| {
-                    if let Some(mut cur) = t.get_inode(row.ino)? {
-                        if cur.data_version == row.data_version {
-                            cur.local = Local::Full;
-                            t.update_inode(&cur)?;
-                        }
-                    }
-                    Ok(())
-                })?;
-                Ok(())
-            })
-            .await?;
+            blocking(vfs, move |v| v.make_local(&row)).await?;
             Ok(Outcome::Defer(Duration::from_millis(1)))
         }
         None => Err(VfsError::Io(std::io::Error::other(format!(
@@ -492,21 +504,10 @@ async fn preserve_content(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
         let row = deskfs_meta::read(&*v.meta, |t| t.get_inode(o.ino))?;
         let Some(row) = row else { return Ok(()) };
         let live = row.nlink > 0 || v.is_open(row.ino);
-        if !live || row.local == Local::Full || row.data_version != o.data_version || row.size == 0
-        {
+        if !live || row.local == v.here() || row.data_version != o.data_version || row.size == 0 {
             return Ok(());
         }
-        v.download_full(&row)?;
-        deskfs_meta::txn(&*v.meta, |t| {
-            if let Some(mut cur) = t.get_inode(row.ino)? {
-                if cur.data_version == row.data_version {
-                    cur.local = Local::Full;
-                    t.update_inode(&cur)?;
-                }
-            }
-            Ok(())
-        })?;
-        Ok(())
+        v.make_local(&row)
     })
     .await
 }
@@ -526,7 +527,7 @@ async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
             {
                 t.delete_object(&o.path)?;
             }
-            Ok(())
+            Ok::<_, crate::VfsError>(())
         })?;
         Ok(())
     })
@@ -559,6 +560,20 @@ async fn record(
     .await
 }
 
+/// If another mount waits for `ino`'s content, tell it the upload is done.
+async fn served(vfs: &Arc<Vfs>, ino: Ino) {
+    let was = vfs
+        .uploader
+        .serving
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&ino);
+    if was {
+        let v = vfs.clone();
+        let _ = tokio::task::spawn_blocking(move || v.uploaded(ino)).await;
+    }
+}
+
 async fn mark_clean(vfs: &Arc<Vfs>, ino: Ino, version: u64, size: Option<u64>) -> Result<()> {
     blocking(vfs, move |v| {
         let clean = deskfs_meta::txn(&*v.meta, |t| {
@@ -566,7 +581,7 @@ async fn mark_clean(vfs: &Arc<Vfs>, ino: Ino, version: u64, size: Option<u64>) -
                 if cur.data_version == version && cur.dirty && size.is_none_or(|s| s == cur.size) {
                     cur.dirty = false;
                     t.update_inode(&cur)?;
-                    return Ok(Some(cur.size));
+                    return Ok::<_, crate::VfsError>(Some(cur.size));
                 }
             }
             Ok(None)
@@ -574,6 +589,14 @@ async fn mark_clean(vfs: &Arc<Vfs>, ino: Ino, version: u64, size: Option<u64>) -
         if let Some(sz) = clean {
             if !v.is_open(ino) {
                 v.cache.staging_clean(ino, sz);
+            } else {
+                // Evictable once closed.
+                let st = v.inodes.lock().ok().and_then(|m| m.get(&ino).cloned());
+                if let Some(st) = st {
+                    if let Ok(mut s) = st.lock() {
+                        s.clean_at_close = Some(version);
+                    }
+                }
             }
         }
         Ok(())
@@ -589,7 +612,7 @@ impl Vfs {
                 if let Some(mut r) = t.get_inode(ino)? {
                     // Not while open here or through another mount sharing this cache
                     // dir (its writes would go to a deleted file).
-                    if r.local == Local::Full
+                    if r.local == self.here()
                         && !r.dirty
                         && !self.is_open(ino)
                         && !t.open_elsewhere(ino, 0)?
@@ -599,7 +622,7 @@ impl Vfs {
                         return Ok(true);
                     }
                 }
-                Ok(false)
+                Ok::<_, crate::VfsError>(false)
             });
             match evicted {
                 Ok(true) => {

@@ -4,8 +4,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use deskfs_meta::sqlite::SqliteEngine;
-use deskfs_meta::{read, txn, MetaEngine};
+use deskfs_meta::{read, txn};
 
 use super::*;
 use crate::Invalidation;
@@ -22,9 +21,9 @@ fn record(h: &Harness) -> Seen {
 
 /// A second connection to the workspace's database acting as another mount's session
 /// (another host, so this mount never reaps it as a dead local process).
-fn other_mount(h: &Harness) -> (SqliteEngine, u64) {
-    let other = SqliteEngine::open(&h.tmp.path().join("meta.db")).expect("open meta");
-    let sid = txn(&other, |t| t.register_session("other-host", 1, now_ns())).unwrap();
+fn other_mount(h: &Harness) -> (std::sync::Arc<dyn deskfs_meta::MetaEngine>, u64) {
+    let other = h.db.open();
+    let sid = txn(&*other, |t| t.register_session("other-host", 1, now_ns())).unwrap();
     other.log_changes_as(sid).unwrap();
     (other, sid)
 }
@@ -46,7 +45,7 @@ fn other_mounts_changes_become_invalidations_and_own_do_not() {
     h.feed_round();
     assert!(h.shared(), "another live session makes the mount shared");
     // The other mount renames f to g and changes its size.
-    txn(&other, |t| {
+    txn(&*other, |t| {
         t.move_dentry(ROOT_INO, b"f", ROOT_INO, b"g")?;
         let mut r = t.get_inode(f.ino)?.expect("inode");
         r.size = 2;
@@ -66,7 +65,9 @@ fn other_mounts_changes_become_invalidations_and_own_do_not() {
         assert!(got.contains(&want), "missing {want:?} in {got:?}");
     }
     assert!(!got.contains(&entry(ROOT_INO, "mine")), "{got:?}");
-    let for_other = read(&other, |t| t.changes_after(0, sid, 100)).unwrap();
+    let (for_other, _) = other
+        .feed_read(deskfs_meta::FeedCursor::default(), sid, 100)
+        .unwrap();
     assert!(for_other
         .iter()
         .any(|c| c.name.as_deref() == Some(&b"mine"[..])));
@@ -75,7 +76,7 @@ fn other_mounts_changes_become_invalidations_and_own_do_not() {
     h.feed_round();
     assert_eq!(seen.lock().unwrap().len(), n);
     // The other mount ends: alone again.
-    txn(&other, |t| t.delete_session(sid)).unwrap();
+    txn(&*other, |t| t.delete_session(sid)).unwrap();
     h.feed_round();
     assert!(!h.shared());
 }
@@ -109,7 +110,7 @@ fn keep_cache_only_while_the_kernel_pages_are_current() {
     rel(o.fh);
     // Another mount commits new content: the next open drops the pages.
     let (other, _sid) = other_mount(&h);
-    txn(&other, |t| {
+    txn(&*other, |t| {
         let mut r = t.get_inode(f.ino)?.expect("inode");
         r.data_version += 1;
         t.update_inode(&r)
@@ -154,11 +155,8 @@ fn opens_are_recorded_for_other_mounts_only_while_they_are_live() {
         recorded(),
         "opens made while alone are published for the new mount"
     );
-    let ack = read(&other, |t| {
-        t.get_kv(&format!(
-            "feed_ack.{}",
-            h.session.load(std::sync::atomic::Ordering::SeqCst)
-        ))
+    let ack = read(&*other, |t| {
+        t.get_kv(&format!("feed_ack.{}", h.coherence.session()))
     })
     .unwrap();
     assert_eq!(ack.as_deref(), Some(sid.to_string().as_str()));
@@ -171,7 +169,7 @@ fn opens_are_recorded_for_other_mounts_only_while_they_are_live() {
     h.release(f.ino, fh).unwrap();
     assert!(!recorded());
     // The other mount leaves: opens are not recorded any more.
-    txn(&other, |t| t.delete_session(sid)).unwrap();
+    txn(&*other, |t| t.delete_session(sid)).unwrap();
     h.feed_round();
     let fh = h.op(f.ino, libc::O_RDONLY);
     assert!(!recorded());
@@ -190,6 +188,7 @@ fn unlinked_while_open_without_records_is_purged_at_last_close() {
         b"data",
         "readable until the last close"
     );
+    h.kernel_forgets(f.ino);
     h.release(f.ino, fh).unwrap();
     assert!(h.row(f.ino).is_none(), "purged at the last close");
 }

@@ -3,16 +3,15 @@
 use std::path::Path;
 
 use deskfs_cache::Cache;
-use deskfs_meta::sqlite::SqliteEngine;
 
 use super::*;
 use crate::fsck::{fsck, FsckOptions, FsckReport};
 
-fn run(dir: &Path, repair: bool) -> FsckReport {
-    let meta = SqliteEngine::open(&dir.join("meta.db")).expect("open meta");
+fn run(dir: &Path, db: &MetaDb, repair: bool) -> FsckReport {
+    let meta = db.open();
     let cache = Cache::open(&dir.join("cache"), 64 << 20, 1 << 20).expect("open cache");
     fsck(
-        &meta,
+        &*meta,
         &cache,
         None,
         FsckOptions {
@@ -40,29 +39,29 @@ fn healthy_workspace_has_no_problem_and_damage_is_repaired() {
     h.sync_all();
     let f_ino = f.ino;
     let mut seen = Vec::new();
-    h.remount_after(|dir| {
-        let clean = run(dir, false);
+    h.remount_after(|dir, db| {
+        let clean = run(dir, db, false);
         assert!(
             clean.problems.is_empty(),
             "healthy workspace: {:?}",
             clean.problems
         );
         // Damage: wrong link counts, an entry naming nothing, a stray staging file.
-        let meta = SqliteEngine::open(&dir.join("meta.db")).unwrap();
-        deskfs_meta::txn(&meta, |t| {
+        let meta = db.open();
+        deskfs_meta::txn(&*meta, |t| {
             t.set_nlink(f_ino, 7)?;
             t.set_nlink(ROOT_INO, 9)?;
             t.insert_dentry(ROOT_INO, b"ghost", 999_999)?;
-            Ok(())
+            Ok::<_, deskfs_meta::MetaError>(())
         })
         .unwrap();
         std::fs::write(dir.join("cache/staging/888888"), b"junk").unwrap();
-        let found = run(dir, false);
+        let found = run(dir, db, false);
         seen = kinds(&found);
         assert_eq!(found.unrepaired(), found.problems.len());
-        let fixed = run(dir, true);
+        let fixed = run(dir, db, true);
         assert_eq!(fixed.unrepaired(), 0, "{:?}", fixed.problems);
-        let again = run(dir, false);
+        let again = run(dir, db, false);
         assert!(
             again.problems.is_empty(),
             "after repair: {:?}",
@@ -82,17 +81,17 @@ fn dirty_staging_longer_than_metadata_is_adopted() {
     let mut h = Harness::new();
     let f = h.file(ROOT_INO, "f", b"abc");
     let ino = f.ino;
-    h.remount_after(|dir| {
+    h.remount_after(|dir, db| {
         // A crash after writes reached the staging file but before they were committed.
-        let meta = SqliteEngine::open(&dir.join("meta.db")).unwrap();
-        deskfs_meta::txn(&meta, |t| {
+        let meta = db.open();
+        deskfs_meta::txn(&*meta, |t| {
             let mut r = t.get_inode(ino)?.unwrap();
             r.dirty = true;
             t.update_inode(&r)
         })
         .unwrap();
         std::fs::write(dir.join(format!("cache/staging/{ino}")), b"abcdef").unwrap();
-        let found = run(dir, true);
+        let found = run(dir, db, true);
         assert!(found.problems.is_empty(), "{:?}", found.problems);
         let notes: Vec<&str> = found.notes.iter().map(|n| n.kind).collect();
         assert_eq!(

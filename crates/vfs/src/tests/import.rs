@@ -330,7 +330,7 @@ fn exchange_of_imported_files_swaps_objects() {
     }
     // What a mount that lost its cache (or another machine) then reads.
     let mut h = h;
-    h.remount_after(|dir| std::fs::remove_dir_all(dir.join("cache")).unwrap());
+    h.remount_after(|dir, _| std::fs::remove_dir_all(dir.join("cache")).unwrap());
     for i in 0..n {
         let a = String::from_utf8(h.cat_path(&format!("p{i}/a"))).unwrap();
         let b = String::from_utf8(h.cat_path(&format!("p{i}/b"))).unwrap();

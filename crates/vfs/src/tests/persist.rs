@@ -132,7 +132,7 @@ fn content_comes_back_from_the_bucket_when_the_cache_is_lost() {
     let b = h.file(ROOT_INO, "big", &big);
     h.sync_all();
     // The machine loses its cache dir (new disk); the database and bucket remain.
-    h.remount_after(|dir| {
+    h.remount_after(|dir, _| {
         std::fs::remove_dir_all(dir.join("cache")).unwrap();
     });
     assert!(!h.staging_exists(b.ino));

@@ -10,7 +10,7 @@ fn unlink_errors() {
     assert_eq!(errno(h.unlink(&CTX, ROOT_INO, b"d")), libc::EISDIR);
     assert_eq!(errno(h.unlink(&CTX, ROOT_INO, b"nope")), libc::ENOENT);
     assert_eq!(errno(h.unlink(&CTX, f.ino, b"x")), libc::ENOTDIR);
-    assert_eq!(errno(h.unlink(&CTX, 987_654, b"x")), libc::ENOENT);
+    assert_eq!(errno(h.unlink(&CTX, 987_654, b"x")), libc::ESTALE);
     assert_eq!(errno(h.unlink(&CTX, ROOT_INO, b".")), libc::EINVAL);
     // Nothing changed.
     assert_eq!(h.ls(ROOT_INO), ["d", "f"]);
@@ -25,7 +25,12 @@ fn unlink_removes_name_inode_and_staging() {
     assert!(h.staging_exists(f.ino));
     h.unlink(&CTX, ROOT_INO, b"f").unwrap();
     assert_eq!(errno(h.lk(ROOT_INO, "f")), libc::ENOENT);
-    assert_eq!(errno(h.getattr(f.ino)), libc::ENOENT);
+    // The kernel still holds the inode (it looked it up): a process that resolved the
+    // path a moment ago can still use it, as on ext4.
+    assert_eq!(h.getattr(f.ino).unwrap().nlink, 0);
+    assert!(h.row(f.ino).is_some(), "kept while the kernel holds it");
+    h.kernel_forgets(f.ino);
+    assert_eq!(errno(h.getattr(f.ino)), libc::ESTALE);
     assert!(h.row(f.ino).is_none());
     assert!(
         !h.staging_exists(f.ino),
@@ -33,11 +38,14 @@ fn unlink_removes_name_inode_and_staging() {
     );
     assert!(h.ls(ROOT_INO).is_empty());
     // Special files and symlinks unlink the same way.
-    h.symlink(&CTX, ROOT_INO, b"l", b"x").unwrap();
-    h.mknod(&CTX, ROOT_INO, b"p", libc::S_IFIFO | 0o644, 0, 0)
+    let l = h.symlink(&CTX, ROOT_INO, b"l", b"x").unwrap();
+    let p = h
+        .mknod(&CTX, ROOT_INO, b"p", libc::S_IFIFO | 0o644, 0, 0)
         .unwrap();
     h.unlink(&CTX, ROOT_INO, b"l").unwrap();
     h.unlink(&CTX, ROOT_INO, b"p").unwrap();
+    h.forget_many(&[(l.ino, 1), (p.ino, 1)]);
+    h.flush_purges();
     assert!(h.ls(ROOT_INO).is_empty());
     assert_eq!(
         h.statfs().unwrap().ffree,
@@ -101,7 +109,9 @@ fn open_unlinked_file_lives_until_last_release() {
     assert_eq!(h.read(a.ino, r, 0, 6).unwrap(), b"before");
 
     h.release(a.ino, r).unwrap();
-    assert_eq!(errno(h.getattr(a.ino)), libc::ENOENT);
+    assert!(h.row(a.ino).is_some(), "the kernel still holds it");
+    h.kernel_forgets(a.ino);
+    assert_eq!(errno(h.getattr(a.ino)), libc::ESTALE);
     assert!(h.row(a.ino).is_none());
     assert!(!h.staging_exists(a.ino));
     assert_eq!(h.cat_path("f"), b"new");
@@ -117,12 +127,14 @@ fn unlinked_file_with_two_handles_is_purged_after_both_close() {
     let h1 = h.op(f.ino, libc::O_RDONLY);
     let h2 = h.op(f.ino, libc::O_RDONLY);
     h.unlink(&CTX, ROOT_INO, b"f").unwrap();
+    // The kernel lets go of its lookup references; the handles still hold the inode.
+    h.kernel_forgets(f.ino);
     h.release(f.ino, h1).unwrap();
     assert_eq!(h.getattr(f.ino).unwrap().nlink, 0, "still open once");
     h.release(f.ino, h2).unwrap();
     assert_eq!(
         errno(h.getattr(f.ino)),
-        libc::ENOENT,
+        libc::ESTALE,
         "purged at the last close"
     );
     assert!(!h.staging_exists(f.ino));
@@ -140,7 +152,13 @@ fn replacing_an_open_file_by_rename_keeps_it_readable() {
     assert_eq!(h.getattr(old.ino).unwrap().nlink, 0);
     assert_eq!(h.read(old.ino, r, 0, 100).unwrap(), b"old content");
     h.release(old.ino, r).unwrap();
-    assert_eq!(errno(h.getattr(old.ino)), libc::ENOENT);
+    // Still held by the kernel (a path walk may be on it): open works, as on ext4.
+    let again = h.op(old.ino, libc::O_RDONLY);
+    assert_eq!(h.read(old.ino, again, 0, 100).unwrap(), b"old content");
+    h.release(old.ino, again).unwrap();
+    h.kernel_forgets(old.ino);
+    assert_eq!(errno(h.getattr(old.ino)), libc::ESTALE);
+    assert_eq!(errno(h.open(&CTX, old.ino, libc::O_RDONLY)), libc::ESTALE);
     assert!(!h.staging_exists(old.ino));
 }
 
@@ -153,7 +171,7 @@ fn open_unlinked_file_is_reclaimed_on_remount() {
     assert!(h.staging_exists(a.ino));
     // The process dies with the file open: the handle is never released.
     h.remount();
-    assert_eq!(errno(h.getattr(a.ino)), libc::ENOENT);
+    assert_eq!(errno(h.getattr(a.ino)), libc::ESTALE);
     assert!(h.row(a.ino).is_none(), "orphan inode deleted by recovery");
     assert!(
         !h.staging_exists(a.ino),

@@ -1,0 +1,454 @@
+//! [`Op`] batches on SQLite: each op is one or two prepared statements inside the
+//! caller's `BEGIN IMMEDIATE` transaction. Expectations are checked with row counts; the
+//! first one that fails aborts the batch with [`MetaError::Precondition`].
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::rows::{inode_from_row, kind_code, INODE_COLS};
+use super::MAX_COALESCE_NS;
+use crate::{Expect, Ino, InodeRow, MetaError, Op, OpOut, Result, XattrMode};
+
+/// Reserves `n` inode numbers from the workspace counter (`kv.next_ino`).
+pub(crate) fn alloc_inos(conn: &Connection, n: u64) -> Result<std::ops::Range<Ino>> {
+    let end: i64 = conn
+        .prepare_cached(
+            "UPDATE kv SET value = CAST(value AS INTEGER) + ?1 WHERE key='next_ino'
+             RETURNING CAST(value AS INTEGER)",
+        )?
+        .query_row(params![n as i64], |r| r.get(0))?;
+    let end = end as u64;
+    Ok(end - n..end)
+}
+
+/// Inserts `row` as inode number `ino`.
+pub(crate) fn insert_inode_at(conn: &Connection, ino: Ino, row: &InodeRow) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO inodes(ino,kind,perm,uid,gid,rdev,nlink,size,atime,mtime,ctime,btime,
+         data_version,target,local,dirty,listed)
+         VALUES(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17)",
+    )?
+    .execute(params![
+        ino as i64,
+        kind_code(row.kind),
+        row.perm,
+        row.uid,
+        row.gid,
+        row.rdev,
+        row.nlink,
+        row.size as i64,
+        row.atime_ns,
+        row.mtime_ns,
+        row.ctime_ns,
+        row.btime_ns,
+        row.data_version as i64,
+        row.target,
+        row.local.code(),
+        row.dirty as i64,
+        row.listed_ns,
+    ])?;
+    Ok(())
+}
+
+/// The next pending-work sequence number (sync barriers compare against it).
+pub(crate) fn next_seq(conn: &Connection) -> Result<u64> {
+    let seq: i64 = conn
+        .prepare_cached(
+            "UPDATE kv SET value = CAST(value AS INTEGER) + 1 WHERE key='pending_seq'
+             RETURNING CAST(value AS INTEGER)",
+        )?
+        .query_row([], |r| r.get(0))?;
+    Ok(seq as u64)
+}
+
+/// The paths of the dentries selected by `SEED` (rows `(parent, name)`), each walked up to
+/// the root through directory entries (a directory has one). Unreachable ones (an
+/// unlinked directory on the way) yield nothing. `{SEED}` is spliced in.
+const PATHS_CTE: &str = "WITH RECURSIVE up(seed, ino, path, depth) AS (
+     SELECT rowid_, parent, name, 0 FROM ({SEED})
+     UNION ALL
+     SELECT up.seed, d.parent, d.name || X'2F' || up.path, up.depth + 1
+     FROM up JOIN dentries d ON d.ino = up.ino
+     WHERE up.ino <> 1 AND up.depth < 4096)";
+
+/// Inserts or re-marks pending rows for every path `PATHS_CTE` yields.
+const MARK_TAIL: &str = "
+INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error)
+SELECT CAST(path AS BLOB), ?3, ?4, 1, ?5, ?5, 0, NULL FROM up WHERE ino = 1
+ON CONFLICT(path) DO UPDATE SET
+  recursive = max(recursive, excluded.recursive),
+  gen = gen + 1,
+  due = min(excluded.due, since + ?6)";
+
+fn mark_path_sql() -> String {
+    format!(
+        "{} {}",
+        PATHS_CTE.replace("{SEED}", "SELECT 0 AS rowid_, ?1 AS parent, ?2 AS name"),
+        MARK_TAIL
+    )
+}
+
+fn mark_inode_sql() -> String {
+    // ?2 is unused here but keeps the parameter numbering of MARK_TAIL.
+    format!(
+        "{} {}",
+        PATHS_CTE.replace(
+            "{SEED}",
+            "SELECT cookie AS rowid_, parent, name FROM dentries WHERE ino = ?1 AND ?2 IS NULL"
+        ),
+        MARK_TAIL
+    )
+}
+
+/// The workspace paths of every name of `ino` (empty for an unreachable inode), computed
+/// like the pending marks.
+pub(crate) fn paths_of(conn: &Connection, ino: Ino) -> Result<Vec<Vec<u8>>> {
+    let sql = format!(
+        "{} SELECT CAST(path AS BLOB) FROM up WHERE ino = 1 ORDER BY seed",
+        PATHS_CTE.replace(
+            "{SEED}",
+            "SELECT cookie AS rowid_, parent, name FROM dentries WHERE ino = ?1"
+        )
+    );
+    let mut st = conn.prepare_cached(&sql)?;
+    let v = st
+        .query_map(params![ino as i64], |r| r.get::<_, Vec<u8>>(0))?
+        .collect::<std::result::Result<_, _>>()?;
+    Ok(v)
+}
+
+fn fail(step: usize, what: Expect) -> MetaError {
+    MetaError::Precondition { step, what }
+}
+
+fn expect_one(n: usize, step: usize, what: Expect) -> Result<()> {
+    if n == 1 {
+        Ok(())
+    } else {
+        Err(fail(step, what))
+    }
+}
+
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _)
+        if f.code == rusqlite::ErrorCode::ConstraintViolation)
+}
+
+/// Applies `ops` on `conn` (inside the caller's transaction), in order.
+pub(crate) fn apply_ops(conn: &Connection, ops: &[Op]) -> Result<Vec<OpOut>> {
+    let mut out = Vec::with_capacity(ops.len());
+    for (step, op) in ops.iter().enumerate() {
+        out.push(apply_one(conn, step, op)?);
+    }
+    Ok(out)
+}
+
+fn apply_one(conn: &Connection, step: usize, op: &Op) -> Result<OpOut> {
+    match op {
+        Op::CheckSession(s) => {
+            let live = conn
+                .prepare_cached("SELECT 1 FROM sessions WHERE id=?1")?
+                .exists(params![*s as i64])?;
+            if !live {
+                return Err(MetaError::Fenced(*s));
+            }
+        }
+        Op::TouchDir {
+            ino,
+            nlink_delta,
+            time_ns,
+        } => {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE inodes SET nlink = nlink + ?2, mtime = max(mtime, ?3),
+                     ctime = max(ctime, ?3) WHERE ino=?1 AND kind=4 AND nlink>0",
+                )?
+                .execute(params![*ino as i64, nlink_delta, time_ns])?;
+            expect_one(n, step, Expect::DirAlive)?;
+        }
+        Op::InsertInode(row) => insert_inode_at(conn, row.ino, row)?,
+        Op::InsertDentry { parent, name, ino } => {
+            let r = conn
+                .prepare_cached("INSERT INTO dentries(parent,name,ino) VALUES(?1,?2,?3)")?
+                .execute(params![*parent as i64, name, *ino as i64]);
+            match r {
+                Ok(_) => {}
+                Err(e) if is_unique_violation(&e) => return Err(fail(step, Expect::NameFree)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Op::DeleteDentry { parent, name, ino } => {
+            let n = conn
+                .prepare_cached("DELETE FROM dentries WHERE parent=?1 AND name=?2 AND ino=?3")?
+                .execute(params![*parent as i64, name, *ino as i64])?;
+            expect_one(n, step, Expect::EntryIs)?;
+        }
+        Op::MoveDentry {
+            parent,
+            name,
+            ino,
+            new_parent,
+            new_name,
+        } => {
+            let r = conn
+                .prepare_cached(
+                    "UPDATE dentries SET parent=?4, name=?5 WHERE parent=?1 AND name=?2 AND ino=?3",
+                )?
+                .execute(params![
+                    *parent as i64,
+                    name,
+                    *ino as i64,
+                    *new_parent as i64,
+                    new_name
+                ]);
+            match r {
+                Ok(n) => expect_one(n, step, Expect::EntryIs)?,
+                Err(e) if is_unique_violation(&e) => return Err(fail(step, Expect::NameFree)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Op::RepointDentry {
+            parent,
+            name,
+            from,
+            to,
+        } => {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE dentries SET ino=?4 WHERE parent=?1 AND name=?2 AND ino=?3",
+                )?
+                .execute(params![*parent as i64, name, *from as i64, *to as i64])?;
+            expect_one(n, step, Expect::EntryIs)?;
+        }
+        Op::ExpectEntry { parent, name, ino } => {
+            let found: Option<i64> = conn
+                .prepare_cached("SELECT ino FROM dentries WHERE parent=?1 AND name=?2")?
+                .query_row(params![*parent as i64, name], |r| r.get(0))
+                .optional()?;
+            match (ino, found) {
+                (None, Some(_)) => return Err(fail(step, Expect::NameFree)),
+                (Some(want), got) if got != Some(*want as i64) => {
+                    return Err(fail(step, Expect::EntryIs))
+                }
+                _ => {}
+            }
+        }
+        Op::ExpectEmpty(dir) => {
+            let has = conn
+                .prepare_cached("SELECT 1 FROM dentries WHERE parent=?1 LIMIT 1")?
+                .exists(params![*dir as i64])?;
+            if has {
+                return Err(fail(step, Expect::DirEmpty));
+            }
+        }
+        Op::ExpectNotAncestor { dir, of } => {
+            let hit = conn
+                .prepare_cached(
+                    "WITH RECURSIVE up(ino, depth) AS (
+                       SELECT ?2, 0
+                       UNION ALL
+                       SELECT d.parent, up.depth + 1 FROM up JOIN dentries d ON d.ino = up.ino
+                       WHERE up.ino <> 1 AND up.ino <> ?1 AND up.depth < 4096)
+                     SELECT 1 FROM up WHERE ino = ?1 LIMIT 1",
+                )?
+                .exists(params![*dir as i64, *of as i64])?;
+            if hit {
+                return Err(fail(step, Expect::NotAncestor));
+            }
+        }
+        Op::AddNlink {
+            ino,
+            delta,
+            ctime_ns,
+        } => {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE inodes SET nlink = max(nlink + ?2, 0), ctime = max(ctime, ?3)
+                     WHERE ino=?1 AND (?2 <= 0 OR nlink > 0)",
+                )?
+                .execute(params![*ino as i64, delta, ctime_ns])?;
+            if n != 1 {
+                let exists = conn
+                    .prepare_cached("SELECT 1 FROM inodes WHERE ino=?1")?
+                    .exists(params![*ino as i64])?;
+                let what = if exists {
+                    Expect::Linked
+                } else {
+                    Expect::InodeExists
+                };
+                return Err(fail(step, what));
+            }
+        }
+        Op::ExpectAttrs {
+            ino,
+            perm,
+            uid,
+            gid,
+        } => {
+            let same = conn
+                .prepare_cached(
+                    "SELECT 1 FROM inodes WHERE ino=?1 AND perm=?2 AND uid=?3 AND gid=?4",
+                )?
+                .exists(params![*ino as i64, perm, uid, gid])?;
+            if !same {
+                return Err(fail(step, Expect::Attrs));
+            }
+        }
+        Op::SetAttrs { ino, set } => {
+            let n = conn
+                .prepare_cached(
+                    "UPDATE inodes SET perm = coalesce(?2, perm), uid = coalesce(?3, uid),
+                     gid = coalesce(?4, gid), atime = coalesce(?5, atime),
+                     mtime = coalesce(?6, mtime), ctime = max(ctime, coalesce(?7, ctime)),
+                     dirty = coalesce(?8, dirty), local = coalesce(?9, local)
+                     WHERE ino=?1",
+                )?
+                .execute(params![
+                    *ino as i64,
+                    set.perm,
+                    set.uid,
+                    set.gid,
+                    set.atime_ns,
+                    set.mtime_ns,
+                    set.ctime_ns,
+                    set.dirty.map(|d| d as i64),
+                    set.local.map(|l| l.code()),
+                ])?;
+            expect_one(n, step, Expect::InodeExists)?;
+        }
+        Op::CommitContent {
+            ino,
+            size,
+            mtime_ns,
+            ctime_ns,
+            local,
+        } => {
+            let v: Option<i64> = conn
+                .prepare_cached(
+                    "UPDATE inodes SET size=?2, mtime=?3, ctime=max(ctime, ?4),
+                     data_version = data_version + 1, dirty=1, local=?5
+                     WHERE ino=?1 RETURNING data_version",
+                )?
+                .query_row(
+                    params![*ino as i64, *size as i64, mtime_ns, ctime_ns, local.code()],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            match v {
+                Some(v) => return Ok(OpOut::Version(v as u64)),
+                None => return Err(fail(step, Expect::InodeExists)),
+            }
+        }
+        Op::Purge(ino) => {
+            let n = conn
+                .prepare_cached(
+                    "DELETE FROM inodes WHERE ino=?1 AND nlink=0
+                     AND NOT EXISTS (SELECT 1 FROM open_files WHERE ino=?1 AND count>0)",
+                )?
+                .execute(params![*ino as i64])?;
+            if n > 0 {
+                conn.prepare_cached("DELETE FROM xattrs WHERE ino=?1")?
+                    .execute(params![*ino as i64])?;
+            }
+            return Ok(OpOut::Purged(n > 0));
+        }
+        Op::DeleteInode(ino) => {
+            for sql in [
+                "DELETE FROM inodes WHERE ino=?1",
+                "DELETE FROM xattrs WHERE ino=?1",
+            ] {
+                conn.prepare_cached(sql)?.execute(params![*ino as i64])?;
+            }
+        }
+        Op::MarkPath {
+            parent,
+            name,
+            recursive,
+            not_before_ns,
+        } => {
+            let seq = next_seq(conn)?;
+            conn.prepare_cached(&mark_path_sql())?.execute(params![
+                *parent as i64,
+                name,
+                *recursive as i64,
+                seq as i64,
+                not_before_ns,
+                MAX_COALESCE_NS
+            ])?;
+        }
+        Op::MarkInode { ino, not_before_ns } => {
+            let seq = next_seq(conn)?;
+            conn.prepare_cached(&mark_inode_sql())?.execute(params![
+                *ino as i64,
+                Option::<i64>::None,
+                0i64,
+                seq as i64,
+                not_before_ns,
+                MAX_COALESCE_NS
+            ])?;
+        }
+        Op::AddOpen {
+            ino,
+            session,
+            delta,
+        } => {
+            conn.prepare_cached(
+                "INSERT INTO open_files(ino,session,count) VALUES(?1,?2,?3)
+                 ON CONFLICT(ino,session) DO UPDATE SET count = count + excluded.count",
+            )?
+            .execute(params![*ino as i64, *session as i64, delta])?;
+            conn.prepare_cached("DELETE FROM open_files WHERE ino=?1 AND session=?2 AND count<=0")?
+                .execute(params![*ino as i64, *session as i64])?;
+        }
+        Op::SetXattr {
+            ino,
+            name,
+            value,
+            mode,
+        } => {
+            let exists = conn
+                .prepare_cached("SELECT 1 FROM xattrs WHERE ino=?1 AND name=?2")?
+                .exists(params![*ino as i64, name])?;
+            match mode {
+                XattrMode::Create if exists => return Err(fail(step, Expect::XattrAbsent)),
+                XattrMode::Replace if !exists => return Err(fail(step, Expect::XattrPresent)),
+                _ => {}
+            }
+            conn.prepare_cached(
+                "INSERT INTO xattrs(ino,name,value) VALUES(?1,?2,?3)
+                 ON CONFLICT(ino,name) DO UPDATE SET value=excluded.value",
+            )?
+            .execute(params![*ino as i64, name, value])?;
+        }
+        Op::RemoveXattr { ino, name } => {
+            let n = conn
+                .prepare_cached("DELETE FROM xattrs WHERE ino=?1 AND name=?2")?
+                .execute(params![*ino as i64, name])?;
+            expect_one(n, step, Expect::XattrPresent)?;
+        }
+        Op::ExpireSession {
+            id,
+            stale_before_ns,
+        } => {
+            let n = conn
+                .prepare_cached("DELETE FROM sessions WHERE id=?1 AND heartbeat < ?2")?
+                .execute(params![*id as i64, stale_before_ns])?;
+            if n > 0 {
+                for sql in [
+                    "DELETE FROM open_files WHERE session=?1",
+                    "DELETE FROM locks WHERE session=?1",
+                ] {
+                    conn.prepare_cached(sql)?.execute(params![*id as i64])?;
+                }
+            }
+            return Ok(OpOut::Purged(n > 0));
+        }
+        Op::GetInode(ino) => {
+            let row = conn
+                .prepare_cached(&format!("SELECT {INODE_COLS} FROM inodes WHERE ino=?1"))?
+                .query_row(params![*ino as i64], |r| inode_from_row(r, 0))
+                .optional()?;
+            return Ok(OpOut::Row(row));
+        }
+    }
+    Ok(OpOut::Done)
+}

@@ -1,0 +1,169 @@
+//! What this mount remembers about the namespace between requests — hints, never truth.
+//!
+//! A namespace change is planned from facts (which inode a name names, an inode's type,
+//! a directory's group) and applied as one batch whose expectations guard every fact it
+//! used ([`deskfs_meta::Op`]). Facts the kernel just handed us (the lookup before an
+//! `unlink`, the `getattr` before a `chown`) are remembered here so that the batch needs
+//! no read round trip first. A stale hint costs one refused batch and a fresh read, never
+//! a wrong answer. An inode's type never changes, so that part is exact.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+
+use deskfs_meta::{Ino, InodeRow, Kind};
+
+/// Entries kept per table before it is emptied (a hint table is a cache, not a record).
+const HINTS_MAX: usize = 1 << 18;
+
+/// The decision-relevant attributes of an inode as last seen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct InoHint {
+    /// Type (exact: never changes).
+    pub(crate) kind: Kind,
+    /// Permission bits.
+    pub(crate) perm: u32,
+    /// Owner.
+    pub(crate) uid: u32,
+    /// Group.
+    pub(crate) gid: u32,
+}
+
+/// The hint tables of one mount.
+#[derive(Default)]
+pub(crate) struct Hints {
+    entries: Mutex<HashMap<(Ino, Vec<u8>), Ino>>,
+    inodes: Mutex<HashMap<Ino, InoHint>>,
+    /// Directories known to be listed from the bucket (a listing never becomes undone).
+    listed: Mutex<HashSet<Ino>>,
+}
+
+fn insert_capped<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>, k: K, v: V) {
+    if m.len() >= HINTS_MAX {
+        m.clear();
+    }
+    m.insert(k, v);
+}
+
+impl Hints {
+    /// Remembers what `row` says (and that a directory is listed, when it is).
+    pub(crate) fn note_row(&self, row: &InodeRow) {
+        let h = InoHint {
+            kind: row.kind,
+            perm: row.perm,
+            uid: row.uid,
+            gid: row.gid,
+        };
+        insert_capped(&mut lock(&self.inodes), row.ino, h);
+        if row.kind == Kind::Dir && row.listed_ns != 0 {
+            self.set_listed(row.ino);
+        }
+    }
+
+    /// Remembers that `parent/name` names `ino`.
+    pub(crate) fn note_entry(&self, parent: Ino, name: &[u8], ino: Ino) {
+        insert_capped(&mut lock(&self.entries), (parent, name.to_vec()), ino);
+    }
+
+    /// The inode `parent/name` named when last seen.
+    pub(crate) fn entry(&self, parent: Ino, name: &[u8]) -> Option<Ino> {
+        lock(&self.entries).get(&(parent, name.to_vec())).copied()
+    }
+
+    /// The attributes of `ino` as last seen.
+    pub(crate) fn inode(&self, ino: Ino) -> Option<InoHint> {
+        lock(&self.inodes).get(&ino).copied()
+    }
+
+    /// The type of `ino`, if ever seen (exact).
+    pub(crate) fn kind(&self, ino: Ino) -> Option<Kind> {
+        self.inode(ino).map(|h| h.kind)
+    }
+
+    /// `parent/name` may name something else now.
+    pub(crate) fn forget_entry(&self, parent: Ino, name: &[u8]) {
+        lock(&self.entries).remove(&(parent, name.to_vec()));
+    }
+
+    /// `ino`'s attributes may have changed (its type cannot).
+    pub(crate) fn forget_attrs(&self, ino: Ino) {
+        let mut m = lock(&self.inodes);
+        if let Some(h) = m.get_mut(&ino) {
+            // Keep the exact part; poison the rest so an expectation built from it fails
+            // rather than passes by accident.
+            h.perm = u32::MAX;
+        }
+    }
+
+    /// `ino` is gone. Its type stays known (inode numbers are never reused), so a
+    /// request for a removed directory can still be told from one for a removed file.
+    pub(crate) fn forget_inode(&self, ino: Ino) {
+        self.forget_attrs(ino);
+        lock(&self.listed).remove(&ino);
+    }
+
+    /// Whether directory `dir` is known to be listed from the bucket.
+    pub(crate) fn is_listed(&self, dir: Ino) -> bool {
+        lock(&self.listed).contains(&dir)
+    }
+
+    /// Directory `dir` is listed.
+    pub(crate) fn set_listed(&self, dir: Ino) {
+        let mut s = lock(&self.listed);
+        if s.len() >= HINTS_MAX {
+            s.clear();
+        }
+        s.insert(dir);
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A hint table poisoned by a panic elsewhere is still a valid cache.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+    use deskfs_meta::Local;
+
+    fn dir(ino: Ino, listed: i64) -> InodeRow {
+        InodeRow {
+            ino,
+            kind: Kind::Dir,
+            perm: 0o2775,
+            uid: 1,
+            gid: 2,
+            rdev: 0,
+            nlink: 2,
+            size: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            btime_ns: 0,
+            data_version: 0,
+            target: None,
+            local: Local::None,
+            dirty: false,
+            listed_ns: listed,
+        }
+    }
+
+    #[test]
+    fn rows_entries_and_forgetting() {
+        let h = Hints::default();
+        h.note_row(&dir(5, 0));
+        assert!(!h.is_listed(5));
+        h.note_row(&dir(6, 7));
+        assert!(h.is_listed(6));
+        assert_eq!(h.inode(5).unwrap().gid, 2);
+        h.note_entry(1, b"a", 5);
+        assert_eq!(h.entry(1, b"a"), Some(5));
+        h.forget_entry(1, b"a");
+        assert_eq!(h.entry(1, b"a"), None);
+        h.forget_attrs(5);
+        assert_eq!(h.kind(5), Some(Kind::Dir), "the type stays");
+        assert_ne!(h.inode(5).unwrap().perm, 0o2775, "the rest is poisoned");
+        h.forget_inode(6);
+        assert!(h.kind(6) == Some(Kind::Dir) && !h.is_listed(6));
+    }
+}

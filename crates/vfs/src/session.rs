@@ -1,0 +1,190 @@
+//! Mount sessions: the lease under which a mount's locks and open-file records are valid.
+//!
+//! A mount registers a session when it starts and renews it every
+//! [`VfsConfig::lease`](crate::VfsConfig)/6 (the heartbeat). Any mount expires sessions that
+//! missed their lease (measured on the database's clock, so hosts' clocks need not agree)
+//! or whose daemon is gone from this host, and cleans up after them: their locks and
+//! open-file records go with the session row, and the orphans (`nlink == 0`) nobody holds
+//! any more are purged. A mount that finds its own session gone was fenced (see
+//! [`crate::coherence`]).
+
+use std::time::Duration;
+
+use deskfs_meta::{MetaError, Op, OpOut, SessionRow};
+
+use crate::{now_ns, Result, Vfs};
+
+/// The host name mounts are told apart by (the UTS name: network namespaces with their
+/// own UTS namespace count as hosts).
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Whether process `pid` of this host exists (0 = unknown: treated as alive).
+pub(crate) fn pid_alive(pid: u32) -> bool {
+    pid == 0 || std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+impl Vfs {
+    /// The heartbeat period: a sixth of the lease.
+    pub(crate) fn heartbeat_period(&self) -> Duration {
+        self.cfg.lease / 6
+    }
+
+    fn lease_ns(&self) -> i64 {
+        self.cfg.lease.as_nanos() as i64
+    }
+
+    /// Registers this mount's session (expiring dead ones first) and starts following the
+    /// change feed from its current end.
+    pub(crate) fn start_session(&self) -> Result<()> {
+        let host = hostname();
+        let me = std::process::id();
+        let (id, dead) = deskfs_meta::txn(&*self.meta, |t| {
+            let now = t.db_now_ns()?;
+            let dead = self.dead_sessions(&t.sessions()?, now, None);
+            Ok::<_, MetaError>((t.register_session(&host, me, now)?, dead))
+        })?;
+        self.expire(&dead);
+        self.coherence.set_session(id);
+        // Log ours while others are live; follow theirs from here on.
+        self.meta.log_changes_as(id)?;
+        self.coherence.set_cursor(self.meta.feed_start()?);
+        self.observe_sessions()?;
+        let _ = self.meta.signal(&deskfs_meta::Signal::Sessions);
+        Ok(())
+    }
+
+    /// The sessions of `sessions` (other than `me`) that are dead at database time `now`:
+    /// no heartbeat for a lease, or a daemon of this host that is gone (or this very
+    /// process's old one). Each with the heartbeat cutoff its expiry must check, so a
+    /// session that renews meanwhile survives.
+    fn dead_sessions(
+        &self,
+        sessions: &[SessionRow],
+        now: i64,
+        me: Option<u64>,
+    ) -> Vec<(SessionRow, i64)> {
+        let host = hostname();
+        let pid = std::process::id();
+        let lease = self.lease_ns();
+        sessions
+            .iter()
+            .filter(|s| Some(s.id) != me)
+            .filter_map(|s| {
+                if s.host == host && (s.pid == pid || !pid_alive(s.pid)) {
+                    Some((s.clone(), i64::MAX))
+                } else if now - s.heartbeat_ns > lease {
+                    Some((s.clone(), now - lease))
+                } else {
+                    None
+                }
+            })
+            .collect()
+    }
+
+    /// Expires `dead` sessions (one batch), then purges the orphans nobody holds any
+    /// more.
+    fn expire(&self, dead: &[(SessionRow, i64)]) {
+        if dead.is_empty() {
+            return;
+        }
+        let ops: Vec<Op> = dead
+            .iter()
+            .map(|(s, cutoff)| Op::ExpireSession {
+                id: s.id,
+                stale_before_ns: *cutoff,
+            })
+            .collect();
+        match self.meta.apply(&ops) {
+            Ok(out) => {
+                let mut any = false;
+                for ((s, _), o) in dead.iter().zip(out) {
+                    if o == OpOut::Purged(true) {
+                        any = true;
+                        tracing::warn!(session = s.id, host = %s.host, pid = s.pid, "mount session expired: its locks, open-file records and orphans are released");
+                    }
+                }
+                if any {
+                    let _ = self.meta.signal(&deskfs_meta::Signal::Sessions);
+                    // Their locks are free: this mount's waiters look again too.
+                    self.locks.wake();
+                    if let Err(e) = self.purge_unheld_orphans() {
+                        tracing::warn!(error = %e, "cannot purge the orphans of expired sessions");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot expire dead sessions"),
+        }
+    }
+
+    /// Renews the lease, expires dead sessions (cleaning up after them) and prunes the
+    /// feed. Called every [`Vfs::heartbeat_period`] by the feed thread.
+    pub(crate) fn heartbeat(&self) {
+        let me = self.coherence.session();
+        let r = deskfs_meta::txn(&*self.meta, |t| {
+            let now = t.db_now_ns()?;
+            t.heartbeat(me, now)?;
+            let dead = self.dead_sessions(&t.sessions()?, now, Some(me));
+            t.prune_changes(now / 1_000_000 - crate::feed::FEED_KEEP_MS)?;
+            Ok::<_, MetaError>(dead)
+        });
+        match r {
+            Ok(dead) => self.expire(&dead),
+            Err(MetaError::NotFound(_)) => self.fenced(me),
+            Err(e) => tracing::warn!(error = %e, "lease renewal failed; retrying"),
+        }
+    }
+
+    /// This mount's session `lost` is gone (expired by another mount): log it, count it,
+    /// forget the locks held through it, and register anew (opens are published again
+    /// when other mounts are live).
+    pub(crate) fn fenced(&self, lost: u64) {
+        if self.coherence.session() != lost {
+            return; // already re-registered
+        }
+        tracing::error!(session = lost, "this mount's session lease was lost (the mount was paused or cut off longer than the lease, and another mount expired it): locks held through it are gone; registering a new session");
+        self.coherence.fenced(lost, now_ns());
+        self.locks.forget_all();
+        if let Ok(hs) = self.handles.lock() {
+            for h in hs.values() {
+                h.unrecord();
+            }
+        }
+        if let Err(e) = self.start_session() {
+            tracing::error!(error = %e, "cannot register a new session");
+        }
+    }
+
+    /// Purges orphans that no session records open and this mount does not hold (run
+    /// after expiring dead sessions, whose kept orphans nobody will purge otherwise).
+    pub(crate) fn purge_unheld_orphans(&self) -> Result<()> {
+        let orphans = deskfs_meta::read(&*self.meta, |t| t.orphan_inodes())?;
+        let victims: Vec<_> = orphans.into_iter().filter(|i| !self.keeps(*i)).collect();
+        if victims.is_empty() {
+            return Ok(());
+        }
+        let ops: Vec<Op> = victims.iter().map(|i| Op::Purge(*i)).collect();
+        let out = self.meta.apply(&ops)?;
+        for (ino, o) in victims.iter().zip(out) {
+            if o == OpOut::Purged(true) {
+                self.purge_local(*ino);
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends this mount's session (its locks and open-file records go with it).
+    pub(crate) fn end_session(&self) {
+        let s = self.coherence.session();
+        let _ = deskfs_meta::txn(&*self.meta, |t| {
+            t.delete_session(s)?;
+            t.set_kv(&format!("feed_ack.{s}"), "0")
+        });
+        let _ = self.meta.signal(&deskfs_meta::Signal::Sessions);
+    }
+}
