@@ -302,7 +302,11 @@ impl Vfs {
                 return Err(VfsError::Interrupted);
             }
             self.locks.sleep(seen, wait);
-            let max = if self.locks.notified.load(std::sync::atomic::Ordering::Relaxed) {
+            let max = if self
+                .locks
+                .notified
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
                 LOCK_POLL_NOTIFIED
             } else {
                 LOCK_POLL_MAX
