@@ -41,12 +41,14 @@ const N: usize = 34;
 
 static COUNT: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 static NANOS: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+static ROUND_TRIPS: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 
 /// Counts one request of kind `op` and, when dropped, the time spent on it (made by
 /// the request handlers).
 pub struct Timed {
     op: Op,
     start: Instant,
+    round_trips: u64,
 }
 
 /// Starts timing one request of kind `op`.
@@ -54,6 +56,7 @@ pub(crate) fn timed(op: Op) -> Timed {
     Timed {
         op,
         start: Instant::now(),
+        round_trips: deskfs_meta::thread_round_trips(),
     }
 }
 
@@ -63,6 +66,8 @@ impl Drop for Timed {
         let ns = self.start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
         COUNT[i].fetch_add(1, Ordering::Relaxed);
         NANOS[i].fetch_add(ns, Ordering::Relaxed);
+        let rts = deskfs_meta::thread_round_trips().saturating_sub(self.round_trips);
+        ROUND_TRIPS[i].fetch_add(rts, Ordering::Relaxed);
     }
 }
 
@@ -75,6 +80,8 @@ pub struct OpStat {
     pub count: u64,
     /// Time spent serving them in total, ns.
     pub total_ns: u64,
+    /// Metadata database round trips they waited for, in total.
+    pub round_trips: u64,
 }
 
 /// The request kinds served so far (those with a count of 0 left out), in table order.
@@ -85,6 +92,7 @@ pub fn snapshot() -> Vec<OpStat> {
             op: op.name(),
             count: COUNT[op as usize].load(Ordering::Relaxed),
             total_ns: NANOS[op as usize].load(Ordering::Relaxed),
+            round_trips: ROUND_TRIPS[op as usize].load(Ordering::Relaxed),
         })
         .filter(|s| s.count > 0)
         .collect()

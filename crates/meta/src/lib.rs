@@ -57,6 +57,22 @@ pub struct EngineCounters {
     pub errors: u64,
 }
 
+thread_local! {
+    static THREAD_ROUND_TRIPS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Database round trips made by the calling thread so far (every engine counts the ones it
+/// waits for on the caller's thread): the difference around a request is that request's
+/// round trips (`deskfs status`, per FUSE request kind).
+pub fn thread_round_trips() -> u64 {
+    THREAD_ROUND_TRIPS.with(|c| c.get())
+}
+
+/// Counts one round trip for the calling thread (engines call it beside their counters).
+pub(crate) fn count_thread_round_trip() {
+    THREAD_ROUND_TRIPS.with(|c| c.set(c.get() + 1));
+}
+
 /// A wake-up sent between mounts through the engine (PostgreSQL `LISTEN`/`NOTIFY`).
 /// Followers treat every signal as a hint to look at the database, never as data.
 #[derive(Clone, Debug, PartialEq, Eq)]

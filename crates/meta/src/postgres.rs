@@ -59,6 +59,7 @@ struct Counters {
 
 impl Counters {
     fn add_round_trip(&self) {
+        crate::count_thread_round_trip();
         self.round_trips.fetch_add(1, Ordering::Relaxed);
     }
     fn add_commit(&self) {

@@ -145,6 +145,12 @@ impl Counters {
         c.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// One round trip (also counted for the calling thread).
+    fn round_trip(&self) {
+        crate::count_thread_round_trip();
+        Self::add(&self.round_trips);
+    }
+
     fn snapshot(&self) -> EngineCounters {
         EngineCounters {
             round_trips: self.round_trips.load(Ordering::Relaxed),
@@ -290,7 +296,7 @@ impl SqliteEngine {
             attempt += 1;
             let res = {
                 let conn = self.lock()?;
-                Counters::add(&self.counters.round_trips);
+                self.counters.round_trip();
                 exec(&conn, begin)
                     .map_err(MetaError::from)
                     .and_then(|()| match body(&conn) {
@@ -437,7 +443,7 @@ impl MetaEngine for SqliteEngine {
 
     fn get_inode(&self, ino: Ino) -> Result<Option<InodeRow>> {
         let conn = self.lock()?;
-        Counters::add(&self.counters.round_trips);
+        self.counters.round_trip();
         let mut st =
             conn.prepare_cached(&format!("SELECT {INODE_COLS} FROM inodes WHERE ino=?1"))?;
         Ok(st
@@ -447,7 +453,7 @@ impl MetaEngine for SqliteEngine {
 
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Option<InodeRow>> {
         let conn = self.lock()?;
-        Counters::add(&self.counters.round_trips);
+        self.counters.round_trip();
         let mut st = conn.prepare_cached(
             "SELECT i.ino,i.kind,i.perm,i.uid,i.gid,i.rdev,i.nlink,i.size,i.atime,i.mtime,
                     i.ctime,i.btime,i.data_version,i.target,i.local,i.dirty,i.listed
@@ -468,7 +474,7 @@ impl MetaEngine for SqliteEngine {
 
     fn feed_start(&self) -> Result<FeedCursor> {
         let conn = self.lock()?;
-        Counters::add(&self.counters.round_trips);
+        self.counters.round_trip();
         let last: i64 = conn
             .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM changes")?
             .query_row([], |r| r.get(0))?;
@@ -487,7 +493,7 @@ impl MetaEngine for SqliteEngine {
         limit: usize,
     ) -> Result<(Vec<ChangeRow>, FeedCursor)> {
         let conn = self.lock()?;
-        Counters::add(&self.counters.round_trips);
+        self.counters.round_trip();
         let mut st = conn.prepare_cached(
             "SELECT seq, session, ino, parent, name FROM changes
              WHERE seq > ?1 ORDER BY seq LIMIT ?2",

@@ -29,6 +29,8 @@ pub(crate) enum OnFail {
 pub(crate) struct Batch {
     pub(crate) ops: Vec<Op>,
     on_fail: Vec<OnFail>,
+    /// Indexes of `GetInode` ops whose rows are remembered as fresh (see `refresh`).
+    refresh: Vec<usize>,
 }
 
 impl Batch {
@@ -37,6 +39,7 @@ impl Batch {
         let mut b = Batch {
             ops: Vec::with_capacity(8),
             on_fail: Vec::with_capacity(8),
+            refresh: Vec::new(),
         };
         let s = vfs.coherence.session();
         if s != 0 {
@@ -55,6 +58,14 @@ impl Batch {
     /// Adds an op whose failure means stale facts.
     pub(crate) fn guard(&mut self, op: Op) -> usize {
         self.push(op, OnFail::Retry)
+    }
+
+    /// Reads `ino` back at the end of the batch (same round trip) and remembers the row
+    /// as fresh: the `getattr` the kernel sends next for it (e.g. for a directory whose
+    /// attributes it invalidated because we changed an entry) costs no round trip.
+    pub(crate) fn refresh(&mut self, ino: Ino) {
+        let i = self.guard(Op::GetInode(ino));
+        self.refresh.push(i);
     }
 }
 
@@ -85,22 +96,37 @@ pub(crate) struct Node {
     pub(crate) hint: InoHint,
 }
 
+impl<'v> Facts<'v> {
+    /// Facts from what this mount remembers (a plan's first attempt).
+    pub(crate) fn hinted(vfs: &'v Vfs) -> Facts<'v> {
+        Facts { vfs, fresh: false }
+    }
+}
+
 impl Facts<'_> {
     /// The inode `parent/name` names, or `None`.
     pub(crate) fn entry(&self, parent: Ino, name: &[u8]) -> Result<Option<Node>> {
         if !self.fresh {
-            if let Some(ino) = self.vfs.hints.entry(parent, name) {
-                if let Some(hint) = self.vfs.hints.inode(ino) {
-                    return Ok(Some(Node { ino, hint }));
+            match self.vfs.hints.entry(parent, name) {
+                // Known free (the kernel's lookup just missed): guarded by the batch.
+                Some(None) => return Ok(None),
+                Some(Some(ino)) => {
+                    if let Some(hint) = self.vfs.hints.inode(ino) {
+                        return Ok(Some(Node { ino, hint }));
+                    }
                 }
+                None => {}
             }
         }
         let row = self.vfs.meta.lookup(parent, name)?;
-        Ok(row.map(|r| {
-            self.vfs.hints.note_row(&r);
-            self.vfs.hints.note_entry(parent, name, r.ino);
-            node_of(&r)
-        }))
+        match &row {
+            Some(r) => {
+                self.vfs.hints.note_row(r);
+                self.vfs.hints.note_entry(parent, name, r.ino);
+            }
+            None => self.vfs.hints.note_absent(parent, name),
+        }
+        Ok(row.map(|r| node_of(&r)))
     }
 
     /// The inode `ino`, or `None` when it does not exist.
@@ -166,7 +192,20 @@ impl Vfs {
                 Plan::Apply(b, f) => (b, f),
             };
             match self.meta.apply(&batch.ops) {
-                Ok(out) => return finish(&out),
+                Ok(out) => {
+                    // Rows this batch changed are not fresh any more; those it read back are.
+                    for op in &batch.ops {
+                        if let Some(ino) = changed_inode(op) {
+                            self.hints.forget_fresh(ino);
+                        }
+                    }
+                    for &i in &batch.refresh {
+                        if let Some(r) = out.get(i).and_then(|o| o.row()) {
+                            self.hints.note_fresh(r);
+                        }
+                    }
+                    return finish(&out);
+                }
                 Err(MetaError::Precondition { step, what }) => {
                     match batch.on_fail.get(step).copied().unwrap_or(OnFail::Retry) {
                         OnFail::Errno(e) => return Err(VfsError::from_errno(e)),
@@ -181,5 +220,21 @@ impl Vfs {
         Err(VfsError::Io(std::io::Error::other(
             "namespace change refused too often by concurrent changes",
         )))
+    }
+}
+
+/// The inode whose row `op` changes, if any (dentry ops change their directories' rows
+/// through the `TouchDir` that accompanies them).
+fn changed_inode(op: &Op) -> Option<Ino> {
+    match op {
+        Op::TouchDir { ino, .. }
+        | Op::AddNlink { ino, .. }
+        | Op::SetAttrs { ino, .. }
+        | Op::CommitContent { ino, .. }
+        | Op::SetXattr { ino, .. }
+        | Op::RemoveXattr { ino, .. } => Some(*ino),
+        Op::InsertInode(r) => Some(r.ino),
+        Op::Purge(ino) | Op::DeleteInode(ino) => Some(*ino),
+        _ => None,
     }
 }

@@ -130,6 +130,9 @@ pub(crate) struct Coherence {
     fences: Mutex<FenceReport>,
     /// Set at shutdown: background threads end.
     stopped: AtomicBool,
+    /// The engine delivers signals from other mounts (PostgreSQL `NOTIFY`): waits and
+    /// followers are woken by them, and poll only as a fallback.
+    notified: AtomicBool,
 }
 
 impl Default for Coherence {
@@ -142,6 +145,7 @@ impl Default for Coherence {
             cursor: Mutex::new(FeedCursor::default()),
             fences: Mutex::new(FenceReport::default()),
             stopped: AtomicBool::new(false),
+            notified: AtomicBool::new(false),
         }
     }
 }
@@ -220,6 +224,16 @@ impl Coherence {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+
+    /// Records whether the engine delivers signals.
+    pub(crate) fn set_notified(&self, yes: bool) {
+        self.notified.store(yes, Ordering::Relaxed);
+    }
+
+    /// Whether the engine delivers signals from other mounts.
+    pub(crate) fn notified(&self) -> bool {
+        self.notified.load(Ordering::Relaxed)
     }
 
     /// Background work should end.

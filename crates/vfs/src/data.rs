@@ -63,7 +63,7 @@ impl Vfs {
         ino: Ino,
         f: impl FnOnce(&mut InodeState) -> Result<T>,
     ) -> Result<T> {
-        self.locked_inner(ino, 0, |s, _| f(s))
+        self.locked_inner(ino, 0, |s, _| f(s), None)
     }
 
     /// [`Vfs::locked`] that also reads the inode's committed row under the state's lock
@@ -86,18 +86,25 @@ impl Vfs {
         orphan_ok: bool,
         f: impl FnOnce(&mut InodeState, &InodeRow) -> Result<T>,
     ) -> Result<T> {
-        self.locked_inner(ino, if orphan_ok { 2 } else { 1 }, |s, r| match r {
-            Some(r) => f(s, r),
-            None => Err(VfsError::Stale),
-        })
+        self.locked_inner(
+            ino,
+            if orphan_ok { 2 } else { 1 },
+            |s, r| match r {
+                Some(r) => f(s, r),
+                None => Err(VfsError::Stale),
+            },
+            None,
+        )
     }
 
     /// `read_row`: 0 = no row, 1 = the row (servable here), 2 = the row (orphans too).
+    /// `known`: a row just written by this mount, to load a fresh state from.
     fn locked_inner<T>(
         &self,
         ino: Ino,
         read_row: u8,
         f: impl FnOnce(&mut InodeState, Option<&InodeRow>) -> Result<T>,
+        known: Option<&InodeRow>,
     ) -> Result<T> {
         loop {
             let st = self.state_arc(ino);
@@ -118,7 +125,7 @@ impl Vfs {
                 None
             };
             if !s.loaded {
-                let loaded = match &row {
+                let loaded = match row.as_ref().or(known) {
                     Some(r) => {
                         s.fill(r);
                         Ok(())
@@ -402,11 +409,17 @@ impl Vfs {
                 ..NodeSpec::new(Kind::File, mode & !umask & 0o7777)
             },
         )?;
-        self.locked(row.ino, |s| {
-            s.open_count += 1;
-            self.kernel_pages.opened(row.ino, s.version);
-            Ok(())
-        })?;
+        // The state starts from the row just created (no read needed).
+        self.locked_inner(
+            row.ino,
+            0,
+            |s, _| {
+                s.open_count += 1;
+                self.kernel_pages.opened(row.ino, s.version);
+                Ok(())
+            },
+            Some(&row),
+        )?;
         let fh = self.new_handle(row.ino, flags, tracked)?;
         Ok((
             crate::attr_of(&row),

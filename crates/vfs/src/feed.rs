@@ -180,15 +180,27 @@ impl Vfs {
     /// One round of the feed thread: queued invalidations, the session table (the
     /// coherence state), then the change feed. Returns how many invalidations were
     /// delivered.
+    #[cfg(test)]
     pub(crate) fn feed_round(&self) -> usize {
+        self.feed_tick(true, true)
+    }
+
+    /// A round of the feed thread doing what is due: queued invalidations and purges
+    /// always; the session table (`sessions`) and the change feed (`feed`) when asked.
+    fn feed_tick(&self, sessions: bool, feed: bool) -> usize {
         let queued = std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()));
         let mut n = queued.len();
         for inv in &queued {
             self.invalidate_now(inv);
         }
         self.flush_purges();
-        if let Err(e) = self.observe_sessions() {
-            tracing::warn!(error = %e, "cannot read the mount sessions");
+        if sessions {
+            if let Err(e) = self.observe_sessions() {
+                tracing::warn!(error = %e, "cannot read the mount sessions");
+            }
+        }
+        if !feed {
+            return n;
         }
         let me = self.coherence.session();
         loop {
@@ -345,6 +357,10 @@ impl Vfs {
     }
 }
 
+/// With an engine that notifies, how often the session table and the change feed are
+/// read anyway (a notification lost with a connection, a peer that died silently).
+const NOTIFIED_FALLBACK: Duration = Duration::from_secs(1);
+
 /// How often uncommitted writes of released files (a commit that failed while the
 /// database was unreachable) are committed again.
 const RECOMMIT_EVERY: Duration = Duration::from_secs(2);
@@ -354,24 +370,36 @@ const RECOMMIT_EVERY: Duration = Duration::from_secs(2);
 pub(crate) fn start(vfs: &Arc<Vfs>) {
     let weak: Weak<Vfs> = Arc::downgrade(vfs);
     let signals = vfs.meta.subscribe();
-    vfs.locks
-        .notified
-        .store(signals.is_some(), std::sync::atomic::Ordering::Relaxed);
+    vfs.coherence.set_notified(signals.is_some());
     let spawned = std::thread::Builder::new()
         .name("deskfs-feed".into())
         .spawn(move || {
             let mut last_beat = Instant::now();
             let mut last_recommit = Instant::now();
+            let mut last_read = Instant::now();
             loop {
-                // Wait for a signal (or the poll period).
+                // Wait for a signal (or the poll period). Without notifications every
+                // round reads the session table and the feed; with them, what a signal
+                // names (and everything at least every NOTIFIED_FALLBACK).
+                let (mut sessions, mut feed) = (signals.is_none(), signals.is_none());
                 match &signals {
                     Some(rx) => match rx.recv_timeout(FEED_POLL) {
                         Ok(sig) => {
+                            let mut note = |sig: &Signal| match sig {
+                                Signal::Sessions => {
+                                    sessions = true;
+                                    feed = true;
+                                }
+                                Signal::Feed => feed = true,
+                                _ => {}
+                            };
+                            note(&sig);
                             if let Some(v) = weak.upgrade() {
                                 v.on_signal(&sig);
                             }
                             // Take whatever else arrived meanwhile.
                             while let Ok(more) = rx.try_recv() {
+                                note(&more);
                                 if let Some(v) = weak.upgrade() {
                                     v.on_signal(&more);
                                 }
@@ -388,7 +416,14 @@ pub(crate) fn start(vfs: &Arc<Vfs>) {
                 if v.coherence.stopped() {
                     return;
                 }
-                v.feed_round();
+                if last_read.elapsed() >= NOTIFIED_FALLBACK {
+                    sessions = true;
+                    feed = true;
+                }
+                if sessions || feed {
+                    last_read = Instant::now();
+                }
+                v.feed_tick(sessions, feed);
                 if last_beat.elapsed() >= v.heartbeat_period() {
                     last_beat = Instant::now();
                     v.heartbeat();

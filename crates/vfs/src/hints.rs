@@ -15,6 +15,9 @@ use deskfs_meta::{Ino, InodeRow, Kind};
 /// Entries kept per table before it is emptied (a hint table is a cache, not a record).
 const HINTS_MAX: usize = 1 << 18;
 
+/// A directory entry: `(parent, name)`.
+type EntryKey = (Ino, Vec<u8>);
+
 /// The decision-relevant attributes of an inode as last seen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct InoHint {
@@ -31,10 +34,14 @@ pub(crate) struct InoHint {
 /// The hint tables of one mount.
 #[derive(Default)]
 pub(crate) struct Hints {
-    entries: Mutex<HashMap<(Ino, Vec<u8>), Ino>>,
+    /// `(parent, name)` → the inode it names, or `None`: known to be free.
+    entries: Mutex<HashMap<EntryKey, Option<Ino>>>,
     inodes: Mutex<HashMap<Ino, InoHint>>,
     /// Directories known to be listed from the bucket (a listing never becomes undone).
     listed: Mutex<HashSet<Ino>>,
+    /// Rows read back by this mount's own batches, with when: `getattr` answers from
+    /// them while they are young (an invalidation of the inode drops them).
+    fresh: Mutex<HashMap<Ino, (InodeRow, std::time::Instant)>>,
 }
 
 fn insert_capped<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>, k: K, v: V) {
@@ -61,11 +68,16 @@ impl Hints {
 
     /// Remembers that `parent/name` names `ino`.
     pub(crate) fn note_entry(&self, parent: Ino, name: &[u8], ino: Ino) {
-        insert_capped(&mut lock(&self.entries), (parent, name.to_vec()), ino);
+        insert_capped(&mut lock(&self.entries), (parent, name.to_vec()), Some(ino));
     }
 
-    /// The inode `parent/name` named when last seen.
-    pub(crate) fn entry(&self, parent: Ino, name: &[u8]) -> Option<Ino> {
+    /// Remembers that `parent/name` names nothing (a lookup missed).
+    pub(crate) fn note_absent(&self, parent: Ino, name: &[u8]) {
+        insert_capped(&mut lock(&self.entries), (parent, name.to_vec()), None);
+    }
+
+    /// What `parent/name` named when last seen: `Some(None)` = nothing.
+    pub(crate) fn entry(&self, parent: Ino, name: &[u8]) -> Option<Option<Ino>> {
         lock(&self.entries).get(&(parent, name.to_vec())).copied()
     }
 
@@ -79,6 +91,29 @@ impl Hints {
         self.inode(ino).map(|h| h.kind)
     }
 
+    /// Remembers `row` as just read from the database.
+    pub(crate) fn note_fresh(&self, row: &InodeRow) {
+        self.note_row(row);
+        insert_capped(
+            &mut lock(&self.fresh),
+            row.ino,
+            (row.clone(), std::time::Instant::now()),
+        );
+    }
+
+    /// The row of `ino` if this mount read it at most `max_age` ago.
+    pub(crate) fn fresh(&self, ino: Ino, max_age: std::time::Duration) -> Option<InodeRow> {
+        let m = lock(&self.fresh);
+        m.get(&ino)
+            .filter(|(_, t)| t.elapsed() <= max_age)
+            .map(|(r, _)| r.clone())
+    }
+
+    /// `ino`'s row changed: the fresh copy goes.
+    pub(crate) fn forget_fresh(&self, ino: Ino) {
+        lock(&self.fresh).remove(&ino);
+    }
+
     /// `parent/name` may name something else now.
     pub(crate) fn forget_entry(&self, parent: Ino, name: &[u8]) {
         lock(&self.entries).remove(&(parent, name.to_vec()));
@@ -86,6 +121,7 @@ impl Hints {
 
     /// `ino`'s attributes may have changed (its type cannot).
     pub(crate) fn forget_attrs(&self, ino: Ino) {
+        lock(&self.fresh).remove(&ino);
         let mut m = lock(&self.inodes);
         if let Some(h) = m.get_mut(&ino) {
             // Keep the exact part; poison the rest so an expectation built from it fails
@@ -157,7 +193,9 @@ mod unit {
         assert!(h.is_listed(6));
         assert_eq!(h.inode(5).unwrap().gid, 2);
         h.note_entry(1, b"a", 5);
-        assert_eq!(h.entry(1, b"a"), Some(5));
+        assert_eq!(h.entry(1, b"a"), Some(Some(5)));
+        h.note_absent(1, b"b");
+        assert_eq!(h.entry(1, b"b"), Some(None));
         h.forget_entry(1, b"a");
         assert_eq!(h.entry(1, b"a"), None);
         h.forget_attrs(5);

@@ -37,8 +37,6 @@ pub(crate) struct LocalLocks {
     held: Mutex<HashSet<Ino>>,
     /// Serialises this mount's lock transactions with `held`.
     mu: Mutex<()>,
-    /// Releases on other mounts arrive as signals (the engine notifies).
-    pub(crate) notified: std::sync::atomic::AtomicBool,
     /// Bumped on every wake-up.
     gen: Mutex<u64>,
     cv: Condvar,
@@ -302,11 +300,7 @@ impl Vfs {
                 return Err(VfsError::Interrupted);
             }
             self.locks.sleep(seen, wait);
-            let max = if self
-                .locks
-                .notified
-                .load(std::sync::atomic::Ordering::Relaxed)
-            {
+            let max = if self.coherence.notified() {
                 LOCK_POLL_NOTIFIED
             } else {
                 LOCK_POLL_MAX

@@ -25,6 +25,10 @@ pub const LINK_MAX: u32 = 65000;
 /// this: an open another mount began while it still had its name (a path resolved a
 /// moment before a rename over it) can still complete, as on ext4.
 pub const ORPHAN_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a row this mount's own batch read back answers `getattr` while alone.
+pub const FRESH_ALONE: std::time::Duration = std::time::Duration::from_secs(60);
+/// The same while other mounts are live (the kernel's own attribute cache lasts 1 s).
+pub const FRESH_SHARED: std::time::Duration = std::time::Duration::from_millis(100);
 /// Directory entries returned per readdir call.
 const READDIR_BATCH: usize = 128;
 
@@ -306,6 +310,7 @@ impl Vfs {
                 });
             }
             b.guard(self.mark(parent, name, false));
+            b.refresh(parent);
             Ok(Plan::Apply(b, Box::new(move |_| Ok(row))))
         })?;
         if row.kind == Kind::File {
@@ -341,6 +346,9 @@ impl Vfs {
             self.meta.lookup(parent, name)?
         };
         let Some(row) = row else {
+            if name != b"." && name != b".." {
+                self.hints.note_absent(parent, name);
+            }
             // A miss: the parent decides between ENOENT and ENOTDIR.
             return Err(match self.hints.kind(parent) {
                 Some(Kind::Dir) => VfsError::NotFound,
@@ -443,7 +451,20 @@ impl Vfs {
     }
 
     /// `getattr`. Errors: `ESTALE` (the inode is gone: the kernel walks the path again).
+    /// A row this mount's own last change read back answers without a round trip while
+    /// young ([`FRESH_ALONE`] alone — nobody else changes it, and other writers'
+    /// changes arrive as invalidations that drop it — or [`FRESH_SHARED`] shared).
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let max = if self.shared() {
+            FRESH_SHARED
+        } else {
+            FRESH_ALONE
+        };
+        if let Some(r) = self.hints.fresh(ino, max) {
+            if self.servable(&r, false).is_ok() {
+                return Ok(self.overlay(&r));
+            }
+        }
         let row = self.current(ino)?;
         Ok(self.overlay(&row))
     }
@@ -526,7 +547,7 @@ impl Vfs {
                 Box::new(move |out| out[get].row().cloned().ok_or(VfsError::Stale)),
             ))
         })?;
-        self.hints.note_row(&row);
+        self.hints.note_fresh(&row);
         self.with_state(ino, |st| {
             if st.loaded {
                 st.ctime_ns = now;
@@ -746,6 +767,7 @@ impl Vfs {
             });
             let (purge, get) = self.drop_link(&mut b, parent, name, x.ino, now);
             b.guard(self.mark(parent, name, false));
+            b.refresh(parent);
             Ok(Plan::Apply(
                 b,
                 Box::new(move |out| {
@@ -798,6 +820,7 @@ impl Vfs {
             });
             b.guard(Op::DeleteInode(d.ino));
             b.guard(self.mark(parent, name, true));
+            b.refresh(parent);
             Ok(Plan::Apply(
                 b,
                 Box::new(move |_| {
@@ -837,13 +860,13 @@ impl Vfs {
             self.ensure_listed(new_parent, false)?;
         }
         // Directories moved or replaced must be complete first: a moved directory takes
-        // its bucket-only children along, a replaced one must really be empty.
-        let src = self.meta.lookup(parent, name)?;
-        let dst = self.meta.lookup(new_parent, new_name)?;
-        if let Some(d) = src.as_ref().filter(|r| r.kind == Kind::Dir) {
+        // its bucket-only children along, a replaced one must really be empty. (Files
+        // need nothing: the kernel's lookups told us what the names are.)
+        let probe = Facts::hinted(self);
+        if let Some(d) = probe.entry(parent, name)?.filter(is_dir) {
             self.ensure_subtree_listed(d.ino)?;
         }
-        if let Some(d) = dst.as_ref().filter(|r| r.kind == Kind::Dir) {
+        if let Some(d) = probe.entry(new_parent, new_name)?.filter(is_dir) {
             self.ensure_listed(d.ino, false)?;
             if exchange {
                 self.ensure_subtree_listed(d.ino)?;
@@ -925,6 +948,10 @@ impl Vfs {
                 }
                 b.guard(self.mark(parent, name, true));
                 b.guard(self.mark(new_parent, new_name, true));
+                b.refresh(parent);
+                if new_parent != parent {
+                    b.refresh(new_parent);
+                }
                 return Ok(Plan::Apply(
                     b,
                     Box::new(move |_| {
@@ -1001,6 +1028,10 @@ impl Vfs {
             // directories); a replaced object is overwritten at the new path.
             b.guard(self.mark(parent, name, src_dir));
             b.guard(self.mark(new_parent, new_name, src_dir || d.is_some()));
+            b.refresh(parent);
+            if new_parent != parent {
+                b.refresh(new_parent);
+            }
             let replaced_dir = d.filter(is_dir).map(|d| d.ino);
             Ok(Plan::Apply(
                 b,
@@ -1062,6 +1093,7 @@ impl Vfs {
                 OnFail::Errno(libc::EEXIST),
             );
             b.guard(self.mark(new_parent, new_name, false));
+            b.refresh(new_parent);
             let get = b.guard(Op::GetInode(ino));
             Ok(Plan::Apply(
                 b,

@@ -163,6 +163,9 @@ impl Vfs {
     pub(crate) fn on_signal(&self, sig: &Signal) {
         match sig {
             Signal::UploadWanted { cache, .. } if *cache == self.cache.id() => {
+                self.uploader
+                    .wanted_hint
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
                 self.uploader.kick();
             }
             Signal::Uploaded(_) => self.remote.wake(),

@@ -39,6 +39,8 @@ pub(crate) struct UploaderShared {
     content_lock: tokio::sync::Mutex<()>,
     /// Inodes other mounts wait for (see [`crate::remote`]) whose upload was made due.
     serving: std::sync::Mutex<HashSet<Ino>>,
+    /// Another mount signalled that it waits for content of this cache (look now).
+    pub(crate) wanted_hint: AtomicBool,
     /// Orphans whose content this mount uploaded for another (deleted at their purge).
     pub(crate) orphan_objects: std::sync::Mutex<HashSet<Ino>>,
 }
@@ -83,6 +85,7 @@ async fn run(vfs: Arc<Vfs>) {
     let mut inflight: HashSet<Vec<u8>> = HashSet::new();
     let mut tasks = FuturesUnordered::new();
     let mut last_evict = std::time::Instant::now();
+    let mut last_wanted = std::time::Instant::now();
     loop {
         let stopping = vfs.uploader.stop.load(Ordering::SeqCst);
         if stopping && tasks.is_empty() {
@@ -128,7 +131,11 @@ async fn run(vfs: Arc<Vfs>) {
                 Err(e) => tracing::error!(error = %e, "uploader cannot read pending work"),
             }
         }
-        if !stopping {
+        let wanted_due = !vfs.coherence.notified()
+            || vfs.uploader.wanted_hint.swap(false, Ordering::SeqCst)
+            || last_wanted.elapsed() > Duration::from_secs(1);
+        if !stopping && wanted_due {
+            last_wanted = std::time::Instant::now();
             // Content other mounts wait for (close-to-open across caches): due now, once.
             let v = vfs.clone();
             let wanted = tokio::task::spawn_blocking(move || v.wanted_here())
