@@ -1,5 +1,6 @@
 //! The [`Bucket`]: one workspace's view of an object store, keys relative to its prefix.
 
+use std::fs::File;
 use std::ops::Range;
 use std::path::{Path as FsPath, PathBuf};
 use std::sync::Arc;
@@ -73,6 +74,36 @@ impl std::fmt::Debug for Bucket {
     }
 }
 
+/// Why an S3 bucket has no credentials to use, or `None`. Keys come from the URL or
+/// `AWS_ACCESS_KEY_ID`; a web identity or container credentials are used when their
+/// variables are set; the EC2 instance metadata service (169.254.169.254) only for AWS
+/// itself (no custom endpoint) and unless `AWS_EC2_METADATA_DISABLED=true`. Without any,
+/// a mount would wait on a metadata service that is not there: refused at once instead.
+fn s3_credentials_missing(
+    spec: &BucketSpec,
+    custom_endpoint: bool,
+    env: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let set = |k: &str| env(k).is_some_and(|v| !v.is_empty());
+    let keys = spec.access_key.is_some() || set("AWS_ACCESS_KEY_ID");
+    let other = set("AWS_WEB_IDENTITY_TOKEN_FILE")
+        || set("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+        || set("AWS_CONTAINER_CREDENTIALS_FULL_URI");
+    let imds_off = env("AWS_EC2_METADATA_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if keys || other || (!custom_endpoint && !imds_off) {
+        return None;
+    }
+    Some(format!(
+        "no credentials for bucket s3://{}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY{}",
+        spec.bucket,
+        if custom_endpoint {
+            " (instance-metadata credentials are used only for AWS itself, not a custom endpoint)"
+        } else {
+            " (AWS_EC2_METADATA_DISABLED=true turns instance-metadata credentials off)"
+        }
+    ))
+}
+
 fn store_err(e: object_store::Error) -> BucketError {
     BucketError::from_store(e)
 }
@@ -104,6 +135,7 @@ impl Bucket {
                     .or_else(|| std::env::var("AWS_ENDPOINT_URL_S3").ok())
                     .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
                     .or_else(|| std::env::var("AWS_ENDPOINT").ok());
+                let endpoint_set = endpoint.is_some();
                 if let Some(ep) = endpoint {
                     b = b
                         .with_endpoint(ep.trim_end_matches('/'))
@@ -116,6 +148,11 @@ impl Bucket {
                     .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
                     .unwrap_or_else(|| "us-east-1".into());
                 b = b.with_region(region);
+                if let Some(why) =
+                    s3_credentials_missing(spec, endpoint_set, |k| std::env::var(k).ok())
+                {
+                    return Err(BucketError::Config(why));
+                }
                 if let Some(k) = &spec.access_key {
                     b = b.with_access_key_id(k);
                 }
@@ -397,11 +434,7 @@ impl Bucket {
         }
         let opts = GetOptions {
             range: Some(GetRange::Bounded(range)),
-            if_match: if self.local_root.is_some() {
-                None
-            } else {
-                etag.map(str::to_string)
-            },
+            if_match: etag.map(str::to_string),
             ..Default::default()
         };
         let r = self
@@ -526,10 +559,48 @@ impl Bucket {
     /// fsynced, then renamed into place (and the directory fsynced), so a crash leaves
     /// either the old or the new object, never a partial one, and no stray temp file
     /// in the tree (leftovers of dead processes are removed at open).
+    /// The ETag to record for the object `key` just written from the file `ours`.
+    ///
+    /// The local store's ETag starts with the file's inode number (hex), so it tells
+    /// whose file is in place. Another put of the same key may have replaced ours since
+    /// the rename (two mounts sharing a cache dir upload the same content): when the file
+    /// in place holds the same bytes, its ETag is as good as ours; otherwise ours gets an
+    /// ETag no object has, so a conditional read of it fails as `Changed` instead of
+    /// returning other bytes.
+    async fn local_etag(&self, root: &FsPath, key: &str, ours: File) -> Result<Option<String>> {
+        use std::os::unix::fs::MetadataExt;
+        let mine = ours.metadata()?.ino();
+        let dest = root.join(key);
+        let ours = Arc::new(ours);
+        for _ in 0..3 {
+            let Some(etag) = self.head(key).await?.and_then(|h| h.etag) else {
+                break;
+            };
+            if etag.starts_with(&format!("\"{mine:x}-")) {
+                return Ok(Some(etag));
+            }
+            let (o, d) = (ours.clone(), dest.clone());
+            let same = tokio::task::spawn_blocking(move || -> std::io::Result<Option<u64>> {
+                let other = File::open(&d)?;
+                let ino = other.metadata()?.ino();
+                Ok(same_bytes(&o, &other)?.then_some(ino))
+            })
+            .await
+            .map_err(|e| BucketError::Other(e.to_string()))??;
+            match same {
+                Some(ino) if etag.starts_with(&format!("\"{ino:x}-")) => return Ok(Some(etag)),
+                Some(_) => continue, // replaced again meanwhile: look once more
+                None => break,
+            }
+        }
+        Ok(Some(format!("\"{mine:x}-replaced\"")))
+    }
+
     async fn local_put(&self, root: &FsPath, key: &str, src: LocalSource) -> Result<PutInfo> {
         let root = root.to_path_buf();
         let dest = root.join(key);
-        let size = tokio::task::spawn_blocking(move || -> std::io::Result<u64> {
+        let base = root.clone();
+        let (size, ours) = tokio::task::spawn_blocking(move || -> std::io::Result<(u64, File)> {
             use std::io::Write;
             let tmpdir = root.join(LOCAL_TMP);
             std::fs::create_dir_all(&tmpdir)?;
@@ -537,14 +608,14 @@ impl Bucket {
             let tmp = tmpdir.join(format!("{}-{n}", std::process::id()));
             let size = match src {
                 LocalSource::Bytes(b) => {
-                    let mut f = std::fs::File::create(&tmp)?;
+                    let mut f = File::create(&tmp)?;
                     f.write_all(&b)?;
                     f.sync_data()?;
                     b.len() as u64
                 }
                 LocalSource::File(p) => {
                     let size = std::fs::copy(&p, &tmp)?;
-                    std::fs::File::open(&tmp)?.sync_data()?;
+                    File::open(&tmp)?.sync_data()?;
                     size
                 }
             };
@@ -553,18 +624,40 @@ impl Bucket {
                 .map(|p| p.to_path_buf())
                 .unwrap_or(root.clone());
             std::fs::create_dir_all(&parent)?;
+            let ours = File::open(&tmp)?;
             if let Err(e) = std::fs::rename(&tmp, &dest) {
                 let _ = std::fs::remove_file(&tmp);
                 return Err(e);
             }
-            std::fs::File::open(&parent)?.sync_all()?;
-            Ok(size)
+            File::open(&parent)?.sync_all()?;
+            Ok((size, ours))
         })
         .await
         .map_err(|e| BucketError::Other(e.to_string()))??;
-        let etag = self.head(key).await?.and_then(|h| h.etag);
+        let etag = self.local_etag(&base, key, ours).await?;
         Ok(PutInfo { etag, size })
     }
+}
+
+/// Whether two open files hold the same bytes (read in 1 MiB pieces).
+fn same_bytes(a: &File, b: &File) -> std::io::Result<bool> {
+    use std::os::unix::fs::FileExt;
+    let (la, lb) = (a.metadata()?.len(), b.metadata()?.len());
+    if la != lb {
+        return Ok(false);
+    }
+    let mut off = 0u64;
+    let (mut x, mut y) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    while off < la {
+        let n = ((la - off) as usize).min(x.len());
+        a.read_exact_at(&mut x[..n], off)?;
+        b.read_exact_at(&mut y[..n], off)?;
+        if x[..n] != y[..n] {
+            return Ok(false);
+        }
+        off += n as u64;
+    }
+    Ok(true)
 }
 
 /// Removes in-flight write files of processes that no longer exist.
@@ -587,4 +680,99 @@ fn clean_local_tmp(root: &FsPath) {
 
 fn to_ns_meta(m: &object_store::ObjectMeta) -> i64 {
     m.last_modified.timestamp_nanos_opt().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn local() -> (tempfile::TempDir, Bucket) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let spec = BucketSpec::parse(&format!("file://{}", dir.path().display())).expect("spec");
+        let b = Bucket::open(&spec, true).expect("open");
+        (dir, b)
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    }
+
+    /// A read that names the ETag of a replaced object fails as `Changed` instead of
+    /// returning the new object's bytes (the local store too: a reader on another cache
+    /// must never mix versions).
+    #[test]
+    fn conditional_read_refuses_a_replaced_object() {
+        let (_d, b) = local();
+        rt().block_on(async {
+            let one = b
+                .put_bytes("k", Bytes::from_static(b"one"), None)
+                .await
+                .unwrap();
+            let two = b
+                .put_bytes("k", Bytes::from_static(b"two!"), None)
+                .await
+                .unwrap();
+            assert_ne!(one.etag, two.etag);
+            let r = b.get_range("k", 0..3, one.etag.as_deref()).await;
+            assert!(matches!(r, Err(BucketError::Changed(_))), "{r:?}");
+            let r = b.get_range("k", 0..4, two.etag.as_deref()).await.unwrap();
+            assert_eq!(&r[..], b"two!");
+        });
+    }
+
+    /// Two puts of one key racing (two mounts sharing a cache dir upload the same
+    /// content): the one whose file was replaced records an ETag that reads the file in
+    /// place when it holds the same bytes, and one no object has when it does not.
+    #[test]
+    fn etag_of_a_put_replaced_by_another() {
+        let (d, b) = local();
+        let root = d.path().to_path_buf();
+        rt().block_on(async {
+            b.put_bytes("k", Bytes::from_static(b"same"), None)
+                .await
+                .unwrap();
+            // Our put's file, then replaced in place by another with the same bytes.
+            let ours = File::open(root.join("k")).unwrap();
+            std::fs::write(root.join("k.other"), b"same").unwrap();
+            std::fs::rename(root.join("k.other"), root.join("k")).unwrap();
+            let e = b.local_etag(&root, "k", ours).await.unwrap();
+            let r = b.get_range("k", 0..4, e.as_deref()).await.unwrap();
+            assert_eq!(&r[..], b"same");
+            // Now replaced by other bytes: our ETag must not read them.
+            let ours = File::open(root.join("k")).unwrap();
+            std::fs::write(root.join("k.other"), b"diff").unwrap();
+            std::fs::rename(root.join("k.other"), root.join("k")).unwrap();
+            let e = b.local_etag(&root, "k", ours).await.unwrap();
+            let r = b.get_range("k", 0..4, e.as_deref()).await;
+            assert!(matches!(r, Err(BucketError::Changed(_))), "{r:?}");
+        });
+    }
+
+    #[test]
+    fn s3_without_credentials_is_refused_before_any_request() {
+        let spec = BucketSpec::parse("s3://b").unwrap();
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let why = s3_credentials_missing(&spec, true, env(&[])).expect("refused");
+        assert!(why.contains("AWS_ACCESS_KEY_ID"), "{why}");
+        let empty = env(&[("AWS_ACCESS_KEY_ID", "")]);
+        assert!(s3_credentials_missing(&spec, true, empty).is_some());
+        let keys = env(&[("AWS_ACCESS_KEY_ID", "k")]);
+        assert!(s3_credentials_missing(&spec, true, keys).is_none());
+        let web = env(&[("AWS_WEB_IDENTITY_TOKEN_FILE", "/t")]);
+        assert!(s3_credentials_missing(&spec, true, web).is_none());
+        // AWS itself: instance-metadata credentials, unless turned off.
+        assert!(s3_credentials_missing(&spec, false, env(&[])).is_none());
+        let off = env(&[("AWS_EC2_METADATA_DISABLED", "TRUE")]);
+        assert!(s3_credentials_missing(&spec, false, off).is_some());
+    }
 }
