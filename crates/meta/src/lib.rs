@@ -120,6 +120,19 @@ pub trait MetaEngine: Send + Sync {
     /// transaction back and is returned as is (after retries when retryable).
     fn txn(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()>;
 
+    /// Runs `f` in a write transaction serialised with every other `txn_keyed` of the same
+    /// `key` and seeing everything committed before it: for read-decide-write sequences
+    /// whose writes do not conflict by themselves (two byte-range locks on one inode are two
+    /// different rows). PostgreSQL: READ COMMITTED after a transaction-level advisory lock
+    /// on the key; SQLite: one writer at a time already. Retried like [`MetaEngine::txn`].
+    fn txn_keyed(
+        &self,
+        _key: u64,
+        f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>,
+    ) -> Result<()> {
+        self.txn(f)
+    }
+
     /// Runs `f` against a consistent read snapshot (no write lock taken). Retried like
     /// [`MetaEngine::txn`].
     fn read(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()>;
@@ -197,6 +210,33 @@ pub fn txn<T, E: TxnError>(
     let mut out = None;
     let mut caller_err = None;
     let res = engine.txn(&mut |t| {
+        caller_err = None;
+        match f(t) {
+            Ok(v) => {
+                out = Some(v);
+                Ok(())
+            }
+            Err(e) => match e.into_meta() {
+                Ok(m) => Err(m),
+                Err(e) => {
+                    caller_err = Some(e);
+                    Err(MetaError::Aborted)
+                }
+            },
+        }
+    });
+    finish(res, out, caller_err)
+}
+
+/// [`txn`] serialised by `key` (see [`MetaEngine::txn_keyed`]).
+pub fn txn_keyed<T, E: TxnError>(
+    engine: &dyn MetaEngine,
+    key: u64,
+    mut f: impl FnMut(&mut dyn MetaTxn) -> Result<T, E>,
+) -> Result<T, E> {
+    let mut out = None;
+    let mut caller_err = None;
+    let res = engine.txn_keyed(key, &mut |t| {
         caller_err = None;
         match f(t) {
             Ok(v) => {

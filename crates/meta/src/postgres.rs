@@ -215,7 +215,21 @@ impl Inner {
     /// Runs `f` in a transaction (see `txn.rs`), retrying it on retryable errors and on a
     /// connection lost before anything could commit.
     fn run(&self, write: bool, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()> {
-        let begin = if write { Q::BeginWrite } else { Q::BeginRead };
+        self.run_with(write, None, f)
+    }
+
+    /// [`Inner::run`]; with `key`, READ COMMITTED after the key's advisory lock.
+    fn run_with(
+        &self,
+        write: bool,
+        key: Option<u64>,
+        f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>,
+    ) -> Result<()> {
+        let begin = match (write, key) {
+            (_, Some(_)) => Q::BeginKeyed,
+            (true, None) => Q::BeginWrite,
+            (false, None) => Q::BeginRead,
+        };
         let mut attempt = 0;
         let mut conn_retries = 0;
         loop {
@@ -223,7 +237,11 @@ impl Inner {
             let mut lease = self.lease().map_err(|e| self.count_err(e))?;
             let conn = lease.conn()?;
             let mut t = PgTxn::new(self, conn, begin);
-            let res = match f(&mut t) {
+            let locked = match key {
+                Some(k) => t.key_lock(k),
+                None => Ok(()),
+            };
+            let res = match locked.and_then(|()| f(&mut t)) {
                 Ok(()) if write => t.commit(),
                 Ok(()) => {
                     t.finish_without_commit();
@@ -457,6 +475,10 @@ impl MetaEngine for PgEngine {
 
     fn read(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()> {
         self.inner.run(false, f)
+    }
+
+    fn txn_keyed(&self, key: u64, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()> {
+        self.inner.run_with(true, Some(key), f)
     }
 
     fn apply(&self, ops: &[Op]) -> Result<Vec<OpOut>> {

@@ -27,7 +27,8 @@ macro_rules! engine_suite {
             expectations, nlink_purge_and_opens, commit_content_versions, xattr_modes,
             mark_inode_hard_links, fencing, alloc_inos_unique, typed_errors_and_retries,
             dentries_and_cookies, pending_gen_and_seq, objects_subtree_range, change_feed,
-            sessions_locks_opens, wanted_uploads, concurrent_mounts, usage_and_orphans);
+            sessions_locks_opens, wanted_uploads, concurrent_mounts, usage_and_orphans,
+            keyed_transactions_serialise, paths_up_to_path_max);
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
         $(
@@ -843,6 +844,76 @@ pub(crate) fn objects_subtree_range(f: &dyn Fixture) {
     assert!(read(&*e, |t| t.get_object(b"a/b/c")).unwrap().is_none());
 }
 
+/// Object and pending rows keyed by paths up to `PATH_MAX` (4096 bytes, beyond a
+/// PostgreSQL btree entry), sharing prefixes longer than any index prefix: stored, found,
+/// ordered and removed exactly.
+pub(crate) fn paths_up_to_path_max(f: &dyn Fixture) {
+    let e = f.engine();
+    // Letters from a linear congruential sequence: paths that do not compress.
+    let mut seed = 12345u32;
+    let mut letters = |n: usize| -> Vec<u8> {
+        (0..n)
+            .map(|_| {
+                seed = seed.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                b'a' + ((seed >> 16) % 26) as u8
+            })
+            .collect()
+    };
+    let dir = letters(2500);
+    let body = letters(4095 - dir.len() - 2);
+    let path = |tail: &str| {
+        let mut p = dir.clone();
+        p.push(b'/');
+        p.extend_from_slice(&body[..body.len() + 1 - tail.len()]);
+        p.extend_from_slice(tail.as_bytes());
+        p
+    };
+    let (p1, p2) = (path("b"), path("a"));
+    assert_eq!(p1.len(), 4095);
+    txn(&*e, |t| {
+        for (i, p) in [&p1, &p2].into_iter().enumerate() {
+            t.put_object(&ObjectRow {
+                path: p.clone(),
+                key: format!("k{i}"),
+                ino: 3,
+                kind: Kind::File,
+                data_version: i as u64,
+                meta_stamp: 0,
+                etag: None,
+                size: 0,
+            })?;
+            t.mark_pending(p, i == 1, 10)?;
+        }
+        Ok::<_, MetaError>(())
+    })
+    .unwrap();
+    let keys: Vec<String> = read(&*e, |t| t.objects_under(&dir, 10))
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    assert_eq!(keys, vec!["k1", "k0"], "ordered by the whole path");
+    assert_eq!(read(&*e, |t| t.get_object(&p1)).unwrap().unwrap().key, "k0");
+    let mut child = p2.clone();
+    child.extend_from_slice(b"/c");
+    assert!(
+        read(&*e, |t| t.is_pending(&child)).unwrap(),
+        "recursive mark"
+    );
+    let rows = read(&*e, |t| t.due_pending(100, 10)).unwrap();
+    assert_eq!(rows.len(), 2);
+    txn(&*e, |t| {
+        for r in &rows {
+            t.finish_pending(&r.path, r.gen)?;
+        }
+        t.delete_object(&p1)
+    })
+    .unwrap();
+    assert!(!read(&*e, |t| t.is_pending(&p1)).unwrap());
+    assert!(read(&*e, |t| t.get_object(&p1)).unwrap().is_none());
+    assert!(read(&*e, |t| t.get_object(&p2)).unwrap().is_some());
+}
+
 pub(crate) fn change_feed(f: &dyn Fixture) {
     let a = f.engine();
     let sa = txn(&*a, |t| t.register_session("h", 1, 10)).unwrap();
@@ -1096,4 +1167,33 @@ pub(crate) fn usage_and_orphans(f: &dyn Fixture) {
     txn(&*e, |t| t.set_kv("a", "1")).unwrap();
     txn(&*e, |t| t.set_kv("a", "2")).unwrap();
     assert_eq!(read(&*e, |t| t.get_kv("a")).unwrap().as_deref(), Some("2"));
+}
+
+pub(crate) fn keyed_transactions_serialise(f: &dyn Fixture) {
+    // Read-decide-write under one key from two connections at once: no update is lost
+    // (the byte-range lock code relies on this to never grant two conflicting locks).
+    let engines = [f.engine(), f.second()];
+    txn(&*engines[0], |t| t.set_kv("counter", "0")).unwrap();
+    let per = 60;
+    std::thread::scope(|sc| {
+        for e in &engines {
+            for _ in 0..2 {
+                let e = e.clone();
+                sc.spawn(move || {
+                    for _ in 0..per {
+                        crate::txn_keyed(&*e, 42, |t| {
+                            let n: u64 = t
+                                .get_kv("counter")?
+                                .and_then(|v| v.parse().ok())
+                                .unwrap_or(0);
+                            t.set_kv("counter", &(n + 1).to_string())
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        }
+    });
+    let n = read(&*engines[0], |t| t.get_kv("counter")).unwrap();
+    assert_eq!(n.as_deref(), Some((4 * per).to_string().as_str()));
 }

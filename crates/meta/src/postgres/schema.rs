@@ -37,14 +37,22 @@ CREATE TABLE {S}.dentries(
 CREATE INDEX dentries_ino ON {S}.dentries(ino);
 CREATE TABLE {S}.xattrs(ino bigint NOT NULL, name bytea NOT NULL, value bytea NOT NULL,
   PRIMARY KEY(ino, name));
-CREATE TABLE {S}.objects(path bytea PRIMARY KEY, key text NOT NULL, ino bigint NOT NULL,
+-- Paths reach PATH_MAX (4096 bytes), beyond a btree entry's limit (~2700 bytes): the
+-- key is the path's SHA-256, and the ordered scans of a prefix use an index on the
+-- path's first 2000 bytes, sorting the (rare) ties on the whole path.
+CREATE TABLE {S}.objects(path bytea NOT NULL,
+  path_key bytea GENERATED ALWAYS AS (sha256(path)) STORED PRIMARY KEY,
+  key text NOT NULL, ino bigint NOT NULL,
   kind bigint NOT NULL, data_version bigint NOT NULL, meta_stamp bigint NOT NULL,
   etag text, size bigint NOT NULL);
 CREATE INDEX objects_ino ON {S}.objects(ino, data_version);
+CREATE INDEX objects_order ON {S}.objects(substr(path, 1, 2000));
 -- Pending-work marks take their number from a sequence, not a counter row: a counter
 -- row would serialise every writer on its lock until commit.
 CREATE SEQUENCE {S}.pending_seq;
-CREATE TABLE {S}.pending(path bytea PRIMARY KEY, recursive boolean NOT NULL,
+CREATE TABLE {S}.pending(path bytea NOT NULL,
+  path_key bytea GENERATED ALWAYS AS (sha256(path)) STORED PRIMARY KEY,
+  recursive boolean NOT NULL,
   seq bigint NOT NULL, gen bigint NOT NULL, due bigint NOT NULL, since bigint NOT NULL,
   attempts bigint NOT NULL, last_error text);
 CREATE INDEX pending_due ON {S}.pending(due);

@@ -53,7 +53,7 @@ macro_rules! mark_tail {
         ", s AS (SELECT nextval('pending_seq') AS seq)
          INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error)
          SELECT up.path, $3, s.seq, 1, $4, $4, 0, NULL FROM up, s WHERE up.ino = 1
-         ON CONFLICT(path) DO UPDATE SET
+         ON CONFLICT(path_key) DO UPDATE SET
            recursive = pending.recursive OR excluded.recursive,
            gen = pending.gen + 1,
            due = least(excluded.due, pending.since + $5)"
@@ -83,6 +83,9 @@ queries! {
     BeginBatch = "BEGIN ISOLATION LEVEL READ COMMITTED";
     BeginWrite = "BEGIN ISOLATION LEVEL REPEATABLE READ";
     BeginRead = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY";
+    BeginKeyed = "BEGIN ISOLATION LEVEL READ COMMITTED";
+    // The key's transaction-level lock (per workspace schema): see `MetaEngine::txn_keyed`.
+    KeyLock = "SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || '/key/' || $1::text, 0))";
     Commit = "COMMIT";
     Rollback = "ROLLBACK";
     SetSession = "SELECT set_config('deskfs.session', $1, false)";
@@ -211,33 +214,35 @@ queries! {
     GetXattr = "SELECT value FROM xattrs WHERE ino = $1 AND name = $2";
     RemoveXattr = "DELETE FROM xattrs WHERE ino = $1 AND name = $2";
     ListXattrs = "SELECT name FROM xattrs WHERE ino = $1 ORDER BY name";
-    GetObject = concat!("SELECT ", object_cols!(), " FROM objects WHERE path = $1");
+    GetObject = concat!("SELECT ", object_cols!(), " FROM objects WHERE path_key = sha256($1::bytea)");
     PutObject = concat!("INSERT INTO objects(", object_cols!(), ") VALUES($1,$2,$3,$4,$5,$6,$7,$8)
-        ON CONFLICT(path) DO UPDATE SET key = excluded.key, ino = excluded.ino,
+        ON CONFLICT(path_key) DO UPDATE SET key = excluded.key, ino = excluded.ino,
         kind = excluded.kind, data_version = excluded.data_version,
         meta_stamp = excluded.meta_stamp, etag = excluded.etag, size = excluded.size");
-    DeleteObject = "DELETE FROM objects WHERE path = $1";
+    DeleteObject = "DELETE FROM objects WHERE path_key = sha256($1::bytea)";
     ObjectsUnder = concat!("SELECT ", object_cols!(),
-        " FROM objects WHERE path >= $1 AND path < $2 ORDER BY path LIMIT $3");
-    ObjectsAll = concat!("SELECT ", object_cols!(), " FROM objects ORDER BY path LIMIT $1");
+        " FROM objects WHERE substr(path, 1, 2000) BETWEEN substr($1::bytea, 1, 2000) AND substr($2::bytea, 1, 2000)
+         AND path >= $1::bytea AND path < $2::bytea ORDER BY substr(path, 1, 2000), path LIMIT $3");
+    ObjectsAll = concat!("SELECT ", object_cols!(), " FROM objects ORDER BY substr(path, 1, 2000), path LIMIT $1");
     ObjectWithContent = concat!("SELECT ", object_cols!(),
         " FROM objects WHERE ino = $1 AND data_version = $2 LIMIT 1");
     MarkPending = "WITH s AS (SELECT nextval('pending_seq') AS seq),
         i AS (INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error)
           SELECT $1, $2, s.seq, 1, $3, $3, 0, NULL FROM s
-          ON CONFLICT(path) DO UPDATE SET
+          ON CONFLICT(path_key) DO UPDATE SET
             recursive = pending.recursive OR excluded.recursive,
             gen = pending.gen + 1,
             due = least(excluded.due, pending.since + $4))
         SELECT seq FROM s";
     DuePending = concat!("SELECT ", pending_cols!(),
         " FROM pending WHERE due <= $1 ORDER BY due LIMIT $2");
-    FinishPending = "DELETE FROM pending WHERE path = $1 AND gen = $2";
+    FinishPending = "DELETE FROM pending WHERE path_key = sha256($1::bytea) AND gen = $2";
     FailPending = "UPDATE pending SET attempts = attempts + 1, last_error = $3, due = $4
-        WHERE path = $1 AND gen = $2";
-    DeferPending = "UPDATE pending SET due = $3 WHERE path = $1 AND gen = $2";
-    IsPending = "SELECT EXISTS (SELECT 1 FROM pending WHERE path = $1)
-        OR EXISTS (SELECT 1 FROM pending WHERE recursive AND path = ANY($2))";
+        WHERE path_key = sha256($1::bytea) AND gen = $2";
+    DeferPending = "UPDATE pending SET due = $3 WHERE path_key = sha256($1::bytea) AND gen = $2";
+    IsPending = "SELECT EXISTS (SELECT 1 FROM pending WHERE path_key = sha256($1::bytea))
+        OR EXISTS (SELECT 1 FROM pending WHERE recursive
+            AND path_key IN (SELECT sha256(p) FROM unnest($2::bytea[]) p))";
     PendingStats = "SELECT (SELECT count(*) FROM pending),
         (SELECT count(*) FROM pending WHERE attempts > 0),
         (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pending_seq)";

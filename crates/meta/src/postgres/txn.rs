@@ -107,6 +107,14 @@ impl<'a> PgTxn<'a> {
     }
 
     /// Runs `q` and returns the number of rows it changed.
+    /// Takes the transaction-level advisory lock of `key` (the first statement of a keyed
+    /// transaction).
+    pub(super) fn key_lock(&mut self, key: u64) -> Result<()> {
+        let k = key.to_string();
+        self.query(Q::KeyLock, &[&k])?;
+        Ok(())
+    }
+
     fn exec(&mut self, q: Q, params: &[Param<'_>]) -> Result<u64> {
         let conn = self.conn;
         let begin = self.begin.take().map(|b| conn.stmt(b));
