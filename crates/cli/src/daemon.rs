@@ -171,9 +171,14 @@ fn cache_dir_for(o: &Opened, requested: Option<&Path>) -> Result<PathBuf> {
         }
     }
     let host = deskfs_vfs::hostname();
+    // A cache dir a live mount of this host uses is in good hands: its mount uploads.
+    let served: Vec<PathBuf> = mounts_of(&o.cfg.name)
+        .into_iter()
+        .map(|m| m.cache_dir)
+        .collect();
     for (id, n) in by_cache {
         if let Some((h, p)) = cache_location(o, id)? {
-            if h == host && p != dir && p.join("cache-id").exists() {
+            if h == host && p != dir && p.join("cache-id").exists() && !served.contains(&p) {
                 let in_use = std::fs::read_to_string(dir.join("cache-id"))
                     .ok()
                     .and_then(|s| s.trim().parse::<u64>().ok())

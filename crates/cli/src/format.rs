@@ -145,18 +145,9 @@ fn format_inner(a: &FormatArgs) -> Result<()> {
         None => format!("sqlite://{}", dir.join("meta.db").display()),
     })?;
 
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let bucket = open_bucket(
-        &spec,
-        &rt,
-        spec.scheme == Some(deskfs_bucket::Scheme::Local),
-    )?;
-    if bucket_workspace(&bucket, &rt)?.is_some() && !a.force {
-        bail!("bucket {} already holds a deskfs workspace ({FORMAT_RECORD}); use --force to format over it (objects are kept and imported), or `deskfs attach` to join it", spec.url);
-    }
-    // The database: refuse one that already holds a workspace, unless --force.
+    // The database first (nothing is created before every check passed): refuse one
+    // that already holds a workspace, unless --force.
+    let mut replace_db = false;
     match meta_url.open_raw() {
         Ok(existing) => {
             let rec = Record::read(&*existing)?;
@@ -173,7 +164,7 @@ fn format_inner(a: &FormatArgs) -> Result<()> {
                     ),
                 });
             }
-            meta_url.destroy()?;
+            replace_db = true;
         }
         // Nothing there: the normal case.
         Err(deskfs_meta::MetaError::NotFound(_)) => {}
@@ -183,9 +174,23 @@ fn format_inner(a: &FormatArgs) -> Result<()> {
             e @ (deskfs_meta::MetaError::Corrupt { .. } | deskfs_meta::MetaError::TooNew { .. }),
         ) if a.force => {
             tracing::warn!(error = %e, "replacing the metadata database (--force)");
-            meta_url.destroy()?;
+            replace_db = true;
         }
         Err(e) => return Err(meta_url.explain(e)),
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let bucket = open_bucket(
+        &spec,
+        &rt,
+        spec.scheme == Some(deskfs_bucket::Scheme::Local),
+    )?;
+    if bucket_workspace(&bucket, &rt)?.is_some() && !a.force {
+        bail!("bucket {} already holds a deskfs workspace ({FORMAT_RECORD}); use --force to format over it (objects are kept and imported), or `deskfs attach` to join it", spec.url);
+    }
+    if replace_db {
+        meta_url.destroy()?;
     }
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -134,7 +134,16 @@ impl MetaUrl {
     pub fn explain(&self, e: MetaError) -> anyhow::Error {
         let d = self.display();
         match e {
-            MetaError::Unreachable(m) => anyhow!("cannot use the metadata database {d}: {m}"),
+            MetaError::Unreachable(m) => {
+                let fix = if m.contains("password") {
+                    "; set the password in PGPASSWORD or ~/.pgpass (deskfs never stores it)"
+                } else if m.contains("refused") || m.contains("timed out") || m.contains("resolve") {
+                    "; check the host and port, and that PostgreSQL runs there and accepts connections from this host"
+                } else {
+                    ""
+                };
+                anyhow!("cannot use the metadata database {d}: {m}{fix}")
+            }
             MetaError::NotFound(_) => match self {
                 MetaUrl::Sqlite(_) => anyhow!("metadata database {d} is missing; restore it, or create the workspace with `deskfs format`"),
                 MetaUrl::Postgres(_) => anyhow!("no deskfs workspace in {d}; create one there with `deskfs format NAME --meta URL --bucket URL`"),

@@ -208,9 +208,9 @@ impl Filesystem for DeskFs {
     // batch_forget: fuser 0.18 keeps `ForgetOne` private, so its default (one `forget`
     // per node) is used.
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let _op = self.timed(crate::stats::Op::Getattr);
-        match self.vfs.getattr(ino.0) {
+        match self.vfs.getattr_for(&ctx(req), ino.0) {
             Ok(attr) => reply.attr(&self.attr_ttl(), &file_attr(&attr)),
             Err(e) => reply.error(errno("getattr", &e)),
         }
@@ -420,11 +420,14 @@ impl Filesystem for DeskFs {
         reply: ReplyEmpty,
     ) {
         let _op = self.timed(crate::stats::Op::Flush);
-        // close(2) of any descriptor drops the process's POSIX locks on the file.
+        // The writes first, then the locks: close(2) of any descriptor drops the
+        // process's POSIX locks on the file, and the next holder (maybe on another host)
+        // must read what was written under them.
+        let res = self.vfs.flush(ino.0, fh.0);
         if let Err(e) = self.vfs.release_locks(ino.0, lock_owner.0) {
             errno("flush(unlock)", &e);
         }
-        reply_empty("flush", self.vfs.flush(ino.0, fh.0), reply);
+        reply_empty("flush", res, reply);
     }
 
     fn fallocate(

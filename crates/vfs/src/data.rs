@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use deskfs_bucket::BucketError;
 use deskfs_cache::BlockKey;
 use deskfs_meta::{AttrUpdate, Ino, InodeRow, Kind, Op, OpOut};
 use futures::future::{BoxFuture, FutureExt, Shared};
@@ -24,7 +25,25 @@ pub const MAX_FILE_SIZE: u64 = 16 << 40;
 /// Range size of whole-file downloads, bytes.
 const DOWNLOAD_CHUNK: u64 = 8 << 20;
 
-type BlockFuture = Shared<BoxFuture<'static, std::result::Result<Bytes, String>>>;
+type BlockFuture = Shared<BoxFuture<'static, std::result::Result<Bytes, FetchError>>>;
+
+/// Why a block fetch failed (cloneable: one fetch answers every reader of the block).
+#[derive(Clone, Debug)]
+enum FetchError {
+    /// The object no longer has the ETag the fetch asked for, or is gone (key).
+    Moved(String),
+    /// Anything else (message).
+    Other(String),
+}
+
+impl From<FetchError> for VfsError {
+    fn from(e: FetchError) -> Self {
+        match e {
+            FetchError::Moved(key) => VfsError::Bucket(BucketError::Changed(key)),
+            FetchError::Other(m) => io_err(m),
+        }
+    }
+}
 
 /// What the locked part of an `open` decided.
 enum OpenStep {
@@ -86,9 +105,29 @@ impl Vfs {
         orphan_ok: bool,
         f: impl FnOnce(&mut InodeState, &InodeRow) -> Result<T>,
     ) -> Result<T> {
+        self.locked_row(ino, if orphan_ok { 2 } else { 1 }, f)
+    }
+
+    /// [`Vfs::locked_fresh_as`] for a new `open`: unless `orphan_ok`, an orphan is served
+    /// only when this mount made it and keeps it (see `read_row` 3 of `locked_inner`).
+    fn locked_for_open<T>(
+        &self,
+        ino: Ino,
+        orphan_ok: bool,
+        f: impl FnOnce(&mut InodeState, &InodeRow) -> Result<T>,
+    ) -> Result<T> {
+        self.locked_row(ino, if orphan_ok { 2 } else { 3 }, f)
+    }
+
+    fn locked_row<T>(
+        &self,
+        ino: Ino,
+        read_row: u8,
+        f: impl FnOnce(&mut InodeState, &InodeRow) -> Result<T>,
+    ) -> Result<T> {
         self.locked_inner(
             ino,
-            if orphan_ok { 2 } else { 1 },
+            read_row,
             |s, r| match r {
                 Some(r) => f(s, r),
                 None => Err(VfsError::Stale),
@@ -97,7 +136,14 @@ impl Vfs {
         )
     }
 
-    /// `read_row`: 0 = no row, 1 = the row (servable here), 2 = the row (orphans too).
+    /// `read_row`: 0 = no row, 1 = the row (servable here), 2 = the row (orphans too),
+    /// 3 = the row as a new `open` may use it (of orphans, only those this mount made and
+    /// keeps: an orphan another mount made is reached through a stale dentry, even while
+    /// this mount has it open — on ext4 that open of the path fails).
+    ///
+    /// The third matters because FUSE sends `release` after `close(2)` returned: a
+    /// process that closed a file, saw another mount delete it and opens the path again
+    /// must not be served the deleted file because the `release` is still on its way.
     /// `known`: a row just written by this mount, to load a fresh state from.
     fn locked_inner<T>(
         &self,
@@ -113,7 +159,11 @@ impl Vfs {
                 continue;
             }
             let row = if read_row > 0 {
-                let held = read_row == 2 || s.open_count > 0 || s.uncommitted;
+                let held = match read_row {
+                    2 => true,
+                    3 => false,
+                    _ => s.open_count > 0 || s.uncommitted,
+                };
                 match self.current_held(ino, Some(held)) {
                     Ok(r) => Some(r),
                     Err(e) => {
@@ -300,7 +350,7 @@ impl Vfs {
             // One round trip: the committed row, read under the state's lock. After a
             // wait for remote content, the inode is served even if it lost its name
             // during the wait: this open began while it had it.
-            let step = self.locked_fresh_as(ino, retry || waited, |s, row| {
+            let step = self.locked_for_open(ino, retry || waited, |s, row| {
                 if row.kind == Kind::Dir && acc != libc::O_RDONLY {
                     return Err(VfsError::IsDir);
                 }
@@ -616,6 +666,29 @@ impl Vfs {
     }
 
     fn read_remote(&self, h: &Handle, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let start = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(2);
+        loop {
+            match self.read_remote_once(h, ino, offset, len) {
+                // The object was replaced or removed while we read it (a rename over the
+                // file's old name, the upload of a newer version, an orphan's content
+                // moving to its own key): the content moved. Resolve the source again;
+                // the conditional GET guarantees no bytes of another version were used.
+                Err(VfsError::Bucket(BucketError::Changed(key) | BucketError::NotFound(key)))
+                    if start.elapsed() < self.cfg.remote_wait =>
+                {
+                    tracing::debug!(ino, key, "object replaced during the read; resolving again");
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(100));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One attempt of [`Vfs::read_remote`]. Errors: `Bucket(Changed | NotFound)` when
+    /// the object it resolved was replaced meanwhile (the caller resolves again).
+    fn read_remote_once(&self, h: &Handle, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
         let (row, src) = deskfs_meta::read(&*self.meta, |t| {
             let row = t.get_inode(ino)?;
             let src = match &row {
@@ -696,7 +769,7 @@ impl Vfs {
                 }
             }
             let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
-            let data = self.rt.block_on(fut).map_err(io_err)?;
+            let data = self.rt.block_on(fut).map_err(VfsError::from)?;
             let to = to.min(data.len() as u64);
             if from < to {
                 out.extend_from_slice(&data[from as usize..to as usize]);
@@ -727,12 +800,15 @@ impl Vfs {
                     let _ = tokio::task::spawn_blocking(move || c.write_block(&k, &d)).await;
                     Ok(data)
                 }
-                Ok(data) => Err(format!(
+                Ok(data) => Err(FetchError::Other(format!(
                     "short read of {key}: {} of {} bytes",
                     data.len(),
                     end - start
-                )),
-                Err(e) => Err(e.to_string()),
+                ))),
+                Err(BucketError::Changed(_) | BucketError::NotFound(_)) => {
+                    Err(FetchError::Moved(key.clone()))
+                }
+                Err(e) => Err(FetchError::Other(e.to_string())),
             };
             inflight
                 .lock()
@@ -763,10 +839,11 @@ impl Vfs {
                 .ok_or(VfsError::FileTooBig)?;
             if !s.uncommitted {
                 self.begin_dirty(ino)?;
+                s.hold_writer_lock(&f)?;
             }
             f.write_all_at(data, off)?;
             s.size = s.size.max(end);
-            s.note_change(now_ns());
+            s.note_change(now_ns(), self.coherence.session());
             Ok(data.len() as u32)
         })
     }
@@ -817,6 +894,11 @@ impl Vfs {
     ) -> Result<Option<InodeRow>> {
         let here = self.here();
         let commit = s.uncommitted;
+        if commit && s.dirty_session != 0 && s.dirty_session != self.coherence.session() {
+            // These writes began under a session that was fenced since (the heartbeat
+            // noticed first and registered a new one).
+            return self.commit_after_fence(ino, s, durable, get);
+        }
         let (size, mtime, ctime) = (s.size, s.mtime_ns, s.ctime_ns);
         let mut row = None;
         if commit || unrecord.is_some() || get {
@@ -872,7 +954,7 @@ impl Vfs {
             let (version, r) = out;
             row = r;
             if commit {
-                s.uncommitted = false;
+                s.writes_settled();
                 if let Some(v) = version {
                     self.kernel_pages.committed(ino, s.version, v);
                     s.version = v;
@@ -917,6 +999,8 @@ impl Vfs {
         let cur = self.meta.get_inode(ino)?;
         match cur {
             Some(r) if r.data_version == s.version => {
+                // Nobody committed meanwhile: the writes are this session's now.
+                s.dirty_session = self.coherence.session();
                 return self.commit_with(ino, s, durable, None, get);
             }
             Some(r) if r.nlink > 0 => {
@@ -929,7 +1013,7 @@ impl Vfs {
                     ino,
                     "writes made under a lost lease to a file deleted meanwhile are dropped"
                 );
-                s.uncommitted = false;
+                s.writes_settled();
             }
         }
         s.staging = None;
@@ -942,7 +1026,7 @@ impl Vfs {
     fn save_conflict(&self, ino: Ino, s: &mut InodeState, r: &InodeRow) -> Result<()> {
         let names = deskfs_meta::read(&*self.meta, |t| t.names_of(ino))?;
         let Some((parent, name)) = names.into_iter().next() else {
-            s.uncommitted = false;
+            s.writes_settled();
             return Ok(());
         };
         let new_ino = self.alloc_ino()?;
@@ -995,7 +1079,7 @@ impl Vfs {
             Ok(cname) => {
                 tracing::warn!(ino, new_ino, name = %String::from_utf8_lossy(&cname), "writes made while this mount's lease was lost conflict with newer content committed by another mount: kept beside it");
                 self.coherence.conflict();
-                s.uncommitted = false;
+                s.writes_settled();
                 self.uploader.kick();
                 Ok(())
             }
@@ -1060,7 +1144,7 @@ impl Vfs {
         })?;
         if last {
             match row {
-                Some(r) if r.nlink == 0 => self.settle_orphan(ino),
+                Some(r) if r.nlink == 0 => self.release_orphan(ino),
                 Some(r) if r.local == self.here() && !r.dirty => {
                     self.cache.staging_clean(ino, size)
                 }
@@ -1120,10 +1204,11 @@ impl Vfs {
         let f = self.ensure_local(ino, s, Some(size))?;
         if !s.uncommitted {
             self.begin_dirty(ino)?;
+            s.hold_writer_lock(&f)?;
         }
         f.set_len(size)?;
         s.size = size;
-        s.note_change(now_ns());
+        s.note_change(now_ns(), self.coherence.session());
         self.commit_locked(ino, s, false)
     }
 }
@@ -1154,6 +1239,7 @@ impl Vfs {
             let f = self.ensure_local(ino, s, None)?;
             if !s.uncommitted {
                 self.begin_dirty(ino)?;
+                s.hold_writer_lock(&f)?;
             }
             use std::os::fd::AsRawFd;
             // SAFETY: plain syscall on an open fd owned by `f`.
@@ -1164,7 +1250,7 @@ impl Vfs {
             if mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
                 s.size = s.size.max(end);
             }
-            s.note_change(now_ns());
+            s.note_change(now_ns(), self.coherence.session());
             Ok(())
         })
     }

@@ -374,7 +374,6 @@ pub(crate) fn start(vfs: &Arc<Vfs>) {
     let spawned = std::thread::Builder::new()
         .name("deskfs-feed".into())
         .spawn(move || {
-            let mut last_beat = Instant::now();
             let mut last_recommit = Instant::now();
             let mut last_read = Instant::now();
             loop {
@@ -424,10 +423,6 @@ pub(crate) fn start(vfs: &Arc<Vfs>) {
                     last_read = Instant::now();
                 }
                 v.feed_tick(sessions, feed);
-                if last_beat.elapsed() >= v.heartbeat_period() {
-                    last_beat = Instant::now();
-                    v.heartbeat();
-                }
                 if last_recommit.elapsed() >= RECOMMIT_EVERY {
                     last_recommit = Instant::now();
                     v.recommit_released();
@@ -436,5 +431,25 @@ pub(crate) fn start(vfs: &Arc<Vfs>) {
         });
     if let Err(e) = spawned {
         tracing::error!(error = %e, "cannot start the change-feed thread; kernel caches of other mounts' changes expire only by TTL");
+    }
+    // The lease has a thread of its own: nothing the feed thread waits for (a kernel
+    // invalidation behind a slow request) may delay a heartbeat.
+    let weak: Weak<Vfs> = Arc::downgrade(vfs);
+    let spawned = std::thread::Builder::new()
+        .name("deskfs-lease".into())
+        .spawn(move || loop {
+            let period = match weak.upgrade() {
+                Some(v) => v.heartbeat_period(),
+                None => return,
+            };
+            std::thread::sleep(period);
+            let Some(v) = weak.upgrade() else { return };
+            if v.coherence.stopped() {
+                return;
+            }
+            v.heartbeat();
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "cannot start the lease thread: this mount will be expired by others after the lease");
     }
 }

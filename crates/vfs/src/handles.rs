@@ -163,6 +163,9 @@ pub(crate) struct InodeState {
     pub(crate) write_gen: u64,
     /// Time of the first uncommitted write, ns (bounds upload deferral).
     pub(crate) dirty_since_ns: i64,
+    /// The mount session the uncommitted writes began under (a commit under another one
+    /// means they were made while the lease was lost: see `Vfs::commit_after_fence`).
+    pub(crate) dirty_session: u64,
     /// Committed content version the in-memory values belong to.
     pub(crate) version: u64,
     /// Removed from the state table: whoever locks it must fetch the current state.
@@ -172,7 +175,55 @@ pub(crate) struct InodeState {
     pub(crate) clean_at_close: Option<u64>,
 }
 
+/// Whether `f` could be locked exclusively right now (`flock(LOCK_EX | LOCK_NB)`, released
+/// at once): false while a mount sharing this cache dir holds the staging file's writer
+/// lock ([`InodeState::hold_writer_lock`]), i.e. has writes to it not yet committed.
+/// Errors: an `flock` failure other than `EWOULDBLOCK`.
+pub(crate) fn no_uncommitted_writers(f: &File) -> std::io::Result<bool> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: plain syscalls on an open fd owned by `f`.
+    let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return match e.raw_os_error() {
+            Some(libc::EWOULDBLOCK) => Ok(false),
+            _ => Err(e),
+        };
+    }
+    unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+    Ok(true)
+}
+
 impl InodeState {
+    /// Takes the writer lock of the staging file `f` (a shared `flock`, held until the
+    /// writes are committed): uploaders of every mount sharing the cache dir see that the
+    /// file holds uncommitted writes and do not upload it as the committed version. Waits
+    /// only while an uploader probes (an instant). Errors: `flock` failures (`EIO`).
+    pub(crate) fn hold_writer_lock(&mut self, f: &File) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        loop {
+            // SAFETY: plain syscall on an open fd owned by `f`.
+            let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) };
+            if rc == 0 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EINTR) {
+                return Err(e);
+            }
+        }
+    }
+
+    /// The uncommitted writes are committed (or set aside): the writer lock goes.
+    pub(crate) fn writes_settled(&mut self) {
+        self.uncommitted = false;
+        if let Some(f) = &self.staging {
+            use std::os::fd::AsRawFd;
+            // SAFETY: plain syscall on an open fd owned by `f`.
+            unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+        }
+    }
+
     /// Loads size, times and content version from a committed row.
     pub(crate) fn fill(&mut self, row: &deskfs_meta::InodeRow) {
         self.size = row.size;
@@ -182,14 +233,16 @@ impl InodeState {
         self.loaded = true;
     }
 
-    /// Records a content change at `now` (ns): mtime and ctime, the start of the
-    /// uncommitted period, and a new write generation.
-    pub(crate) fn note_change(&mut self, now: i64) {
+    /// Records a content change at `now` (ns) by a mount whose session is `session`:
+    /// mtime and ctime, the start of the uncommitted period (and the session it began
+    /// under), and a new write generation.
+    pub(crate) fn note_change(&mut self, now: i64, session: u64) {
         self.mtime_ns = now;
         self.ctime_ns = now;
         if !self.uncommitted {
             self.uncommitted = true;
             self.dirty_since_ns = now;
+            self.dirty_session = session;
         }
         self.write_gen += 1;
     }

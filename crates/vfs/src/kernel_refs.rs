@@ -139,7 +139,16 @@ impl StaleRetries {
         }
     }
 
-    /// Whether an open of `ino` by `pid` is the kernel's retry through a fresh lookup.
+    /// Whether a request for `ino` by `pid` belongs to the kernel's retry through a fresh
+    /// lookup, without using the retry up (a `getattr` of the path walk before the
+    /// repeated `open`).
+    pub(crate) fn in_retry(&self, pid: u32, ino: Ino) -> bool {
+        matches!(lock(&self.map).get(&pid),
+            Some((t, Some(i))) if *i == ino && t.elapsed() < RETRY_WINDOW)
+    }
+
+    /// Whether an open of `ino` by `pid` is the kernel's retry through a fresh lookup
+    /// (used up: a later open is a new request).
     pub(crate) fn is_retry(&self, pid: u32, ino: Ino) -> bool {
         let mut m = lock(&self.map);
         match m.get(&pid) {

@@ -317,7 +317,8 @@ impl Vfs {
     }
 
     /// Commits every open file's writes, then blocks until everything written before the
-    /// call is in the bucket (the `deskfs sync` barrier). Returns `Ok` once no pending
+    /// call is in the bucket (the `deskfs sync` barrier) — but for paths whose content
+    /// only another mount's cache holds: that mount uploads them. Returns `Ok` once no pending
     /// path older than the barrier remains; while the bucket fails it keeps waiting up to
     /// `timeout` and then returns [`VfsError::Io`] (`TimedOut`) naming what is stuck.
     pub fn sync(&self, timeout: Duration) -> Result<()> {
@@ -330,7 +331,7 @@ impl Vfs {
         let start = std::time::Instant::now();
         let res = loop {
             let more = deskfs_meta::read(&*self.meta, |t| t.pending_upto(barrier))?;
-            if !more {
+            if !more || self.only_others_pending(barrier)? {
                 break Ok(());
             }
             if start.elapsed() > timeout {
@@ -348,6 +349,18 @@ impl Vfs {
         };
         self.urgent.fetch_sub(1, Ordering::SeqCst);
         res
+    }
+
+    /// Whether every pending path older than `barrier` holds content only other mounts'
+    /// caches have (their uploaders do those; see [`uploader::UploaderShared::is_elsewhere`]).
+    fn only_others_pending(&self, barrier: u64) -> Result<bool> {
+        const LOOK: usize = 1024;
+        let rows = deskfs_meta::read(&*self.meta, |t| t.due_pending(i64::MAX, LOOK))?;
+        Ok(rows.len() < LOOK
+            && rows
+                .iter()
+                .filter(|r| r.seq <= barrier)
+                .all(|r| self.uploader.is_elsewhere(&r.path)))
     }
 
     /// Commits all open files' writes (as `close` would) without waiting for uploads.

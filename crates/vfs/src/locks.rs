@@ -244,13 +244,21 @@ impl Vfs {
         if typ == LockType::Unlock && !self.locks.may_hold(ino) {
             return Ok(());
         }
+        if typ == LockType::Unlock {
+            // Lock-to-read coherence (as NFS): what was written under the lock is
+            // committed before the lock goes, so the next holder — on any mount or host,
+            // which revalidates when it takes the lock — reads it.
+            self.commit_pending(ino)?;
+        }
         let mut wait = Duration::from_millis(1);
         loop {
             let seen = self.locks.generation();
             let granted = {
                 let _mu = self.locks.mu.lock().map_err(|_| crate::poisoned())?;
                 let s = self.coherence.session();
-                let granted = deskfs_meta::txn(&*self.meta, |t| {
+                // Keyed by the inode: two mounts deciding on locks of one file at once are
+                // serialised (each sees the other's grant).
+                let granted = deskfs_meta::txn_keyed(&*self.meta, ino, |t| {
                     t.check_session(s)?;
                     if typ != LockType::Unlock
                         && self
@@ -318,16 +326,32 @@ impl Vfs {
         }
     }
 
+    /// Commits the uncommitted writes of `ino`, if it has any (before a lock on it goes).
+    fn commit_pending(&self, ino: Ino) -> Result<()> {
+        let st = self
+            .inodes
+            .lock()
+            .map_err(|_| crate::poisoned())?
+            .get(&ino)
+            .cloned();
+        if st.is_some() {
+            self.locked(ino, |s| self.commit_locked(ino, s, false))?;
+        }
+        Ok(())
+    }
+
     /// Drops every lock `owner` holds on `ino` through this mount (close of a descriptor
-    /// for POSIX locks; last close of an open file for OFD/flock locks).
+    /// for POSIX locks; last close of an open file for OFD/flock locks). Writes still
+    /// uncommitted are committed first (see [`Vfs::setlk`]).
     pub fn release_locks(&self, ino: Ino, owner: u64) -> Result<()> {
         // Every close comes here: most files were never locked through this mount.
         if !self.locks.may_hold(ino) {
             return Ok(());
         }
+        self.commit_pending(ino)?;
         let _mu = self.locks.mu.lock().map_err(|_| crate::poisoned())?;
         let s = self.coherence.session();
-        let (freed, none_left) = deskfs_meta::txn(&*self.meta, |t| {
+        let (freed, none_left) = deskfs_meta::txn_keyed(&*self.meta, ino, |t| {
             let all = t.locks_on(ino)?;
             let mine = all.iter().any(|l| l.session == s && l.owner == owner);
             if mine {
@@ -366,10 +390,11 @@ impl Vfs {
         if !self.locks.may_hold(ino) {
             return Ok(());
         }
+        self.commit_pending(ino)?;
         let s = self.coherence.session();
         {
             let _mu = self.locks.mu.lock().map_err(|_| crate::poisoned())?;
-            deskfs_meta::txn(&*self.meta, |t| t.delete_fh_locks(ino, s, owner, fh))?;
+            deskfs_meta::txn_keyed(&*self.meta, ino, |t| t.delete_fh_locks(ino, s, owner, fh))?;
         }
         self.lock_freed(ino);
         Ok(())

@@ -440,6 +440,26 @@ impl Vfs {
     /// go meanwhile).
     pub(crate) fn settle_orphan(&self, ino: Ino) {
         self.refs.keep_orphan(ino);
+        self.purge_if_unheld(ino);
+    }
+
+    /// The last handle of orphan `ino` closed: purge it unless this mount still holds it
+    /// (kernel references — then only when this mount made it an orphan, see
+    /// [`Vfs::settle_orphan`]). An orphan another mount made is never adopted here, so this
+    /// mount answers `ESTALE` for it and the kernel walks the path again.
+    pub(crate) fn release_orphan(&self, ino: Ino) {
+        if self.refs.is_kept_orphan(ino) {
+            self.purge_if_unheld(ino);
+        } else if !self.is_open(ino) {
+            if self.shared() {
+                self.refs.queue_purge(ino);
+            } else {
+                self.purge_now(&[ino]);
+            }
+        }
+    }
+
+    fn purge_if_unheld(&self, ino: Ino) {
         if !self.keeps(ino) {
             if self.shared() {
                 // Other mounts may be opening it right now (see ORPHAN_GRACE).
@@ -447,6 +467,27 @@ impl Vfs {
             } else {
                 self.purge_now(&[ino]);
             }
+        }
+    }
+
+    /// `getattr` for a process: [`Vfs::getattr`], where an `ESTALE` makes the kernel
+    /// walk the path again (`stat(2)` and `open(2)` retry once with `LOOKUP_REVAL`) and
+    /// the inode that fresh lookup returned to `pid` is served even if it lost its name
+    /// since (a name renamed over again and again; see `kernel_refs::StaleRetries`); the
+    /// retry stays for the `open` that may follow.
+    /// Errors: as [`Vfs::getattr`].
+    pub fn getattr_for(&self, ctx: &Ctx, ino: Ino) -> Result<Attr> {
+        match self.getattr(ino) {
+            Err(VfsError::Stale) => {
+                if self.retries.in_retry(ctx.pid, ino) {
+                    if let Some(row) = self.meta.get_inode(ino)? {
+                        return Ok(self.overlay(&row));
+                    }
+                }
+                self.retries.staled(ctx.pid);
+                Err(VfsError::Stale)
+            }
+            r => r,
         }
     }
 

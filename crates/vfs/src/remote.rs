@@ -80,6 +80,9 @@ fn orphan_path(ino: Ino) -> Vec<u8> {
     format!("\0orphan/{ino}").into_bytes()
 }
 
+/// How often a waiting open repeats its upload request.
+const ASK_AGAIN: Duration = Duration::from_secs(1);
+
 /// How often a waiter re-reads the metadata when no signal arrives (engines without
 /// notifications, a lost signal).
 const RECHECK: Duration = Duration::from_millis(25);
@@ -89,32 +92,55 @@ impl Vfs {
     /// bucket. When only another cache holds it, asks that cache's mount to upload it now
     /// and waits (bounded). Errors: `EIO` (timed out, or the content is nowhere).
     pub(crate) fn await_remote_content(&self, row: &InodeRow) -> Result<()> {
-        let mut row = row.clone();
         let start = Instant::now();
-        let mut asked: Option<(u64, u64)> = None;
-        let res = loop {
+        let mut asked: Vec<(Ino, u64)> = Vec::new();
+        let res = self.await_remote_inner(row, start, &mut asked);
+        let mut waits = self.remote.waits.lock().unwrap_or_else(|p| p.into_inner());
+        for k in &asked {
+            waits.remove(k);
+        }
+        res
+    }
+
+    fn await_remote_inner(
+        &self,
+        row: &InodeRow,
+        start: Instant,
+        asked: &mut Vec<(Ino, u64)>,
+    ) -> Result<()> {
+        let mut row = row.clone();
+        let mut last_ask: Option<(u64, u64, Instant)> = None;
+        loop {
             if row.kind != Kind::File || row.size == 0 || row.local == self.here() {
-                break Ok(());
+                return Ok(());
             }
             let have = deskfs_meta::read(&*self.meta, |t| {
                 t.object_with_content(row.ino, row.data_version)
             })?;
             if have.is_some() {
-                break Ok(());
+                return Ok(());
             }
             let Local::At(holder) = row.local else {
-                break Err(VfsError::Io(std::io::Error::other(format!(
+                return Err(VfsError::Io(std::io::Error::other(format!(
                     "content of inode {} version {} is neither in a cache nor in the bucket",
                     row.ino, row.data_version
                 ))));
             };
-            if asked != Some((row.data_version, holder)) {
-                asked = Some((row.data_version, holder));
-                self.remote
-                    .waits
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert((row.ino, row.data_version), (holder, start));
+            // Ask (again every second: a holder may have cleared an older request).
+            let ask = match last_ask {
+                Some((v, h, t)) => v != row.data_version || h != holder || t.elapsed() >= ASK_AGAIN,
+                None => true,
+            };
+            if ask {
+                last_ask = Some((row.data_version, holder, Instant::now()));
+                if !asked.contains(&(row.ino, row.data_version)) {
+                    asked.push((row.ino, row.data_version));
+                    self.remote
+                        .waits
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert((row.ino, row.data_version), (holder, start));
+                }
                 let ino = row.ino;
                 deskfs_meta::txn(&*self.meta, |t| t.want_upload(ino, holder, now_ns()))?;
                 let _ = self.meta.signal(&Signal::UploadWanted {
@@ -136,7 +162,7 @@ impl Vfs {
                     waited_s = start.elapsed().as_secs_f64(),
                     "the mount holding this file's newest content (cache {holder}) did not upload it in time; the open fails with EIO (nothing is lost: that mount uploads it when it can)"
                 );
-                break Err(VfsError::Io(std::io::Error::new(
+                return Err(VfsError::Io(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
                     format!(
                         "content of inode {} is still only in the journal of another mount (cache {holder}), which did not upload it within {} s",
@@ -148,15 +174,7 @@ impl Vfs {
             self.remote.sleep(RECHECK);
             // A newer commit may have replaced what we wait for.
             row = self.meta.get_inode(row.ino)?.ok_or(VfsError::Stale)?;
-        };
-        if let Some((v, _)) = asked {
-            self.remote
-                .waits
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&(row.ino, v));
         }
-        res
     }
 
     /// A signal from another mount.
@@ -220,37 +238,105 @@ impl Vfs {
                 _ => self.uploaded(ino),
             }
         }
-        self.uploader.kick();
+        if !inos.is_empty() {
+            self.uploader.kick();
+        }
     }
 
-    /// Uploads the content of orphan `r` (held here) to `.deskfs/orphans/INO.VERSION` and
-    /// records it (path `\0orphan/INO`, which names nothing): another mount that opened
-    /// the inode just before it lost its name reads it from there. The object goes when
-    /// the orphan is purged.
+    /// Follows up the requests among `inos` (all those still open): answers those that
+    /// need no upload from this mount any more (content in the bucket, or not held here)
+    /// so their waiters look again; uploads those that lost their last name since they
+    /// were made due (the upload of a path uploads whatever the path names now, so an
+    /// inode renamed over or unlinked meanwhile goes to its orphan key instead); and
+    /// makes the others due again (a rename may have moved them to another path).
+    pub(crate) fn settle_wanted(&self, inos: &[Ino]) {
+        for &ino in inos {
+            let state = deskfs_meta::read(&*self.meta, |t| {
+                let Some(r) = t.get_inode(ino)? else {
+                    return Ok::<_, deskfs_meta::MetaError>(None);
+                };
+                let in_bucket = t.object_with_content(ino, r.data_version)?.is_some();
+                Ok(Some((r, in_bucket)))
+            });
+            match state {
+                Ok(Some((r, false))) if r.local == self.here() && r.nlink == 0 => {
+                    if let Err(e) = self.upload_orphan(&r) {
+                        tracing::warn!(ino, error = %e, "cannot upload an orphan another mount waits for");
+                    }
+                    self.uploaded(ino);
+                }
+                Ok(Some((r, false))) if r.dirty && r.local == self.here() => {
+                    if let Err(e) = self.meta.apply(&[deskfs_meta::Op::MarkInode {
+                        ino,
+                        not_before_ns: 0,
+                    }]) {
+                        tracing::warn!(ino, error = %e, "cannot serve an upload request");
+                    }
+                }
+                Ok(_) => self.uploaded(ino),
+                Err(e) => tracing::warn!(ino, error = %e, "cannot check an upload request"),
+            }
+        }
+    }
+
+    /// Uploads the content of orphan `r` (held here) to
+    /// `.deskfs/orphans/INO.VERSION.SESSION` and records it (path `\0orphan/INO`, which
+    /// names nothing): another mount that opened the inode just before it lost its name
+    /// reads it from there. The object goes when the orphan is purged.
+    ///
+    /// Mounts sharing this cache dir may serve the same request at once: each writes its
+    /// own key, so the recorded row always names an object its recorder wrote (its ETag
+    /// holds); the first record of a version wins and a later uploader deletes its copy.
     fn upload_orphan(&self, r: &InodeRow) -> Result<()> {
-        let key = format!(".deskfs/orphans/{}.{}", r.ino, r.data_version);
-        let staging = self.cache.staging_path(r.ino);
+        let (ino, version) = (r.ino, r.data_version);
+        if deskfs_meta::read(&*self.meta, |t| t.object_with_content(ino, version))?.is_some() {
+            return Ok(());
+        }
+        let key = format!(
+            ".deskfs/orphans/{ino}.{version}.{}",
+            self.coherence.session()
+        );
+        let staging = self.cache.staging_path(ino);
         let put = {
-            let _reading = self.cache.read_guard(r.ino);
+            let _reading = self.cache.read_guard(ino);
             self.rt
                 .block_on(self.bucket.put_file(&key, &staging, None))?
         };
         let row = deskfs_meta::ObjectRow {
-            path: orphan_path(r.ino),
-            key,
-            ino: r.ino,
+            path: orphan_path(ino),
+            key: key.clone(),
+            ino,
             kind: Kind::File,
-            data_version: r.data_version,
+            data_version: version,
             meta_stamp: r.ctime_ns,
             etag: put.etag,
             size: put.size,
         };
-        deskfs_meta::txn(&*self.meta, |t| t.put_object(&row))?;
-        self.uploader
-            .orphan_objects
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(r.ino);
+        // `Ok(what the record replaced)`, or `Err(the key recorded)` when a copy of this
+        // version is recorded already (another uploader's: then ours is the one to go).
+        let recorded = deskfs_meta::txn(&*self.meta, |t| match t.get_object(&row.path)? {
+            Some(o) if o.data_version == version => Ok::<_, deskfs_meta::MetaError>(Err(o.key)),
+            old => {
+                t.put_object(&row)?;
+                Ok(Ok(old.map(|o| o.key)))
+            }
+        })?;
+        let unused = match recorded {
+            Err(theirs) => (theirs != key).then_some(key),
+            Ok(old) => {
+                self.uploader
+                    .orphan_objects
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(ino);
+                old.filter(|k| *k != key)
+            }
+        };
+        if let Some(k) = unused {
+            if let Err(e) = self.rt.block_on(self.bucket.delete(&k)) {
+                tracing::warn!(key = %k, error = %e, "cannot delete an unused orphan object");
+            }
+        }
         Ok(())
     }
 

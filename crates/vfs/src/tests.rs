@@ -28,6 +28,7 @@ mod locks;
 mod namespace;
 mod persist;
 mod readdir;
+mod remote;
 mod rename;
 mod setattr;
 mod unlink;

@@ -10,10 +10,10 @@
 //! is overwritten or deleted, that content is first made local, so no interleaving of
 //! renames can lose it.
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use deskfs_bucket::PosixMeta;
@@ -43,12 +43,48 @@ pub(crate) struct UploaderShared {
     pub(crate) wanted_hint: AtomicBool,
     /// Orphans whose content this mount uploaded for another (deleted at their purge).
     pub(crate) orphan_objects: std::sync::Mutex<HashSet<Ino>>,
+    /// Pending paths found to be another mount's to upload ([`Outcome::Elsewhere`]), with
+    /// when that was last found.
+    elsewhere: std::sync::Mutex<HashMap<Vec<u8>, Instant>>,
 }
 
 impl UploaderShared {
     /// Wakes the uploader (new work or a sync barrier).
     pub(crate) fn kick(&self) {
         self.notify.notify_one();
+    }
+
+    /// Whether pending `path` was found, within [`ELSEWHERE_FORGET`], to hold content
+    /// only another mount's cache has: that mount's uploader does it, so this mount's
+    /// sync barrier does not wait for it.
+    pub(crate) fn is_elsewhere(&self, path: &[u8]) -> bool {
+        self.elsewhere
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(path)
+            .is_some_and(|t| t.elapsed() < ELSEWHERE_FORGET)
+    }
+
+    /// Whether the uploader skips `path` now (found elsewhere within [`ELSEWHERE_SKIP`]).
+    fn skips(&self, path: &[u8]) -> bool {
+        self.elsewhere
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(path)
+            .is_some_and(|t| t.elapsed() < ELSEWHERE_SKIP)
+    }
+
+    /// Records what reconciling `path` found: another mount's (`mine` false) or not.
+    fn found(&self, path: Vec<u8>, mine: bool) {
+        let mut m = self.elsewhere.lock().unwrap_or_else(|p| p.into_inner());
+        if mine {
+            m.remove(&path);
+        } else {
+            m.insert(path, Instant::now());
+        }
+        if m.len() > 65_536 {
+            m.retain(|_, t| t.elapsed() < ELSEWHERE_FORGET);
+        }
     }
 
     /// Asks the uploader to stop after its in-flight operations.
@@ -61,7 +97,17 @@ impl UploaderShared {
 enum Outcome {
     Done,
     Defer(Duration),
+    /// The path's content is held only by another mount's cache: that mount uploads it.
+    /// The pending row is left as it is (this mount looks at it again later).
+    Elsewhere,
 }
+
+/// How long a path whose content another mount holds is not looked at again here.
+const ELSEWHERE_SKIP: Duration = Duration::from_secs(2);
+
+/// How long such a path still counts as another mount's (a few skips: it is looked at
+/// again after each).
+const ELSEWHERE_FORGET: Duration = Duration::from_secs(10);
 
 /// Longest a burst of request-path changes postpones an upload that is due.
 pub const BURST_DEFER: Duration = Duration::from_secs(10);
@@ -98,8 +144,17 @@ async fn run(vfs: Arc<Vfs>) {
             // npm install), uploads wait for a quiet moment so they do not compete with
             // it for CPU and the metadata engine; the data is safe in the local journal
             // meanwhile. A burst postpones an upload by at most BURST_DEFER.
-            let busy = now - vfs.last_mark_ns.load(Ordering::Relaxed)
-                < vfs.cfg.upload_delay.as_nanos() as i64;
+            // Not while another mount waits for content of this cache (close-to-open
+            // across caches): its open is blocked until the upload is done.
+            let waiters = !vfs
+                .uploader
+                .serving
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty();
+            let busy = !waiters
+                && now - vfs.last_mark_ns.load(Ordering::Relaxed)
+                    < vfs.cfg.upload_delay.as_nanos() as i64;
             let horizon = if urgent {
                 i64::MAX
             } else if busy {
@@ -107,7 +162,8 @@ async fn run(vfs: Arc<Vfs>) {
             } else {
                 now
             };
-            let want = vfs.cfg.upload_workers * 4;
+            // A wider window than the workers need: rows other mounts must do are skipped.
+            let want = vfs.cfg.upload_workers * 32;
             match deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want)) {
                 Ok(rows) => {
                     for row in rows {
@@ -117,14 +173,14 @@ async fn run(vfs: Arc<Vfs>) {
                         if row.attempts > 0 && row.due_ns > now {
                             continue; // failing: keep its backoff even under a barrier
                         }
-                        if !inflight.insert(row.path.clone()) {
+                        if vfs.uploader.skips(&row.path) || !inflight.insert(row.path.clone()) {
                             continue;
                         }
                         let v = vfs.clone();
                         tasks.push(async move {
                             let path = row.path.clone();
-                            process(&v, row).await;
-                            path
+                            let mine = process(&v, row).await;
+                            (path, mine)
                         });
                     }
                 }
@@ -156,10 +212,15 @@ async fn run(vfs: Arc<Vfs>) {
                 serving.extend(fresh.iter().copied());
                 fresh
             };
-            if !fresh.is_empty() {
-                let v = vfs.clone();
-                let _ = tokio::task::spawn_blocking(move || v.serve_wanted(&fresh)).await;
-            }
+            // New requests are made due; old ones are answered when their content turned
+            // out clean or not held here (nothing left to upload).
+            let v = vfs.clone();
+            let _ = tokio::task::spawn_blocking(move || {
+                let older: Vec<Ino> = wanted.into_iter().filter(|i| !fresh.contains(i)).collect();
+                v.serve_wanted(&fresh);
+                v.settle_wanted(&older);
+            })
+            .await;
         }
         if last_evict.elapsed() > Duration::from_secs(2) {
             last_evict = std::time::Instant::now();
@@ -167,19 +228,25 @@ async fn run(vfs: Arc<Vfs>) {
             let _ = tokio::task::spawn_blocking(move || v.evict()).await;
         }
         tokio::select! {
-            Some(path) = tasks.next(), if !tasks.is_empty() => { inflight.remove(&path); }
+            Some((path, mine)) = tasks.next(), if !tasks.is_empty() => {
+                inflight.remove(&path);
+                vfs.uploader.found(path, mine);
+            }
             _ = vfs.uploader.notify.notified() => {}
             _ = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
     }
 }
 
-async fn process(vfs: &Arc<Vfs>, row: PendingRow) {
+/// Reconciles one pending row and records the outcome. Returns false when the row is
+/// another mount's to do ([`Outcome::Elsewhere`]).
+async fn process(vfs: &Arc<Vfs>, row: PendingRow) -> bool {
     let res = reconcile(vfs, &row).await;
     let now = now_ns();
     let path = row.path.clone();
     let gen = row.gen;
     let r = match res {
+        Ok(Outcome::Elsewhere) => return false,
         Ok(Outcome::Done) => deskfs_meta::txn(&*vfs.meta, |t| t.finish_pending(&path, gen)),
         Ok(Outcome::Defer(d)) => deskfs_meta::txn(&*vfs.meta, |t| {
             t.defer_pending(&path, gen, now + d.as_nanos() as i64)
@@ -194,14 +261,15 @@ async fn process(vfs: &Arc<Vfs>, row: PendingRow) {
     if let Err(e) = r {
         tracing::error!(error = %e, "uploader cannot record progress");
     }
+    true
 }
 
 async fn reconcile(vfs: &Arc<Vfs>, row: &PendingRow) -> Result<Outcome> {
     let mut outcome = Outcome::Done;
-    let defer = |o: Outcome, acc: &mut Outcome| {
-        if let Outcome::Defer(d) = o {
-            *acc = Outcome::Defer(d);
-        }
+    let defer = |o: Outcome, acc: &mut Outcome| match o {
+        Outcome::Elsewhere => *acc = Outcome::Elsewhere,
+        Outcome::Defer(d) if !matches!(acc, Outcome::Elsewhere) => *acc = Outcome::Defer(d),
+        _ => {}
     };
     if !row.recursive {
         return reconcile_one(vfs, &row.path).await;
@@ -416,6 +484,7 @@ async fn reconcile_file(
             if r.dirty {
                 mark_clean(vfs, r.ino, r.data_version, None).await?;
             }
+            served(vfs, r.ino).await;
             return Ok(Outcome::Done);
         }
         if o.ino == r.ino && o.data_version == r.data_version && !vfs.bucket.supports_metadata() {
@@ -427,13 +496,19 @@ async fn reconcile_file(
     // A file still being written: wait for its close (bounded).
     let st = vfs.inodes.lock().ok().and_then(|m| m.get(&r.ino).cloned());
     let mut gen0 = None;
+    let mut own_writes = false;
     if let Some(st) = st {
         if let Ok(s) = st.lock() {
             if s.uncommitted && now_ns() - s.dirty_since_ns < MAX_DEFER_NS {
                 return Ok(Outcome::Defer(Duration::from_secs(1)));
             }
             gen0 = Some(s.write_gen);
+            own_writes = s.uncommitted;
         }
+    }
+    // Content only another mount's cache holds: its uploader does this path.
+    if r.size > 0 && src.is_none() && r.local != vfs.here() && r.local != Local::None {
+        return Ok(Outcome::Elsewhere);
     }
     // Overwriting another inode's object: keep that content if it is its last copy.
     if let Some(o) = &snap_other(&obj, r.ino) {
@@ -443,24 +518,28 @@ async fn reconcile_file(
     if r.local == vfs.here() && vfs.cache.has_staging(r.ino) {
         let staging = vfs.cache.staging_path(r.ino);
         // While read by path, a purge deletes the file instead of recycling it.
-        let put = {
-            let _reading = vfs.cache.read_guard(r.ino);
-            vfs.bucket.put_file(key, &staging, Some(&meta)).await?
+        let _reading = vfs.cache.read_guard(r.ino);
+        let probe = StagingProbe::open(&staging, own_writes)?;
+        let Some(before) = probe.look()? else {
+            // Another mount sharing this cache dir has uncommitted writes to it: its
+            // commit re-marks the path (and its own uploader bounds the deferral).
+            return Ok(Outcome::Defer(Duration::from_secs(1)));
         };
-        // The staging file may have changed while it was read: only a file whose version
-        // and write generation held still is recorded as that version.
+        let put = vfs.bucket.put_file(key, &staging, Some(&meta)).await?;
+        // The staging file may have changed while it was read: only a file whose version,
+        // write generation and on-disk times held still is recorded as that version.
         let gen1 = vfs
             .inodes
             .lock()
             .ok()
             .and_then(|m| m.get(&r.ino).cloned())
             .and_then(|st| st.lock().ok().map(|s| s.write_gen));
-        let steady = gen0.is_none() || gen0 == gen1;
-        if !steady {
-            return Ok(Outcome::Defer(Duration::from_millis(200)));
-        }
-        if put.size != r.size {
-            // Truncated or extended since the snapshot: the commit re-marked the path.
+        let steady = (gen0.is_none() || gen0 == gen1) && probe.look()? == Some(before);
+        // Truncated or extended since the snapshot: the commit re-marked the path.
+        if !steady || put.size != r.size {
+            // The object now holds bytes of no recorded version: recorded as holding
+            // none (so no reader uses it, and a later delete finds it), done again.
+            record(vfs, path, key, &r, 0, put.etag, put.size).await?;
             return Ok(Outcome::Defer(Duration::from_millis(200)));
         }
         record(vfs, path, key, &r, r.data_version, put.etag, put.size).await?;
@@ -491,6 +570,39 @@ async fn reconcile_file(
             "content of inode {} (version {}) is neither local nor in the bucket",
             r.ino, r.data_version
         )))),
+    }
+}
+
+/// The uploader's look at a staging file around its upload: whether a mount sharing the
+/// cache dir holds uncommitted writes to it, and its size and times (any write changes
+/// them).
+struct StagingProbe {
+    file: std::fs::File,
+    /// This mount's own uncommitted writes are allowed (their deferral ran out).
+    own_writes: bool,
+}
+
+impl StagingProbe {
+    fn open(path: &std::path::Path, own_writes: bool) -> Result<StagingProbe> {
+        Ok(StagingProbe {
+            file: std::fs::File::open(path)?,
+            own_writes,
+        })
+    }
+
+    /// `(size, mtime ns, ctime ns)` now, or `None` while another mount has uncommitted
+    /// writes to the file.
+    fn look(&self) -> Result<Option<(u64, i64, i64)>> {
+        use std::os::unix::fs::MetadataExt;
+        if !self.own_writes && !crate::handles::no_uncommitted_writers(&self.file)? {
+            return Ok(None);
+        }
+        let m = self.file.metadata()?;
+        Ok(Some((
+            m.size(),
+            m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+        )))
     }
 }
 

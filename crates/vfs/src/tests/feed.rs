@@ -214,3 +214,70 @@ fn cached_directory_listings_are_kept_only_while_unchanged_and_alone() {
     h.feed_round();
     assert!(!open(), "another mount is live: listings are never kept");
 }
+
+/// Another mount renames fresh files over a name again and again: `stat(2)` of the name
+/// meets an inode that lost it (`ESTALE`, and the kernel walks the path once more), and
+/// the inode that walk found is served to that process even if it lost the name too by
+/// the time its `getattr` arrives. Other processes still get `ESTALE` for it.
+#[test]
+fn getattr_serves_the_inode_the_kernels_retry_found() {
+    let h = Harness::new();
+    let x = h.file(ROOT_INO, "target", b"one");
+    let y = h.file(ROOT_INO, ".next", b"two");
+    let (other, _) = other_mount(&h);
+    h.feed_round();
+    let orphan = |ino: Ino| {
+        let mut r = txn(&*other, |t| t.get_inode(ino)).unwrap().expect("row");
+        r.nlink = 0;
+        txn(&*other, |t| t.update_inode(&r)).unwrap();
+    };
+    // The other mount renames `.next` over `target`: x is its orphan now.
+    txn(&*other, |t| {
+        t.delete_dentry(ROOT_INO, b"target")?;
+        t.move_dentry(ROOT_INO, b".next", ROOT_INO, b"target")
+    })
+    .unwrap();
+    orphan(x.ino);
+    let me = Ctx { pid: 4242, ..CTX };
+    assert_eq!(errno(h.getattr_for(&me, x.ino)), libc::ESTALE);
+    // The kernel's fresh lookup for that process finds y; before its getattr arrives,
+    // y loses the name as well.
+    assert_eq!(h.lookup(&me, ROOT_INO, b"target").unwrap().ino, y.ino);
+    txn(&*other, |t| t.delete_dentry(ROOT_INO, b"target")).unwrap();
+    orphan(y.ino);
+    let other_process = Ctx { pid: 4343, ..CTX };
+    assert_eq!(errno(h.getattr_for(&other_process, y.ino)), libc::ESTALE);
+    let a = h.getattr_for(&me, y.ino).expect("the retry is served");
+    assert_eq!((a.ino, a.size), (y.ino, 3));
+    // The path walk's getattr (permission checks) does not use the retry up: the open
+    // that follows is served too, and only once.
+    let o = h
+        .open(&me, y.ino, libc::O_RDONLY)
+        .expect("the repeated open is served");
+    h.release(y.ino, o.fh).unwrap();
+    assert_eq!(errno(h.open(&me, y.ino, libc::O_RDONLY)), libc::ESTALE);
+}
+
+/// Another mount deletes a file this mount has open: reads through the open handle go on
+/// (the orphan stays), but a new `open` of it — the kernel's dentry is stale until the
+/// feed drops it, and FUSE's `release` of a closed handle may still be on its way —
+/// answers `ESTALE`, so the kernel looks the path up again and finds it gone, as on ext4.
+#[test]
+fn a_new_open_of_another_mounts_orphan_is_stale_even_while_open_here() {
+    let h = Harness::new();
+    let x = h.file(ROOT_INO, "f", b"content");
+    let (other, _) = other_mount(&h);
+    h.feed_round();
+    let fh = h.op(x.ino, libc::O_RDONLY);
+    txn(&*other, |t| {
+        t.delete_dentry(ROOT_INO, b"f")?;
+        let mut r = t.get_inode(x.ino)?.expect("row");
+        r.nlink = 0;
+        t.update_inode(&r)
+    })
+    .unwrap();
+    assert_eq!(errno(h.open(&CTX, x.ino, libc::O_RDONLY)), libc::ESTALE);
+    assert_eq!(errno(h.lk(ROOT_INO, "f")), libc::ENOENT);
+    assert_eq!(h.read_to_end(x.ino, fh, 0, 4096), b"content");
+    h.release(x.ino, fh).unwrap();
+}
