@@ -576,12 +576,12 @@ impl Filesystem for DeskFs {
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let _op = self.timed(crate::stats::Op::Opendir);
-        match self.vfs.opendir(ino.0) {
+        match self.vfs.opendir_cached(ino.0) {
             // The kernel caches listings (in the directory's page cache) and keeps them
             // across opens while the directory has not changed.
-            Ok(fh) => {
+            Ok((fh, current)) => {
                 let mut flags = FopenFlags::FOPEN_CACHE_DIR;
-                if self.vfs.dir_cache_current(ino.0) {
+                if current {
                     flags |= FopenFlags::FOPEN_KEEP_CACHE;
                 }
                 reply.opened(FileHandle(fh), flags)

@@ -198,6 +198,9 @@ impl Vfs {
                         if let Some(ino) = changed_inode(op) {
                             self.hints.forget_fresh(ino);
                         }
+                        if let Op::SetXattr { ino, .. } | Op::RemoveXattr { ino, .. } = op {
+                            self.hints.forget_xattrs(*ino);
+                        }
                     }
                     for &i in &batch.refresh {
                         if let Some(r) = out.get(i).and_then(|o| o.row()) {

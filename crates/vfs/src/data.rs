@@ -466,6 +466,23 @@ impl Vfs {
             |s, _| {
                 s.open_count += 1;
                 self.kernel_pages.opened(row.ino, s.version);
+                // Its staging file was made by `create_node`: the first write needs no
+                // look at the row to find where the content is.
+                if s.staging.is_none() {
+                    if let Ok(f) = self.cache.open_staging(row.ino, false) {
+                        s.staging = Some(Arc::new(f));
+                    }
+                }
+                // Written next, most likely: the row is dirty from its create, and the
+                // writer lock taken now keeps every uploader from marking it clean
+                // before that write (see `InodeState::create_guard`).
+                if flags & libc::O_ACCMODE != libc::O_RDONLY && row.dirty {
+                    if let Some(f) = s.staging.clone() {
+                        if s.hold_writer_lock(&f).is_ok() {
+                            s.create_guard = Some(now_ns());
+                        }
+                    }
+                }
                 Ok(())
             },
             Some(&row),
@@ -838,7 +855,11 @@ impl Vfs {
                 .filter(|e| *e <= MAX_FILE_SIZE)
                 .ok_or(VfsError::FileTooBig)?;
             if !s.uncommitted {
-                self.begin_dirty(ino)?;
+                if s.create_guard.is_some() {
+                    self.cache.staging_dirty(ino);
+                } else {
+                    self.begin_dirty(ino)?;
+                }
                 s.hold_writer_lock(&f)?;
             }
             f.write_all_at(data, off)?;
@@ -1097,7 +1118,14 @@ impl Vfs {
     /// `flush` (every `close` of a descriptor): commits the file's writes so that they
     /// survive a crash of the daemon and are uploaded.
     pub fn flush(&self, ino: Ino, _fh: u64) -> Result<()> {
-        self.locked(ino, |s| self.commit_locked(ino, s, false))
+        self.locked(ino, |s| {
+            self.commit_locked(ino, s, false)?;
+            if s.create_guard.is_some() && !s.uncommitted {
+                // Closed without a write: the create's writer lock goes.
+                s.writes_settled();
+            }
+            Ok(())
+        })
     }
 
     /// `release` (last close of an open file description): commits, removes the open's

@@ -173,6 +173,11 @@ pub(crate) struct InodeState {
     /// The content version that was uploaded while the file was open: its staging file
     /// becomes evictable at the last close if nothing was written since.
     pub(crate) clean_at_close: Option<u64>,
+    /// Created by this mount for writing and not written yet (since when, ns): its row is
+    /// dirty from birth and the writer lock is held from the create, so no uploader can
+    /// mark it clean before the first write — which then needs no look at the row. Ends
+    /// at the first commit or `flush`, or when this mount's uploader stops waiting.
+    pub(crate) create_guard: Option<i64>,
 }
 
 /// Whether `f` could be locked exclusively right now (`flock(LOCK_EX | LOCK_NB)`, released
@@ -217,6 +222,7 @@ impl InodeState {
     /// The uncommitted writes are committed (or set aside): the writer lock goes.
     pub(crate) fn writes_settled(&mut self) {
         self.uncommitted = false;
+        self.create_guard = None;
         if let Some(f) = &self.staging {
             use std::os::fd::AsRawFd;
             // SAFETY: plain syscall on an open fd owned by `f`.

@@ -42,6 +42,10 @@ pub(crate) struct Hints {
     /// Rows read back by this mount's own batches, with when: `getattr` answers from
     /// them while they are young (an invalidation of the inode drops them).
     fresh: Mutex<HashMap<Ino, (InodeRow, std::time::Instant)>>,
+    /// Inodes this mount created, with when: they have no extended attributes until one
+    /// is set through this mount (which drops the entry) or another mount changes the
+    /// inode (its invalidation drops it).
+    xattrless: Mutex<HashMap<Ino, std::time::Instant>>,
 }
 
 fn insert_capped<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>, k: K, v: V) {
@@ -109,6 +113,24 @@ impl Hints {
             .map(|(r, _)| r.clone())
     }
 
+    /// `ino` was created by this mount: it has no extended attributes.
+    pub(crate) fn note_created(&self, ino: Ino) {
+        insert_capped(&mut lock(&self.xattrless), ino, std::time::Instant::now());
+    }
+
+    /// Whether `ino` is known to have no extended attributes (created by this mount at
+    /// most `max_age` ago, none set since).
+    pub(crate) fn no_xattrs(&self, ino: Ino, max_age: std::time::Duration) -> bool {
+        lock(&self.xattrless)
+            .get(&ino)
+            .is_some_and(|t| t.elapsed() <= max_age)
+    }
+
+    /// An extended attribute of `ino` is being set or removed through this mount.
+    pub(crate) fn forget_xattrs(&self, ino: Ino) {
+        lock(&self.xattrless).remove(&ino);
+    }
+
     /// `ino`'s row changed: the fresh copy goes.
     pub(crate) fn forget_fresh(&self, ino: Ino) {
         lock(&self.fresh).remove(&ino);
@@ -122,6 +144,7 @@ impl Hints {
     /// `ino`'s attributes may have changed (its type cannot).
     pub(crate) fn forget_attrs(&self, ino: Ino) {
         lock(&self.fresh).remove(&ino);
+        lock(&self.xattrless).remove(&ino);
         let mut m = lock(&self.inodes);
         if let Some(h) = m.get_mut(&ino) {
             // Keep the exact part; poison the rest so an expectation built from it fails

@@ -19,6 +19,17 @@ impl Vfs {
     /// Makes sure directory `dir` reflects the bucket: lists it if it never was, or (with
     /// `refresh`) if its listing is older than the TTL. A failed first listing is `EIO`; a
     /// failed refresh keeps serving what is known.
+    /// Whether directory `row` must be listed from the bucket now (never listed, or with
+    /// `refresh` a listing older than the TTL); remembers that it was listed.
+    pub(crate) fn listing_due(&self, row: &InodeRow, refresh: bool) -> bool {
+        if row.listed_ns == 0 {
+            return true;
+        }
+        self.hints.set_listed(row.ino);
+        let ttl = self.cfg.list_ttl.as_nanos() as i64;
+        refresh && now_ns().saturating_sub(row.listed_ns) >= ttl
+    }
+
     pub(crate) fn ensure_listed(&self, dir: Ino, refresh: bool) -> Result<()> {
         // A listing is never undone: a directory known listed needs no read.
         if !refresh && self.hints.is_listed(dir) {
@@ -31,12 +42,8 @@ impl Vfs {
             return Ok(());
         }
         let now = now_ns();
-        let ttl = self.cfg.list_ttl.as_nanos() as i64;
-        if row.listed_ns != 0 {
-            self.hints.set_listed(dir);
-            if !refresh || now.saturating_sub(row.listed_ns) < ttl {
-                return Ok(());
-            }
+        if !self.listing_due(&row, refresh) {
+            return Ok(());
         }
         let Some(path) = deskfs_meta::read(&*self.meta, |t| dir_path(t, dir))? else {
             return Ok(());

@@ -318,6 +318,7 @@ impl Vfs {
             self.cache.open_staging(row.ino, true)?;
         }
         self.hints.note_row(&row);
+        self.hints.note_created(row.ino);
         self.hints.note_entry(parent, name, row.ino);
         self.refs.looked_up(row.ino);
         Ok(row)
@@ -491,17 +492,22 @@ impl Vfs {
         }
     }
 
+    /// How long what this mount's own last change told about an inode answers without a
+    /// round trip: [`FRESH_ALONE`] alone, [`FRESH_SHARED`] shared.
+    fn fresh_for(&self) -> std::time::Duration {
+        if self.shared() {
+            FRESH_SHARED
+        } else {
+            FRESH_ALONE
+        }
+    }
+
     /// `getattr`. Errors: `ESTALE` (the inode is gone: the kernel walks the path again).
     /// A row this mount's own last change read back answers without a round trip while
     /// young ([`FRESH_ALONE`] alone — nobody else changes it, and other writers'
     /// changes arrive as invalidations that drop it — or [`FRESH_SHARED`] shared).
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        let max = if self.shared() {
-            FRESH_SHARED
-        } else {
-            FRESH_ALONE
-        };
-        if let Some(r) = self.hints.fresh(ino, max) {
+        if let Some(r) = self.hints.fresh(ino, self.fresh_for()) {
             if self.servable(&r, false).is_ok() {
                 return Ok(self.overlay(&r));
             }
@@ -1166,11 +1172,26 @@ impl Vfs {
     /// `opendir`: lists the directory from the bucket when it was never listed or its
     /// listing is older than the TTL. Errors: `ESTALE`/`ENOENT`, `ENOTDIR`.
     pub fn opendir(&self, ino: Ino) -> Result<u64> {
-        let row = self.current(ino)?;
+        self.opendir_cached(ino).map(|(fh, _)| fh)
+    }
+
+    /// [`Vfs::opendir`], also telling whether the kernel's cached listing still holds
+    /// (`FOPEN_KEEP_CACHE`): one round trip unless the listing from the bucket is
+    /// due. Errors: as [`Vfs::opendir`].
+    pub fn opendir_cached(&self, ino: Ino) -> Result<(u64, bool)> {
+        let mut row = self.current(ino)?;
         if row.kind != Kind::Dir {
             return Err(VfsError::NotDir);
         }
-        self.ensure_listed(ino, true)?;
+        if self.listing_due(&row, true) {
+            self.ensure_listed(ino, true)?;
+            row = self.current(ino)?;
+        }
+        let fh = self.new_dir_handle(ino)?;
+        Ok((fh, self.dir_cache_holds(&row)))
+    }
+
+    fn new_dir_handle(&self, ino: Ino) -> Result<u64> {
         let fh = self
             .next_fh
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -1186,15 +1207,13 @@ impl Vfs {
         Ok(fh)
     }
 
-    /// Whether the kernel's cached listing of directory `ino` (FUSE `FOPEN_CACHE_DIR`)
+    /// Whether the kernel's cached listing of directory `row` (FUSE `FOPEN_CACHE_DIR`)
     /// still holds: it does when this mount is alone and the directory's mtime, ctime and
     /// last bucket listing are what they were at the previous `opendir` that cached it.
-    /// Call after [`Vfs::opendir`] (which may re-list the bucket).
-    pub fn dir_cache_current(&self, ino: Ino) -> bool {
+    /// `row` is read after any re-listing from the bucket.
+    fn dir_cache_holds(&self, row: &InodeRow) -> bool {
         use std::hash::{Hash, Hasher};
-        let Ok(Some(row)) = self.meta.get_inode(ino) else {
-            return false;
-        };
+        let ino = row.ino;
         let mut h = std::collections::hash_map::DefaultHasher::new();
         (row.mtime_ns, row.ctime_ns, row.listed_ns, row.nlink).hash(&mut h);
         let current = self.kernel_pages.opened(ino, h.finish());
@@ -1205,24 +1224,29 @@ impl Vfs {
     /// first. Offsets are entry cookies that stay valid while other entries are added or
     /// removed, so a listing under concurrent change neither repeats nor skips survivors.
     pub fn readdir(&self, ino: Ino, _fh: u64, offset: u64, plus: bool) -> Result<Vec<DirEntry>> {
-        let (me, parent, rows) = deskfs_meta::read(&*self.meta, |t| {
-            let me = get_dir(t, ino)?;
-            let parent = self.parent_of(t, ino)?;
+        // `.` and `..` (and the check that `ino` is a directory) come with the first page;
+        // later pages read entries only (one round trip; `opendir` checked the type).
+        let (dots, rows) = deskfs_meta::read(&*self.meta, |t| {
+            let dots = if offset < 2 {
+                Some((get_dir(t, ino)?, self.parent_of(t, ino)?))
+            } else {
+                None
+            };
             let after = offset.saturating_sub(2);
             let rows = t.list_dir(ino, after, READDIR_BATCH)?;
-            Ok::<_, VfsError>((me, parent, rows))
+            Ok::<_, VfsError>((dots, rows))
         })?;
         let mut out = Vec::with_capacity(rows.len() + 2);
-        if offset < 1 {
-            out.push(DirEntry {
-                ino,
-                offset: 1,
-                kind: Kind::Dir,
-                name: b".".to_vec(),
-                attr: plus.then(|| attr_of(&me)),
-            });
-        }
-        if offset < 2 {
+        if let Some((me, parent)) = dots {
+            if offset < 1 {
+                out.push(DirEntry {
+                    ino,
+                    offset: 1,
+                    kind: Kind::Dir,
+                    name: b".".to_vec(),
+                    attr: plus.then(|| attr_of(&me)),
+                });
+            }
             out.push(DirEntry {
                 ino: parent,
                 offset: 2,
@@ -1346,6 +1370,11 @@ impl Vfs {
     /// Errors: `ENODATA`, `ENOENT`, `EOPNOTSUPP`.
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         Self::check_xattr_name(name)?;
+        // A file this mount just created has none: the kernel's `security.capability`
+        // question before the first write costs no round trip.
+        if self.hints.no_xattrs(ino, self.fresh_for()) {
+            return Err(VfsError::NoAttr);
+        }
         deskfs_meta::read(&*self.meta, |t| {
             t.get_inode(ino)?.ok_or(VfsError::Stale)?;
             t.get_xattr(ino, name)?.ok_or(VfsError::NoAttr)
@@ -1354,6 +1383,9 @@ impl Vfs {
 
     /// `listxattr`: names, each NUL-terminated, concatenated.
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<u8>> {
+        if self.hints.no_xattrs(ino, self.fresh_for()) {
+            return Ok(Vec::new());
+        }
         let names = deskfs_meta::read(&*self.meta, |t| {
             t.get_inode(ino)?.ok_or(VfsError::Stale)?;
             Ok::<_, VfsError>(t.list_xattrs(ino)?)

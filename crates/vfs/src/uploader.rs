@@ -498,9 +498,21 @@ async fn reconcile_file(
     let mut gen0 = None;
     let mut own_writes = false;
     if let Some(st) = st {
-        if let Ok(s) = st.lock() {
+        if let Ok(mut s) = st.lock() {
             if s.uncommitted && now_ns() - s.dirty_since_ns < MAX_DEFER_NS {
                 return Ok(Outcome::Defer(Duration::from_secs(1)));
+            }
+            // Created here for writing, not written yet: wait for that write (bounded);
+            // past the bound the next write marks the row dirty itself again.
+            if let Some(t) = s.create_guard {
+                if now_ns() - t < MAX_DEFER_NS {
+                    return Ok(Outcome::Defer(Duration::from_secs(1)));
+                }
+                if s.uncommitted {
+                    s.create_guard = None;
+                } else {
+                    s.writes_settled();
+                }
             }
             gen0 = Some(s.write_gen);
             own_writes = s.uncommitted;

@@ -423,3 +423,31 @@ fn probe_small_file_timings() {
     }
     eprintln!("lookup: {:?} per file", t.elapsed() / n);
 }
+
+/// A new file written and closed costs the create's batch and the close's commit: the
+/// first write needs no look at the row (dirty from its create, kept from uploaders by
+/// the writer lock) and the kernel's `security.capability` question before it none
+/// (a file this mount created has no xattrs). Counted on both engines.
+#[test]
+fn a_new_file_is_created_written_and_closed_in_two_round_trips() {
+    let h = Harness::new();
+    h.file(ROOT_INO, "warm-up", b"the root's first listing");
+    let rt = deskfs_meta::thread_round_trips;
+    let before = rt();
+    let (a, fh) = h.create_rw(ROOT_INO, "new");
+    assert_eq!(rt() - before, 1, "create");
+    let before = rt();
+    assert_eq!(
+        errno(h.getxattr(a.ino, b"security.capability")),
+        libc::ENODATA
+    );
+    h.write(a.ino, fh, 0, b"hello").unwrap();
+    assert_eq!(rt() - before, 0, "getxattr and the first write");
+    let before = rt();
+    h.flush(a.ino, fh).unwrap();
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(rt() - before, 1, "close");
+    assert_eq!(h.cat(a.ino), b"hello");
+    let row = h.row(a.ino).unwrap();
+    assert!(row.dirty && row.size == 5, "{row:?}");
+}

@@ -198,8 +198,7 @@ fn cached_directory_listings_are_kept_only_while_unchanged_and_alone() {
     let h = Harness::new();
     let d = h.dir(ROOT_INO, "d");
     let open = || {
-        let fh = h.opendir(d.ino).unwrap();
-        let keep = h.dir_cache_current(d.ino);
+        let (fh, keep) = h.opendir_cached(d.ino).unwrap();
         h.releasedir(d.ino, fh).unwrap();
         keep
     };
