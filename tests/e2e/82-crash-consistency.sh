@@ -48,8 +48,7 @@ run_fsck() { # WHEN
   if ((rc != 0)) || ! grep -q '\b0 problems' <<< "$out"; then
     # recorded, not fatal at once: the crash checks of the following iterations still run
     log "$1: deskfs fsck $NAME reports problems (exit $rc; copy of the metadata in $T/fsck.$FSCK_RUNS.meta/):"
-    mkdir -p "$T/fsck.$FSCK_RUNS.meta"
-    cp "$DESKFS_HOME/workspaces/$NAME"/meta.db* "$T/fsck.$FSCK_RUNS.meta/" 2> /dev/null || true
+    ws_meta_snapshot "$NAME" "$T/fsck.$FSCK_RUNS.meta"   # meta.db* (SQLite) or a pg_dump (PostgreSQL)
     local n
     n=$(wc -l <<< "$out")
     if ((n <= 14)); then

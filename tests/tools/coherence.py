@@ -159,14 +159,16 @@ def storm_reader(path, stop_at, q):
     enoent = torn = reads = 0
     versions = set()
     while time.time() < stop_at:
+        step = "stat"
         try:
             os.stat(path)
+            step = "open/read"
             data = read_file(path)
         except FileNotFoundError:
             enoent += 1
             continue
         except OSError as e:
-            q.put(("error", "%s: %s" % (path, e)))
+            q.put(("error", "%s (%s): %s" % (path, step, e)))
             return
         v, ok = parse(data)
         reads += 1
@@ -230,7 +232,9 @@ def handover_poller(path, done, final, q):
             q.put("ok %d" % seen)
             return
         try:
-            data = read_file(path)
+            with open(path, "rb") as f:
+                st = os.fstat(f.fileno())
+                data = f.read()
         except FileNotFoundError:
             if last >= 0:
                 q.put("result vanished after version %d was seen" % last)
@@ -242,7 +246,7 @@ def handover_poller(path, done, final, q):
             return
         v, ok = parse(data)
         if not ok:
-            q.put("torn result (version %s)" % v)
+            q.put("torn result (version %s; inode %d, st_size %d, read %d bytes)" % (v, st.st_ino, st.st_size, len(data)))
             return
         if v < last:
             q.put("went back from version %d to %d" % (last, v))

@@ -18,10 +18,17 @@ RANGE is START LEN (posix/ofd only; default 0 0 = the whole file). --shared take
   ofd-pair PATH                           two open file descriptions in ONE process: an OFD
                                           write lock on 0-9 through the first must block the
                                           second (prints and exits 0 if it does, 1 if not)
-  counter PATH N [LOG [LABEL]]            N times: open, flock LOCK_EX, read the 20-digit
+  counter PATH N [LOG [LABEL]] [--lock K] N times: open, lock (K: flock LOCK_EX, the default;
+                                          posix: fcntl F_SETLKW write lock on the whole file;
+                                          ofd: F_OFD_SETLKW; none: no lock at all, to show
+                                          that the check can fail), read the 20-digit
                                           counter, write it + 1, close (close-to-open);
                                           LOG (local disk) gets "t0 t1 pid value-read LABEL"
   counter-report LOG                      overlapping critical sections / stale reads in LOG
+
+Options added for the multi-host tests (tests/e2e/87-*), off by default:
+  wait ... --epoch                        "GOT <secs> epoch=<time.time()>" (wall clock of the
+                                          grant, to measure against an event in the test)
 """
 import errno
 import fcntl
@@ -38,7 +45,7 @@ WOULDBLOCK = (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK)
 
 def parse(argv):
     shared = "--shared" in argv
-    argv = [a for a in argv if a != "--shared"]
+    argv = [a for a in argv if a not in ("--shared", "--epoch")]
     timeout = None
     if "--timeout" in argv:
         i = argv.index("--timeout")
@@ -136,7 +143,10 @@ def cmd_wait(argv):
         say(f"ERROR {errno.errorcode.get(e.errno, e.errno)} {e.strerror}")
         return 2
     signal.setitimer(signal.ITIMER_REAL, 0)
-    say(f"GOT {time.monotonic() - t0:.2f}")
+    if "--epoch" in argv:
+        say(f"GOT {time.monotonic() - t0:.2f} epoch={time.time():.3f}")
+    else:
+        say(f"GOT {time.monotonic() - t0:.2f}")
     unlock(fd, kind, start, ln)
     os.close(fd)
     return 0
@@ -176,12 +186,20 @@ def cmd_ofd_pair(argv):
 
 
 def cmd_counter(argv):
+    kind = "flock"
+    if "--lock" in argv:
+        i = argv.index("--lock")
+        kind = argv[i + 1]
+        del argv[i:i + 2]
+        if kind not in ("flock", "posix", "ofd", "none"):
+            sys.exit(f"locktool: counter --lock {kind}: expected flock, posix, ofd or none")
     path, n = argv[0], int(argv[1])
     log = os.open(argv[2], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) if len(argv) > 2 else None
     label = argv[3] if len(argv) > 3 else "-"
     for _ in range(n):
         fd = os.open(path, os.O_RDWR)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if kind != "none":
+            lock(fd, kind, 0, 0, False, block=True)
         t0 = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         raw = os.pread(fd, 64, 0)
         try:
