@@ -365,11 +365,48 @@ const NOTIFIED_FALLBACK: Duration = Duration::from_secs(1);
 /// database was unreachable) are committed again.
 const RECOMMIT_EVERY: Duration = Duration::from_secs(2);
 
+/// Starts the thread that acts on other mounts' signals at once — lock waiters woken,
+/// upload requests and finished uploads passed on — whatever the feed thread is doing (a
+/// kernel invalidation can wait behind a slow request); what concerns the feed and the
+/// session table is passed on to the feed thread through the returned receiver. `None`
+/// when the thread cannot start (then the feed thread polls).
+fn dispatch_signals(
+    vfs: &Arc<Vfs>,
+    rx: std::sync::mpsc::Receiver<Signal>,
+) -> Option<std::sync::mpsc::Receiver<Signal>> {
+    let weak: Weak<Vfs> = Arc::downgrade(vfs);
+    let (tx, feed_rx) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new()
+        .name("deskfs-signals".into())
+        .spawn(move || {
+            while let Ok(sig) = rx.recv() {
+                let Some(v) = weak.upgrade() else { return };
+                if v.coherence.stopped() {
+                    return;
+                }
+                v.on_signal(&sig);
+                if matches!(sig, Signal::Feed | Signal::Sessions) && tx.send(sig).is_err() {
+                    return;
+                }
+            }
+        });
+    match spawned {
+        Ok(_) => Some(feed_rx),
+        Err(e) => {
+            tracing::error!(error = %e, "cannot start the signal thread; other mounts' changes are polled");
+            None
+        }
+    }
+}
+
 /// Starts the feed thread of `vfs`: follows the change feed and the session table, renews
 /// the lease, retries failed commits. It ends when the VFS is dropped or shut down.
 pub(crate) fn start(vfs: &Arc<Vfs>) {
     let weak: Weak<Vfs> = Arc::downgrade(vfs);
-    let signals = vfs.meta.subscribe();
+    let signals = vfs
+        .meta
+        .subscribe()
+        .and_then(|rx| dispatch_signals(vfs, rx));
     vfs.coherence.set_notified(signals.is_some());
     let spawned = std::thread::Builder::new()
         .name("deskfs-feed".into())
@@ -393,15 +430,9 @@ pub(crate) fn start(vfs: &Arc<Vfs>) {
                                 _ => {}
                             };
                             note(&sig);
-                            if let Some(v) = weak.upgrade() {
-                                v.on_signal(&sig);
-                            }
                             // Take whatever else arrived meanwhile.
                             while let Ok(more) = rx.try_recv() {
                                 note(&more);
-                                if let Some(v) = weak.upgrade() {
-                                    v.on_signal(&more);
-                                }
                             }
                         }
                         Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}

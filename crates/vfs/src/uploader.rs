@@ -74,6 +74,15 @@ impl UploaderShared {
             .is_some_and(|t| t.elapsed() < ELSEWHERE_SKIP)
     }
 
+    /// Another mount asks this one for content: paths found elsewhere before may be this
+    /// mount's now (content hops between caches), so none is skipped any more.
+    fn forget_elsewhere(&self) {
+        self.elsewhere
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+    }
+
     /// Records what reconciling `path` found: another mount's (`mine` false) or not.
     fn found(&self, path: Vec<u8>, mine: bool) {
         let mut m = self.elsewhere.lock().unwrap_or_else(|p| p.into_inner());
@@ -212,6 +221,9 @@ async fn run(vfs: Arc<Vfs>) {
                 serving.extend(fresh.iter().copied());
                 fresh
             };
+            if !fresh.is_empty() {
+                vfs.uploader.forget_elsewhere();
+            }
             // New requests are made due; old ones are answered when their content turned
             // out clean or not held here (nothing left to upload).
             let v = vfs.clone();
@@ -763,5 +775,28 @@ impl Vfs {
                 Err(e) => tracing::warn!(ino, error = %e, "eviction failed"),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    /// A path another cache's content blocked is skipped for a while, counts as another
+    /// mount's for the sync barrier, and is looked at again at once when another mount
+    /// asks this one for content (content hops between caches: a lock handed round).
+    #[test]
+    fn paths_found_elsewhere_are_skipped_until_this_mount_is_asked() {
+        let u = UploaderShared::default();
+        u.found(b"a".to_vec(), false);
+        u.found(b"b".to_vec(), false);
+        assert!(u.skips(b"a") && u.is_elsewhere(b"a"));
+        u.found(b"b".to_vec(), true);
+        assert!(
+            !u.skips(b"b") && !u.is_elsewhere(b"b"),
+            "done here after all"
+        );
+        u.forget_elsewhere();
+        assert!(!u.skips(b"a") && !u.is_elsewhere(b"a"));
     }
 }
