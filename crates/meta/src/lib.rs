@@ -366,6 +366,17 @@ pub trait MetaTxn {
     fn get_object(&mut self, path: &[u8]) -> Result<Option<ObjectRow>>;
     /// Records (inserts or replaces) the object at `row.path`.
     fn put_object(&mut self, row: &ObjectRow) -> Result<()>;
+    /// The objects recorded at any of `paths` (those that exist, in no particular order):
+    /// one round trip on engines that can (comparing a bucket listing with what is known).
+    fn get_objects(&mut self, paths: &[Vec<u8>]) -> Result<Vec<ObjectRow>> {
+        let mut out = Vec::new();
+        for p in paths {
+            if let Some(o) = self.get_object(p)? {
+                out.push(o);
+            }
+        }
+        Ok(out)
+    }
     /// Forgets the object at `path`.
     fn delete_object(&mut self, path: &[u8]) -> Result<()>;
     /// Objects whose path is strictly under directory path `dir` (`dir` empty = everything).

@@ -840,6 +840,19 @@ pub(crate) fn objects_subtree_range(f: &dyn Fixture) {
     assert_eq!(read(&*e, |t| t.objects_under(b"", 100)).unwrap().len(), 6);
     let o = read(&*e, |t| t.object_with_content(2, 2)).unwrap().unwrap();
     assert_eq!(o.key, "a/b/c");
+    let asked: Vec<Vec<u8>> = ["ab", "a/b", "nothing", "a/b"]
+        .iter()
+        .map(|p| p.as_bytes().to_vec())
+        .collect();
+    let mut got: Vec<String> = read(&*e, |t| t.get_objects(&asked))
+        .unwrap()
+        .into_iter()
+        .map(|o| o.key)
+        .collect();
+    got.sort();
+    got.dedup();
+    assert_eq!(got, vec!["a/b", "ab"]);
+    assert!(read(&*e, |t| t.get_objects(&[])).unwrap().is_empty());
     txn(&*e, |t| t.delete_object(b"a/b/c")).unwrap();
     assert!(read(&*e, |t| t.get_object(b"a/b/c")).unwrap().is_none());
 }

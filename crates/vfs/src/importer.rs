@@ -2,15 +2,35 @@
 //! mounts as-is. A directory is listed on first use and again (by `opendir`) once its
 //! listing is older than the TTL, picking up objects other tools added or changed.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use deskfs_bucket::{ObjectInfo, PosixMeta};
-use deskfs_meta::{Ino, InodeRow, Kind, Local, ObjectRow, ROOT_INO};
+use deskfs_meta::{Ino, InodeRow, Kind, Local, MetaTxn, ObjectRow, ROOT_INO};
 use futures::StreamExt;
 
 use crate::namespace::NAME_MAX;
 use crate::paths::{dir_path, is_escaped, join, RESERVED};
 use crate::{now_ns, Result, Vfs};
+
+/// The names in directory `dir`, read in pages of [`LIST_PAGE`].
+fn dir_names(t: &mut dyn MetaTxn, dir: Ino) -> deskfs_meta::Result<HashSet<Vec<u8>>> {
+    let mut names = HashSet::new();
+    let mut after = 0;
+    loop {
+        let page = t.list_dir(dir, after, LIST_PAGE)?;
+        let full = page.len() == LIST_PAGE;
+        for (d, _) in page {
+            after = after.max(d.cookie);
+            names.insert(d.name);
+        }
+        if !full {
+            return Ok(names);
+        }
+    }
+}
+
+/// Directory entries read per round trip while comparing a bucket listing with them.
+const LIST_PAGE: usize = 4096;
 
 /// HEAD requests in flight while importing a listing.
 const HEAD_CONCURRENCY: usize = 32;
@@ -71,15 +91,26 @@ impl Vfs {
             .into_iter()
             .filter(|(n, _)| n.len() <= NAME_MAX && !(dir == ROOT_INO && n.as_bytes() == RESERVED))
             .collect();
+        // The directory's names in pages (a few round trips for thousands of entries),
+        // then the object rows of the names it lacks (rare: deleted here, removal from
+        // the bucket still pending).
         let new_names: Vec<String> = deskfs_meta::read(&*self.meta, |t| {
-            let mut v = Vec::new();
-            for (n, _) in &files {
-                let p = join(&path, n.as_bytes());
-                if t.get_object(&p)?.is_none() && t.lookup(dir, n.as_bytes())?.is_none() {
-                    v.push(n.clone());
-                }
-            }
-            Ok::<_, crate::VfsError>(v)
+            let local = dir_names(t, dir)?;
+            let unnamed: Vec<&String> = files
+                .iter()
+                .map(|(n, _)| n)
+                .filter(|n| !local.contains(n.as_bytes()))
+                .collect();
+            let paths: Vec<Vec<u8>> = unnamed.iter().map(|n| join(&path, n.as_bytes())).collect();
+            let known: HashSet<Vec<u8>> =
+                t.get_objects(&paths)?.into_iter().map(|o| o.path).collect();
+            Ok::<_, crate::VfsError>(
+                unnamed
+                    .into_iter()
+                    .filter(|n| !known.contains(&join(&path, n.as_bytes())))
+                    .cloned()
+                    .collect(),
+            )
         })?;
         // POSIX attributes (and symlink targets) of new objects, fetched concurrently.
         let mut attrs: HashMap<String, (Option<PosixMeta>, Option<Vec<u8>>)> = HashMap::new();
@@ -132,10 +163,23 @@ impl Vfs {
             changed.clear();
             added.clear();
             let mut new_dirs = 0i64;
+            // What is known of every listed name, read at once.
+            let mut names = dir_names(t, dir)?;
+            let child_paths: Vec<Vec<u8>> = files
+                .iter()
+                .map(|(n, _)| n)
+                .chain(listing.dirs.iter())
+                .map(|n| join(&path, n.as_bytes()))
+                .collect();
+            let objs: HashMap<Vec<u8>, ObjectRow> = t
+                .get_objects(&child_paths)?
+                .into_iter()
+                .map(|o| (o.path.clone(), o))
+                .collect();
             for (name, info) in &files {
                 let nb = name.as_bytes();
                 let cpath = join(&path, nb);
-                if let Some(obj) = t.get_object(&cpath)? {
+                if let Some(obj) = objs.get(&cpath).cloned() {
                     // Known object: did another tool replace it?
                     if obj.etag.is_some() && info.etag.is_some() && obj.etag != info.etag {
                         if let Some(d) = t.lookup(dir, nb)? {
@@ -166,8 +210,8 @@ impl Vfs {
                     }
                     continue;
                 }
-                if t.lookup(dir, nb)?.is_some() {
-                    continue;
+                if !names.insert(nb.to_vec()) {
+                    continue; // a local name
                 }
                 let (posix, target) = attrs.get(name).cloned().unwrap_or((None, None));
                 let mode = posix.map(|p| p.mode).unwrap_or(0o100644);
@@ -227,9 +271,10 @@ impl Vfs {
                     continue;
                 }
                 let cpath = join(&path, nb);
-                if t.lookup(dir, nb)?.is_some() || t.get_object(&cpath)?.is_some() {
+                if names.contains(nb) || objs.contains_key(&cpath) {
                     continue;
                 }
+                names.insert(nb.to_vec());
                 let now = now_ns();
                 let row = InodeRow {
                     ino: 0,

@@ -219,6 +219,8 @@ queries! {
         ON CONFLICT(path_key) DO UPDATE SET key = excluded.key, ino = excluded.ino,
         kind = excluded.kind, data_version = excluded.data_version,
         meta_stamp = excluded.meta_stamp, etag = excluded.etag, size = excluded.size");
+    GetObjects = concat!("SELECT ", object_cols!(),
+        " FROM objects WHERE path_key IN (SELECT sha256(p) FROM unnest($1::bytea[]) p)");
     DeleteObject = "DELETE FROM objects WHERE path_key = sha256($1::bytea)";
     ObjectsUnder = concat!("SELECT ", object_cols!(),
         " FROM objects WHERE substr(path, 1, 2000) BETWEEN substr($1::bytea, 1, 2000) AND substr($2::bytea, 1, 2000)

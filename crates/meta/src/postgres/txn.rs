@@ -449,6 +449,14 @@ impl MetaTxn for PgTxn<'_> {
         }
     }
 
+    fn get_objects(&mut self, paths: &[Vec<u8>]) -> Result<Vec<ObjectRow>> {
+        if paths.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.query(Q::GetObjects, &[&paths])?;
+        rows.iter().map(rows::object).collect()
+    }
+
     fn put_object(&mut self, row: &ObjectRow) -> Result<()> {
         self.exec(
             Q::PutObject,
