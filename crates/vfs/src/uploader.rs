@@ -543,7 +543,11 @@ async fn reconcile_file(
         let staging = vfs.cache.staging_path(r.ino);
         // While read by path, a purge deletes the file instead of recycling it.
         let _reading = vfs.cache.read_guard(r.ino);
-        let probe = StagingProbe::open(&staging, own_writes)?;
+        let Some(probe) = StagingProbe::open(&staging, own_writes)? else {
+            // A mount sharing this cache dir is uploading this file right now: two puts
+            // of one path racing could leave the record naming the other's object.
+            return Ok(Outcome::Defer(Duration::from_millis(200)));
+        };
         let Some(before) = probe.look()? else {
             // Another mount sharing this cache dir has uncommitted writes to it: its
             // commit re-marks the path (and its own uploader bounds the deferral).
@@ -599,7 +603,9 @@ async fn reconcile_file(
 
 /// The uploader's look at a staging file around its upload: whether a mount sharing the
 /// cache dir holds uncommitted writes to it, and its size and times (any write changes
-/// them).
+/// them). While it lives it holds the file's upload lock (an OFD byte-range lock, which
+/// Linux keeps apart from the writers' `flock`), so the mounts sharing the cache dir
+/// upload one file one at a time.
 struct StagingProbe {
     file: std::fs::File,
     /// This mount's own uncommitted writes are allowed (their deferral ran out).
@@ -607,11 +613,26 @@ struct StagingProbe {
 }
 
 impl StagingProbe {
-    fn open(path: &std::path::Path, own_writes: bool) -> Result<StagingProbe> {
-        Ok(StagingProbe {
-            file: std::fs::File::open(path)?,
-            own_writes,
-        })
+    /// The probe, or `None` while another mount sharing the cache dir uploads the file.
+    fn open(path: &std::path::Path, own_writes: bool) -> Result<Option<StagingProbe>> {
+        use std::os::fd::AsRawFd;
+        let file = std::fs::File::options().read(true).write(true).open(path)?;
+        let lk = libc::flock {
+            l_type: libc::F_WRLCK as libc::c_short,
+            l_whence: libc::SEEK_SET as libc::c_short,
+            l_start: 0,
+            l_len: 1,
+            l_pid: 0,
+        };
+        // SAFETY: fcntl on an open fd owned by `file`, with a valid `flock` struct.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lk) } != 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::EAGAIN) | Some(libc::EACCES) => Ok(None),
+                _ => Err(e.into()),
+            };
+        }
+        Ok(Some(StagingProbe { file, own_writes }))
     }
 
     /// `(size, mtime ns, ctime ns)` now, or `None` while another mount has uncommitted
@@ -798,5 +819,32 @@ mod unit {
         );
         u.forget_elsewhere();
         assert!(!u.skips(b"a") && !u.is_elsewhere(b"a"));
+    }
+
+    /// Mounts sharing a cache dir upload one staging file one at a time (their records
+    /// of two racing puts could name the other's object), and a writer's `flock` does
+    /// not get in the way of that lock.
+    #[test]
+    fn one_upload_of_a_staging_file_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("7");
+        std::fs::write(&p, b"content").unwrap();
+        let first = StagingProbe::open(&p, false).unwrap().expect("free");
+        assert!(StagingProbe::open(&p, false).unwrap().is_none(), "busy");
+        let writer = std::fs::File::open(&p).unwrap();
+        let mut st = crate::handles::InodeState::default();
+        st.hold_writer_lock(&writer).unwrap();
+        assert!(
+            first.look().unwrap().is_none(),
+            "a writer holds uncommitted writes"
+        );
+        st.staging = Some(std::sync::Arc::new(writer));
+        st.writes_settled();
+        assert!(first.look().unwrap().is_some());
+        drop(first);
+        assert!(
+            StagingProbe::open(&p, false).unwrap().is_some(),
+            "free again"
+        );
     }
 }
