@@ -106,16 +106,8 @@ for c in "${CASES[@]}"; do
     fi
   fi
   t0=$SECONDS
-  crc=0
-  timeout -k 10 120 bash "$c" "${args[@]}" > "$T/case-$cname.out" 2>&1 < /dev/null || crc=$?
-  last=$(grep -E '^(PASS|FAIL|SKIP)' "$T/case-$cname.out" | tail -n 1)
-  case "$crc:$last" in
-    0:PASS*) res=PASS ;;
-    77:SKIP*) res=$last ;;
-    124:*|137:*) res="FAIL: no result within 120 s${last:+ ($last)}" ;;
-    *:FAIL*) res=$last ;;
-    *) res="FAIL: exit $crc, last line: $(tail -n 1 "$T/case-$cname.out")" ;;
-  esac
+  run_shared_case "$T/case-$cname.out" "$c" "${args[@]}"
+  res=$CASE_RESULT
   for m in "$M1" $( ((SECOND_OK)) && echo "$M2"); do
     if ! is_alive "$m"; then
       if [[ $res == FAIL* ]]; then res="$res [and the mount $m died]"; else res="FAIL: the mount $m died (the case said: $res)"; fi

@@ -220,6 +220,24 @@ mount_count() { # how many mounts are stacked on DIR
 }
 
 # is_alive DIR: mounted and answering (stat within 5 s)
+# run_shared_case OUT CASE ARGS...: runs a ../shared/cases script (120 s at most, output
+# to OUT) and sets CASE_RESULT to PASS, "SKIP: …" or "FAIL: …" from its exit code and
+# its last PASS/FAIL/SKIP line (70-cases, 89-hosts-cases, bench/juicefs-cases.sh).
+# shellcheck disable=SC2034  # CASE_RESULT is read by the callers
+run_shared_case() {
+  local out=$1 c=$2 crc=0 last
+  shift 2
+  timeout -k 10 120 bash "$c" "$@" > "$out" 2>&1 < /dev/null || crc=$?
+  last=$(grep -E '^(PASS|FAIL|SKIP)' "$out" | tail -n 1)
+  case "$crc:$last" in
+    0:PASS*) CASE_RESULT=PASS ;;
+    77:SKIP*) CASE_RESULT=$last ;;
+    124:* | 137:*) CASE_RESULT="FAIL: no result within 120 s${last:+ ($last)}" ;;
+    *:FAIL*) CASE_RESULT=$last ;;
+    *) CASE_RESULT="FAIL: exit $crc, last line: $(tail -n 1 "$out")" ;;
+  esac
+}
+
 is_alive() { is_mounted "$1" && timeout -k 1 5 stat "$1" >/dev/null 2>&1; }
 
 _abort_fuse_conn() { # abort the kernel FUSE connection of a (hung/dead) mount we made

@@ -60,16 +60,8 @@ for c in "${CASES[@]}"; do
     fi
   fi
   t0=$SECONDS
-  crc=0
-  timeout -k 10 120 bash "$c" "${args[@]}" > "$T/case.out" 2>&1 < /dev/null || crc=$?
-  last=$(grep -E '^(PASS|FAIL|SKIP)' "$T/case.out" | tail -n 1)
-  case "$crc:$last" in
-    0:PASS*) res=PASS ;;
-    77:SKIP*) res=$last ;;
-    124:*|137:*) res="FAIL: no result within 120 s${last:+ ($last)}" ;;
-    *:FAIL*) res=$last ;;
-    *) res="FAIL: exit $crc, last line: $(tail -n 1 "$T/case.out")" ;;
-  esac
+  run_shared_case "$T/case.out" "$c" "${args[@]}"
+  res=$CASE_RESULT
   # a case must not take the mount down with it
   for m in "$MNT" $( ((SECOND_OK)) && echo "$MNT2"); do
     if ! is_alive "$m"; then

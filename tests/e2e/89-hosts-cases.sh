@@ -138,20 +138,12 @@ log "h1 ($(host_ip h1), daemon ${DAEMON_OF[h1]}) at $MNT and h2 ($(host_ip h2), 
 n_pass=0 n_fail=0 n_skip=0
 SUMMARY=()
 run_case() { # CASE_FILE WHERE MOUNT...
-  local c=$1 where=$2 cname res last crc t0 m dead=""
+  local c=$1 where=$2 cname res t0 m dead=""
   shift 2
   cname=$(basename "$c" .sh)
   t0=$SECONDS
-  crc=0
-  timeout -k 10 120 bash "$c" "$@" > "$T/case.out" 2>&1 < /dev/null || crc=$?
-  last=$(grep -E '^(PASS|FAIL|SKIP)' "$T/case.out" | tail -n 1)
-  case "$crc:$last" in
-    0:PASS*) res=PASS ;;
-    77:SKIP*) res=$last ;;
-    124:* | 137:*) res="FAIL: no result within 120 s${last:+ ($last)}" ;;
-    *:FAIL*) res=$last ;;
-    *) res="FAIL: exit $crc, last line: $(tail -n 1 "$T/case.out")" ;;
-  esac
+  run_shared_case "$T/case.out" "$c" "$@"
+  res=$CASE_RESULT
   # a case must not take either mount down with it
   for m in "$MNT" "$MNT2"; do is_alive "$m" || dead="$dead $m"; done
   if [[ -n $dead ]]; then

@@ -205,65 +205,39 @@ pub trait MetaEngine: Send + Sync {
 /// are retried when retryable).
 pub fn txn<T, E: TxnError>(
     engine: &dyn MetaEngine,
-    mut f: impl FnMut(&mut dyn MetaTxn) -> Result<T, E>,
+    f: impl FnMut(&mut dyn MetaTxn) -> Result<T, E>,
 ) -> Result<T, E> {
-    let mut out = None;
-    let mut caller_err = None;
-    let res = engine.txn(&mut |t| {
-        caller_err = None;
-        match f(t) {
-            Ok(v) => {
-                out = Some(v);
-                Ok(())
-            }
-            Err(e) => match e.into_meta() {
-                Ok(m) => Err(m),
-                Err(e) => {
-                    caller_err = Some(e);
-                    Err(MetaError::Aborted)
-                }
-            },
-        }
-    });
-    finish(res, out, caller_err)
+    typed(|body| engine.txn(body), f)
 }
 
 /// [`txn`] serialised by `key` (see [`MetaEngine::txn_keyed`]).
 pub fn txn_keyed<T, E: TxnError>(
     engine: &dyn MetaEngine,
     key: u64,
-    mut f: impl FnMut(&mut dyn MetaTxn) -> Result<T, E>,
+    f: impl FnMut(&mut dyn MetaTxn) -> Result<T, E>,
 ) -> Result<T, E> {
-    let mut out = None;
-    let mut caller_err = None;
-    let res = engine.txn_keyed(key, &mut |t| {
-        caller_err = None;
-        match f(t) {
-            Ok(v) => {
-                out = Some(v);
-                Ok(())
-            }
-            Err(e) => match e.into_meta() {
-                Ok(m) => Err(m),
-                Err(e) => {
-                    caller_err = Some(e);
-                    Err(MetaError::Aborted)
-                }
-            },
-        }
-    });
-    finish(res, out, caller_err)
+    typed(|body| engine.txn_keyed(key, body), f)
 }
 
 /// Runs `f` on a read snapshot and returns its value (typed wrapper over
 /// [`MetaEngine::read`], errors as in [`txn`]).
 pub fn read<T, E: TxnError>(
     engine: &dyn MetaEngine,
+    f: impl FnMut(&mut dyn MetaTxn) -> Result<T, E>,
+) -> Result<T, E> {
+    typed(|body| engine.read(body), f)
+}
+
+/// Runs the typed closure `f` through `run` (one of the engine's untyped entry points):
+/// its value comes back, and an error of the caller's type passes through the engine as
+/// [`MetaError::Aborted`] and comes out as itself.
+fn typed<T, E: TxnError>(
+    run: impl FnOnce(&mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()>,
     mut f: impl FnMut(&mut dyn MetaTxn) -> Result<T, E>,
 ) -> Result<T, E> {
     let mut out = None;
     let mut caller_err = None;
-    let res = engine.read(&mut |t| {
+    let res = run(&mut |t| {
         caller_err = None;
         match f(t) {
             Ok(v) => {
