@@ -18,7 +18,7 @@ mod url_spec;
 
 pub use error::BucketError;
 pub use posix::PosixMeta;
-pub use store::{Bucket, Listing, ObjectInfo, PutInfo};
+pub use store::{Bucket, Listing, ObjectInfo, PutIf, PutInfo};
 pub use url_spec::{BucketSpec, Scheme};
 
 /// Result alias of the bucket layer.

@@ -292,6 +292,56 @@ impl Bucket {
         })
     }
 
+    /// Writes a small object only if `cond` holds (S3 API conditional writes:
+    /// `If-None-Match: *` / `If-Match: ETag`), atomically where the store supports them;
+    /// on `file://` the check and the write run under an exclusive lock of the bucket
+    /// directory's condition lock (so every deskfs on the host agrees). Errors:
+    /// [`BucketError::Changed`] when the condition does not hold; [`BucketError::Other`]
+    /// when the store has no conditional writes (then nothing was written).
+    pub async fn put_bytes_if(&self, key: &str, data: Bytes, cond: PutIf) -> Result<PutInfo> {
+        if let Some(root) = &self.local_root {
+            let lock = LocalCondLock::take(root).await?;
+            let current = self.head(key).await?.map(|h| h.etag);
+            let holds = match (&cond, &current) {
+                (PutIf::Absent, None) => true,
+                (PutIf::Matches(want), Some(Some(have))) => want == have,
+                _ => false,
+            };
+            if !holds {
+                return Err(BucketError::Changed(key.to_string()));
+            }
+            let r = self.local_put(root, key, LocalSource::Bytes(data)).await;
+            drop(lock);
+            return r;
+        }
+        let size = data.len() as u64;
+        let mode = match cond {
+            PutIf::Absent => PutMode::Create,
+            PutIf::Matches(etag) => PutMode::Update(object_store::UpdateVersion {
+                e_tag: Some(etag),
+                version: None,
+            }),
+        };
+        let opts = PutOptions {
+            mode,
+            ..Default::default()
+        };
+        match self
+            .store
+            .put_opts(&self.path(key)?, PutPayload::from(data), opts)
+            .await
+        {
+            Ok(r) => Ok(PutInfo {
+                etag: r.e_tag,
+                size,
+            }),
+            Err(object_store::Error::AlreadyExists { .. }) => {
+                Err(BucketError::Changed(key.to_string()))
+            }
+            Err(e) => Err(store_err(e)),
+        }
+    }
+
     fn attrs(&self, meta: Option<&PosixMeta>) -> Attributes {
         match meta {
             Some(m) if self.supports_metadata() => m.to_attributes(),
@@ -543,6 +593,45 @@ impl Bucket {
     }
 }
 
+/// The condition of [`Bucket::put_bytes_if`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PutIf {
+    /// Only if no object exists at the key (`If-None-Match: *`).
+    Absent,
+    /// Only if the object has this ETag (`If-Match`).
+    Matches(String),
+}
+
+/// An exclusive `flock` on the local bucket's condition lock file
+/// (`.deskfs/tmp/cond.lock`), held across a conditional write's check and write.
+struct LocalCondLock {
+    /// Held open for the lock's life; closing it releases the lock.
+    _file: File,
+}
+
+impl LocalCondLock {
+    async fn take(root: &FsPath) -> Result<LocalCondLock> {
+        let dir = root.join(LOCAL_TMP);
+        tokio::task::spawn_blocking(move || -> std::io::Result<LocalCondLock> {
+            use std::os::fd::AsRawFd;
+            std::fs::create_dir_all(&dir)?;
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join("cond.lock"))?;
+            // SAFETY: flock on a descriptor we own; released when the file is closed.
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(LocalCondLock { _file: f })
+        })
+        .await
+        .map_err(|e| BucketError::Other(e.to_string()))?
+        .map_err(BucketError::from)
+    }
+}
+
 /// What a local-bucket write copies from.
 enum LocalSource {
     Bytes(Bytes),
@@ -667,6 +756,9 @@ fn clean_local_tmp(root: &FsPath) {
     };
     for e in rd.flatten() {
         let name = e.file_name();
+        if name == "cond.lock" {
+            continue; // the conditional-write lock (see `LocalCondLock`), never a leftover
+        }
         let pid = name
             .to_str()
             .and_then(|n| n.split('-').next())

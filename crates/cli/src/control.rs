@@ -10,10 +10,17 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use deskfs_vfs::Vfs;
+
+use crate::keeper::Keeper;
 use serde_json::{json, Value};
 
 /// Serves the control socket at `path` until the process exits (runs on `rt`).
-pub fn serve(rt: &tokio::runtime::Handle, path: &Path, vfs: Arc<Vfs>) -> Result<()> {
+pub fn serve(
+    rt: &tokio::runtime::Handle,
+    path: &Path,
+    vfs: Arc<Vfs>,
+    keeper: Option<Arc<Keeper>>,
+) -> Result<()> {
     let _ = std::fs::remove_file(path);
     let listener = std::os::unix::net::UnixListener::bind(path)
         .with_context(|| format!("cannot create control socket {}", path.display()))?;
@@ -23,15 +30,16 @@ pub fn serve(rt: &tokio::runtime::Handle, path: &Path, vfs: Arc<Vfs>) -> Result<
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
             let vfs = vfs.clone();
+            let keeper = keeper.clone();
             std::thread::spawn(move || {
-                let _ = handle(conn, &vfs);
+                let _ = handle(conn, &vfs, keeper.as_deref());
             });
         }
     });
     Ok(())
 }
 
-fn handle(conn: UnixStream, vfs: &Vfs) -> Result<()> {
+fn handle(conn: UnixStream, vfs: &Vfs, keeper: Option<&Keeper>) -> Result<()> {
     let mut reader = BufReader::new(conn.try_clone()?);
     let mut line = String::new();
     reader.read_line(&mut line)?;
@@ -39,15 +47,28 @@ fn handle(conn: UnixStream, vfs: &Vfs) -> Result<()> {
     let resp = match req.get("cmd").and_then(Value::as_str) {
         Some("sync") => {
             let secs = req.get("timeout").and_then(Value::as_u64).unwrap_or(3600);
-            match vfs.sync(Duration::from_secs(secs)) {
+            // Uploads first, then the metadata backup that names them: after `sync`
+            // returns, a new machine rebuilds exactly this state from the bucket.
+            let backup = |()| match keeper {
+                Some(k) => k.flush().map(|_| ()).map_err(|e| e.to_string()),
+                None => Ok(()),
+            };
+            match vfs
+                .sync(Duration::from_secs(secs))
+                .map_err(|e| e.to_string())
+                .and_then(backup)
+            {
                 Ok(()) => json!({"ok": true}),
-                Err(e) => json!({"ok": false, "error": e.to_string()}),
+                Err(e) => json!({"ok": false, "error": e}),
             }
         }
         Some("status") => match vfs.status().map(serde_json::to_value) {
             Ok(Ok(mut s)) => {
                 // Kernel requests served by this daemon, per kind (count, total ns).
                 s["requests"] = json!(deskfs_fuse::stats::snapshot());
+                if let Some(k) = keeper {
+                    s["backup"] = json!(k.status());
+                }
                 json!({"ok": true, "status": s})
             }
             Ok(Err(e)) => json!({"ok": false, "error": e.to_string()}),

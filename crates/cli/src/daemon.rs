@@ -78,10 +78,10 @@ pub struct SyncArgs {
     pub timeout: u64,
 }
 
-struct Opened {
-    cfg: WorkspaceConfig,
-    meta: Arc<dyn MetaEngine>,
-    bucket: Bucket,
+pub(crate) struct Opened {
+    pub(crate) cfg: WorkspaceConfig,
+    pub(crate) meta: Arc<dyn MetaEngine>,
+    pub(crate) bucket: Bucket,
 }
 
 fn open_workspace(name: &str) -> Result<Opened> {
@@ -200,8 +200,9 @@ pub fn mount(a: MountArgs) -> Result<()> {
         if !ws_dir(&a.name).join("workspace.toml").exists() {
             crate::format::attach(crate::format::AttachArgs {
                 name: a.name.clone(),
-                meta: meta.clone(),
+                meta: Some(meta.clone()),
                 bucket: None,
+                take_over: false,
                 endpoint: None,
                 region: None,
                 access_key: None,
@@ -306,6 +307,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
             tracing::warn!("bucket did not answer within 10 s; mounting anyway, uploads wait")
         }
     }
+    let keeper = crate::keeper::for_workspace(&o, rt.handle())?;
     let cache = Arc::new(Cache::open(
         &cache_dir,
         a.cache_size,
@@ -348,7 +350,11 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     let run_dir = ws_dir(&a.name).join("run");
     std::fs::create_dir_all(&run_dir)?;
     let sock = control_socket_path(&run_dir, pid)?;
-    crate::control::serve(rt.handle(), &sock, vfs.clone())?;
+    crate::control::serve(rt.handle(), &sock, vfs.clone(), keeper.clone())?;
+    let keeper_thread = match &keeper {
+        Some(k) => Some(k.start()?),
+        None => None,
+    };
     let rec = MountRecord {
         workspace: a.name.clone(),
         pid,
@@ -402,6 +408,10 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     }
     let _ = std::fs::remove_file(&rec_path);
     let _ = std::fs::remove_file(&sock);
+    if let Some(k) = &keeper {
+        let others = mounts_of(&a.name).iter().any(|m| m.pid != pid);
+        k.finish(keeper_thread, others);
+    }
     drop(vfs);
     rt.shutdown_timeout(Duration::from_secs(2));
     res.context("FUSE session ended with an error")
@@ -584,6 +594,21 @@ fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
     )?;
     let r = vfs.shutdown(true, timeout);
     drop(vfs);
+    let r = r.map_err(anyhow::Error::from).and_then(|()| {
+        // After the uploads, the metadata backup: a new machine rebuilds this state.
+        let rth = rt.handle().clone();
+        let keeper = std::thread::spawn(move || -> Result<()> {
+            if let Some(k) = crate::keeper::for_workspace(&o, &rth)? {
+                let r = k.flush().map(|_| ());
+                k.finish(None, !mounts_of(&o.cfg.name).is_empty());
+                r?;
+            }
+            Ok(())
+        });
+        keeper
+            .join()
+            .map_err(|_| anyhow!("metadata backup thread panicked"))?
+    });
     rt.shutdown_timeout(Duration::from_secs(2));
-    Ok(r?)
+    r
 }

@@ -47,14 +47,21 @@ pub struct FormatArgs {
 /// Arguments of `deskfs attach`.
 #[derive(Args, Debug)]
 pub struct AttachArgs {
-    /// Workspace name (as formatted).
+    /// Workspace name on this machine.
     pub name: String,
-    /// Metadata URL of the shared workspace: postgres://USER@HOST:PORT/DATABASE[?schema=NAME].
+    /// Metadata URL of a shared workspace: postgres://USER@HOST:PORT/DATABASE[?schema=NAME].
+    /// Without it, the workspace is rebuilt on this machine from the bucket (--bucket).
     #[arg(long)]
-    pub meta: String,
-    /// The bucket URL, to check against the one the workspace records (optional).
+    pub meta: Option<String>,
+    /// The bucket URL. Alone: rebuild the workspace's SQLite metadata on this machine from
+    /// the backup in the bucket (a machine that was lost). With --meta: checked against
+    /// the bucket the shared workspace records.
     #[arg(long)]
     pub bucket: Option<String>,
+    /// Rebuild even though the workspace's lease says it is mounted on another machine
+    /// (use only when that machine is known to be dead).
+    #[arg(long)]
+    pub take_over: bool,
     /// S3 endpoint on this host, when it differs from the one recorded.
     #[arg(long)]
     pub endpoint: Option<String>,
@@ -70,7 +77,7 @@ pub struct AttachArgs {
 }
 
 /// The bucket's format record (`.deskfs/format.json`).
-const FORMAT_RECORD: &str = ".deskfs/format.json";
+pub(crate) const FORMAT_RECORD: &str = ".deskfs/format.json";
 
 /// Runs `deskfs format`.
 pub fn run(a: FormatArgs) -> Result<()> {
@@ -97,7 +104,11 @@ pub fn run(a: FormatArgs) -> Result<()> {
 }
 
 /// Opens `spec`'s bucket and checks that it answers (30 s at most).
-fn open_bucket(spec: &BucketSpec, rt: &tokio::runtime::Runtime, create: bool) -> Result<Bucket> {
+pub(crate) fn open_bucket(
+    spec: &BucketSpec,
+    rt: &tokio::runtime::Runtime,
+    create: bool,
+) -> Result<Bucket> {
     let bucket = Bucket::open(spec, create)?;
     rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(30), bucket.check())
@@ -115,7 +126,7 @@ fn open_bucket(spec: &BucketSpec, rt: &tokio::runtime::Runtime, create: bool) ->
 }
 
 /// The workspace id in the bucket's format record, if there is one.
-fn bucket_workspace(
+pub(crate) fn bucket_workspace(
     bucket: &Bucket,
     rt: &tokio::runtime::Runtime,
 ) -> Result<Option<serde_json::Value>> {
@@ -187,7 +198,7 @@ fn format_inner(a: &FormatArgs) -> Result<()> {
         spec.scheme == Some(deskfs_bucket::Scheme::Local),
     )?;
     if bucket_workspace(&bucket, &rt)?.is_some() && !a.force {
-        bail!("bucket {} already holds a deskfs workspace ({FORMAT_RECORD}); use --force to format over it (objects are kept and imported), or `deskfs attach` to join it", spec.url);
+        bail!("bucket {} already holds a deskfs workspace ({FORMAT_RECORD}); to use it on this machine run `deskfs attach {} --bucket {}` (rebuilds it with its modes, links, times and xattrs), or --force to start a new workspace over its objects", spec.url, a.name, spec.url);
     }
     if replace_db {
         meta_url.destroy()?;
@@ -212,7 +223,7 @@ fn format_inner(a: &FormatArgs) -> Result<()> {
     };
     let rec = Record {
         name: a.name.clone(),
-        id,
+        id: id.clone(),
         bucket: spec.url.clone(),
         endpoint: a.endpoint.clone(),
         region: a.region.clone(),
@@ -222,10 +233,34 @@ fn format_inner(a: &FormatArgs) -> Result<()> {
         undo(&meta_url);
         return Err(e);
     }
+    // A SQLite workspace is owned by this database from now on (see deskfs_backup::lease).
+    let db = if meta_url.is_shared() {
+        None
+    } else {
+        match deskfs_backup::lease::db_id(&*meta) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                drop(meta);
+                undo(&meta_url);
+                return Err(e.into());
+            }
+        }
+    };
     drop(meta);
     if let Err(e) = rt.block_on(bucket.put_bytes(FORMAT_RECORD, record.to_string().into(), None)) {
         undo(&meta_url);
         return Err(anyhow::Error::from(e).context(format!("cannot write to bucket {}", spec.url)));
+    }
+    if let Some(db) = &db {
+        if let Err(e) = rt.block_on(deskfs_backup::lease::take_for_attach(
+            &bucket, &id, db, true,
+        )) {
+            undo(&meta_url);
+            return Err(anyhow::Error::from(e).context(format!(
+                "cannot write the workspace lease to bucket {}",
+                spec.url
+            )));
+        }
     }
     let cfg = WorkspaceConfig {
         name: a.name.clone(),
@@ -276,9 +311,12 @@ pub fn attach(a: AttachArgs) -> Result<()> {
     if a.access_key.is_some() != a.secret_key.is_some() {
         bail!("--access-key and --secret-key must be given together");
     }
-    let meta_url = MetaUrl::parse(&a.meta)?;
+    let Some(meta) = &a.meta else {
+        return crate::attach::from_bucket(a);
+    };
+    let meta_url = MetaUrl::parse(meta)?;
     if !meta_url.is_shared() {
-        bail!("attach joins a workspace shared through PostgreSQL (--meta postgres://USER@HOST:PORT/DATABASE); a SQLite workspace lives on its own host: mount it there");
+        bail!("attach --meta joins a workspace shared through PostgreSQL (postgres://USER@HOST:PORT/DATABASE); to move a SQLite workspace to this machine use `deskfs attach {} --bucket URL`", a.name);
     }
     let meta = meta_url.open()?;
     let rec = Record::read(&*meta)?.ok_or_else(|| {

@@ -1,6 +1,7 @@
 //! The `deskfs` command: formats workspaces, mounts them, syncs and reports status.
 //! Only wiring lives here; the file system is in the library crates.
 
+mod attach;
 mod control;
 mod daemon;
 mod desk_cmd;
@@ -9,6 +10,7 @@ mod exec_cmd;
 mod format;
 mod fsck;
 mod home;
+mod keeper;
 mod manual_cmd;
 mod metadb;
 mod resume_cmd;

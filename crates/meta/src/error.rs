@@ -64,6 +64,15 @@ pub enum MetaError {
     /// transaction was rolled back. Never seen by callers of the typed helpers.
     #[error("transaction aborted by its caller")]
     Aborted,
+    /// The engine does not offer this operation (e.g. the bucket backup's change marks
+    /// on PostgreSQL, whose database is itself the namespace's durable home).
+    #[error("not supported by the {engine} metadata engine: {what}")]
+    Unsupported {
+        /// Engine name (`sqlite`, `postgres`).
+        engine: &'static str,
+        /// The operation.
+        what: &'static str,
+    },
     /// A bug: an invariant of the engine did not hold.
     #[error("metadata internal error: {0}")]
     Internal(String),

@@ -432,6 +432,58 @@ pub trait MetaTxn {
     /// Totals for statfs/status.
     fn usage(&mut self) -> Result<Usage>;
 
+    // ---- bucket backup (see the `deskfs-backup` crate) ----
+    /// Up to `limit` changes recorded for the bucket backup with a sequence number greater
+    /// than `after`, oldest first, with their sequence numbers. Engines without change
+    /// marks fail with [`MetaError::Unsupported`].
+    fn backup_marks(&mut self, _after: u64, _limit: usize) -> Result<Vec<(u64, BackupMark)>> {
+        Err(MetaError::Unsupported {
+            engine: "this",
+            what: "backup change marks",
+        })
+    }
+    /// The highest backup-mark sequence number handed out so far (0 when none).
+    fn backup_mark_end(&mut self) -> Result<u64> {
+        Err(MetaError::Unsupported {
+            engine: "this",
+            what: "backup change marks",
+        })
+    }
+    /// Forgets the backup marks with sequence numbers up to `upto` (they are in a backup).
+    fn trim_backup_marks(&mut self, _upto: u64) -> Result<()> {
+        Err(MetaError::Unsupported {
+            engine: "this",
+            what: "backup change marks",
+        })
+    }
+    /// Up to `limit` recorded objects with path greater than `after`, in path order
+    /// (full scans: backups, fsck).
+    fn scan_objects(&mut self, _after: &[u8], _limit: usize) -> Result<Vec<ObjectRow>> {
+        Err(MetaError::Unsupported {
+            engine: "this",
+            what: "object scans",
+        })
+    }
+    /// Every xattr of `ino` with its value, sorted by name.
+    fn xattrs_of(&mut self, ino: Ino) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for name in self.list_xattrs(ino)? {
+            if let Some(v) = self.get_xattr(ino, &name)? {
+                out.push((name, v));
+            }
+        }
+        Ok(out)
+    }
+    /// Writes `row` as inode `row.ino` (inserted, or replacing that inode's row), and keeps
+    /// later allocations above it: rebuilding a namespace from a backup keeps its inode
+    /// numbers.
+    fn put_inode_at(&mut self, _row: &InodeRow) -> Result<()> {
+        Err(MetaError::Unsupported {
+            engine: "this",
+            what: "restoring inodes at their numbers",
+        })
+    }
+
     // ---- change feed (see `MetaEngine::log_changes_as`) ----
     /// Drops feed entries older than `before_ms` (ms since the Unix epoch); returns how many.
     fn prune_changes(&mut self, before_ms: i64) -> Result<u64>;

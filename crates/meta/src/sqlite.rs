@@ -24,8 +24,9 @@ use crate::{
 /// Schema version written to `PRAGMA user_version`. Databases with a higher number are
 /// refused with [`MetaError::TooNew`]; older ones are migrated when opened.
 /// 1: first release. 2: `local` holds a cache id, inode numbers come from
-/// `kv.next_ino`, upload requests (`wanted`).
-pub const SCHEMA_VERSION: i64 = 2;
+/// `kv.next_ino`, upload requests (`wanted`). 3: change marks for the bucket backup
+/// (`backup_log` and its triggers).
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// How long a pending path may be postponed by repeated re-marks (coalescing cap), ns.
 pub const MAX_COALESCE_NS: i64 = 30_000_000_000;
@@ -75,6 +76,44 @@ CREATE TABLE IF NOT EXISTS wanted(ino INTEGER PRIMARY KEY, cache INTEGER NOT NUL
 INSERT OR IGNORE INTO kv(key,value) SELECT 'next_ino',
   CAST(max(coalesce((SELECT max(ino) FROM inodes), 1),
            coalesce((SELECT seq FROM sqlite_sequence WHERE name='inodes'), 1)) + 1 AS TEXT);
+";
+
+/// Schema 3: every change to what the bucket backup records (inodes — not their
+/// access time alone, nor the dirty/local/listed bookkeeping —, dentries, xattrs, objects)
+/// leaves a mark in `backup_log`, from every connection (permanent triggers), in the
+/// change's own transaction. The backup writer turns marks into deltas and trims them.
+const SCHEMA_V3: &str = "
+CREATE TABLE IF NOT EXISTS backup_log(seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  ino INTEGER, parent INTEGER, name BLOB, path BLOB);
+CREATE TRIGGER IF NOT EXISTS bk_inode_ins AFTER INSERT ON inodes
+  BEGIN INSERT INTO backup_log(ino) VALUES(NEW.ino); END;
+CREATE TRIGGER IF NOT EXISTS bk_inode_upd AFTER UPDATE ON inodes
+  WHEN OLD.kind <> NEW.kind OR OLD.perm <> NEW.perm OR OLD.uid <> NEW.uid
+    OR OLD.gid <> NEW.gid OR OLD.rdev <> NEW.rdev OR OLD.nlink <> NEW.nlink
+    OR OLD.size <> NEW.size OR OLD.mtime <> NEW.mtime OR OLD.ctime <> NEW.ctime
+    OR OLD.btime <> NEW.btime OR OLD.data_version <> NEW.data_version
+    OR OLD.target IS NOT NEW.target
+  BEGIN INSERT INTO backup_log(ino) VALUES(NEW.ino); END;
+CREATE TRIGGER IF NOT EXISTS bk_inode_del AFTER DELETE ON inodes
+  BEGIN INSERT INTO backup_log(ino) VALUES(OLD.ino); END;
+CREATE TRIGGER IF NOT EXISTS bk_dentry_ins AFTER INSERT ON dentries
+  BEGIN INSERT INTO backup_log(parent, name) VALUES(NEW.parent, NEW.name); END;
+CREATE TRIGGER IF NOT EXISTS bk_dentry_del AFTER DELETE ON dentries
+  BEGIN INSERT INTO backup_log(parent, name) VALUES(OLD.parent, OLD.name); END;
+CREATE TRIGGER IF NOT EXISTS bk_dentry_upd AFTER UPDATE ON dentries
+  BEGIN INSERT INTO backup_log(parent, name) VALUES(OLD.parent, OLD.name), (NEW.parent, NEW.name); END;
+CREATE TRIGGER IF NOT EXISTS bk_xattr_ins AFTER INSERT ON xattrs
+  BEGIN INSERT INTO backup_log(ino) VALUES(NEW.ino); END;
+CREATE TRIGGER IF NOT EXISTS bk_xattr_upd AFTER UPDATE ON xattrs
+  BEGIN INSERT INTO backup_log(ino) VALUES(NEW.ino); END;
+CREATE TRIGGER IF NOT EXISTS bk_xattr_del AFTER DELETE ON xattrs
+  BEGIN INSERT INTO backup_log(ino) VALUES(OLD.ino); END;
+CREATE TRIGGER IF NOT EXISTS bk_object_ins AFTER INSERT ON objects
+  BEGIN INSERT INTO backup_log(path) VALUES(NEW.path); END;
+CREATE TRIGGER IF NOT EXISTS bk_object_upd AFTER UPDATE ON objects
+  BEGIN INSERT INTO backup_log(path) VALUES(OLD.path), (NEW.path); END;
+CREATE TRIGGER IF NOT EXISTS bk_object_del AFTER DELETE ON objects
+  BEGIN INSERT INTO backup_log(path) VALUES(OLD.path); END;
 ";
 
 /// The change feed (added after schema 1 shipped; created on open when missing).
@@ -199,6 +238,7 @@ impl SqliteEngine {
                 conn.execute_batch(SCHEMA)?;
                 conn.execute_batch(CHANGES_TABLE)?;
                 conn.execute_batch(SCHEMA_V2)?;
+                conn.execute_batch(SCHEMA_V3)?;
                 conn.execute(
                 "INSERT INTO inodes(ino,kind,perm,uid,gid,rdev,nlink,size,atime,mtime,ctime,btime,
                  data_version,target,local,dirty,listed)
@@ -261,7 +301,7 @@ impl SqliteEngine {
         conn.execute_batch(CHANGES_TABLE)?;
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!(
-                "BEGIN IMMEDIATE; {SCHEMA_V2} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
+                "BEGIN IMMEDIATE; {SCHEMA_V2} {SCHEMA_V3} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"
             ))
             .map_err(|e| {
                 corrupt(

@@ -267,3 +267,22 @@ pub struct ChangeRow {
     /// See `parent`.
     pub name: Option<Vec<u8>>,
 }
+
+/// One namespace fact changed since the last bucket backup (see
+/// [`crate::MetaTxn::backup_marks`]): the backup writer reads the current state of what a
+/// mark names and writes it (or its absence) into the next backup delta.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum BackupMark {
+    /// The inode's attributes, symlink target, link count or xattrs changed (or it was
+    /// created or deleted).
+    Inode(Ino),
+    /// The entry `parent/name` was added, removed or repointed.
+    Dentry {
+        /// Directory.
+        parent: Ino,
+        /// Entry name.
+        name: Vec<u8>,
+    },
+    /// The object recorded at this workspace path changed (uploaded, forgotten).
+    Object(Vec<u8>),
+}

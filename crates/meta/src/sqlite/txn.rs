@@ -6,8 +6,8 @@ use super::batch::{alloc_inos, insert_inode_at, next_seq};
 use super::rows::*;
 use super::MAX_COALESCE_NS;
 use crate::{
-    Dentry, Ino, InodeRow, LockRow, MetaError, MetaTxn, ObjectRow, PendingRow, PendingStats,
-    Result, SessionRow, Usage,
+    BackupMark, Dentry, Ino, InodeRow, LockRow, MetaError, MetaTxn, ObjectRow, PendingRow,
+    PendingStats, Result, SessionRow, Usage,
 };
 
 pub(super) struct SqlTxn<'c> {
@@ -507,6 +507,91 @@ impl MetaTxn for SqlTxn<'_> {
                 .prepare_cached(sql)?
                 .execute(params![session as i64])?;
         }
+        Ok(())
+    }
+
+    fn backup_marks(&mut self, after: u64, limit: usize) -> Result<Vec<(u64, BackupMark)>> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT seq, ino, parent, name, path FROM backup_log WHERE seq > ?1 ORDER BY seq LIMIT ?2",
+        )?;
+        let rows = st.query_map(params![after as i64, limit as i64], |r| {
+            let seq = r.get::<_, i64>(0)? as u64;
+            let ino: Option<i64> = r.get(1)?;
+            let parent: Option<i64> = r.get(2)?;
+            let name: Option<Vec<u8>> = r.get(3)?;
+            let path: Option<Vec<u8>> = r.get(4)?;
+            Ok((seq, ino, parent, name, path))
+        })?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, ino, parent, name, path) = row?;
+            let mark = match (ino, parent, name, path) {
+                (_, Some(parent), Some(name), _) => BackupMark::Dentry {
+                    parent: parent as u64,
+                    name,
+                },
+                (_, _, _, Some(path)) => BackupMark::Object(path),
+                (Some(ino), _, _, _) => BackupMark::Inode(ino as u64),
+                _ => {
+                    return Err(MetaError::Internal(format!(
+                        "backup_log row {seq} names nothing"
+                    )))
+                }
+            };
+            out.push((seq, mark));
+        }
+        Ok(out)
+    }
+
+    fn backup_mark_end(&mut self) -> Result<u64> {
+        let n: i64 = self
+            .conn
+            .prepare_cached(
+                "SELECT max(coalesce((SELECT max(seq) FROM backup_log), 0),
+                            coalesce((SELECT seq FROM sqlite_sequence WHERE name='backup_log'), 0))",
+            )?
+            .query_row([], |r| r.get(0))?;
+        Ok(n as u64)
+    }
+
+    fn trim_backup_marks(&mut self, upto: u64) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM backup_log WHERE seq <= ?1")?
+            .execute(params![upto as i64])?;
+        Ok(())
+    }
+
+    fn scan_objects(&mut self, after: &[u8], limit: usize) -> Result<Vec<ObjectRow>> {
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {OBJECT_COLS} FROM objects WHERE path > ?1 ORDER BY path LIMIT ?2"
+        ))?;
+        let v = st
+            .query_map(params![after, limit as i64], object_from_row)?
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(v)
+    }
+
+    fn xattrs_of(&mut self, ino: Ino) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let mut st = self
+            .conn
+            .prepare_cached("SELECT name, value FROM xattrs WHERE ino=?1 ORDER BY name")?;
+        let v = st
+            .query_map(params![ino as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(v)
+    }
+
+    fn put_inode_at(&mut self, row: &InodeRow) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM inodes WHERE ino=?1")?
+            .execute(params![row.ino as i64])?;
+        insert_inode_at(self.conn, row.ino, row)?;
+        self.conn
+            .prepare_cached(
+                "UPDATE kv SET value = CAST(max(CAST(value AS INTEGER), ?1 + 1) AS TEXT)
+                 WHERE key='next_ino'",
+            )?
+            .execute(params![row.ino as i64])?;
         Ok(())
     }
 
