@@ -42,6 +42,7 @@ fn workspace_status(name: &str) -> Result<Value> {
     let (usage, pending, failed) = deskfs_meta::read(&*meta, |t| {
         Ok::<_, deskfs_meta::MetaError>((t.usage()?, t.pending_stats()?, t.failed_pending(10)?))
     })?;
+    let backup = backup_status(&cfg, &*meta)?;
     let failures: Vec<Value> = failed
         .into_iter()
         .map(|f| {
@@ -76,6 +77,35 @@ fn workspace_status(name: &str) -> Result<Value> {
         "failing_uploads": pending.failing,
         "failures": failures,
         "cache": cache,
+        "backup": backup,
+    }))
+}
+
+/// The metadata backup's position (SQLite workspaces): generation, the change mark the
+/// bucket's backup is at, how many changes are not in it yet, when it was last written;
+/// a mount's keeper adds its last error and whether it lost the workspace lease.
+fn backup_status(cfg: &WorkspaceConfig, meta: &dyn deskfs_meta::MetaEngine) -> Result<Value> {
+    if crate::metadb::MetaUrl::parse(&cfg.meta)?
+        .sqlite_path()
+        .is_none()
+    {
+        return Ok(json!({"kind": "database", "note": "the PostgreSQL database is the namespace's durable home"}));
+    }
+    let (st, end) = deskfs_meta::read(meta, |t| {
+        Ok::<_, deskfs_meta::MetaError>((
+            deskfs_backup::writer::BackupState::read(t)?,
+            t.backup_mark_end()?,
+        ))
+    })?;
+    Ok(json!({
+        "kind": "bucket",
+        "generation": st.generation,
+        "seq": st.seq,
+        "changes_not_backed_up": end.saturating_sub(st.seq),
+        "deltas": st.deltas,
+        "delta_bytes": st.delta_bytes,
+        "snapshot_bytes": st.snapshot_bytes,
+        "last_written_ns": st.last_ns,
     }))
 }
 
@@ -238,6 +268,38 @@ pub fn run(a: StatusArgs) -> Result<()> {
             g("pending_uploads"),
             g("failing_uploads")
         );
+        if let Some(b) = w.get("backup").filter(|b| b["kind"] == "bucket") {
+            let bg = |k: &str| b.get(k).and_then(Value::as_u64).unwrap_or(0);
+            let age = b["last_written_ns"]
+                .as_i64()
+                .filter(|t| *t > 0)
+                .map(|t| {
+                    let now = std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map(|d| d.as_nanos() as i64)
+                        .unwrap_or(0);
+                    format!("written {} s ago", (now - t).max(0) / 1_000_000_000)
+                })
+                .unwrap_or_else(|| "never written".into());
+            println!(
+                "  backup        generation {}, {} change(s) not in the bucket yet, {age}; snapshot {} + {} delta(s) {}",
+                bg("generation"),
+                bg("changes_not_backed_up"),
+                human(bg("snapshot_bytes")),
+                bg("deltas"),
+                human(bg("delta_bytes"))
+            );
+        }
+        for m in &mounts {
+            if let Some(k) = m.get("live").and_then(|l| l.get("backup")) {
+                if let Some(e) = k["lease_lost"].as_str() {
+                    println!("  backup        STOPPED: {e}");
+                }
+                if let Some(e) = k["last_error"].as_str() {
+                    println!("  backup        failing: {e}");
+                }
+            }
+        }
         for f in w["failures"].as_array().cloned().unwrap_or_default() {
             println!(
                 "    failing     {} ({} attempts): {}",
