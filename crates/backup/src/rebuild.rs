@@ -8,7 +8,6 @@
 //! becomes its own file), xattrs, names held in escaped keys (`.deskfs/escaped/`), and
 //! the attributes of objects written without them (defaults are used and counted).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use deskfs_bucket::Bucket;
@@ -86,159 +85,146 @@ pub fn rebuild_into(
     model
         .inodes
         .insert(ROOT_INO, dir_rec(ROOT_INO, 0o755, uid, gid, now));
-    let mut dirs: BTreeMap<Vec<u8>, Ino> = BTreeMap::new();
-    dirs.insert(Vec::new(), ROOT_INO);
     let mut next: Ino = ROOT_INO + 1;
-    let listing = rt.block_on(bucket.list_all(""))?;
-    // Directories first (markers and key prefixes), so files land in them.
-    let mut files = Vec::new();
-    for o in listing {
-        if o.key == ".deskfs" || o.key.starts_with(".deskfs/") {
-            if o.key.starts_with(".deskfs/escaped/") {
-                report.escaped_unnamed += 1;
+    let mut dirs = 1u64;
+    report.escaped_unnamed = rt.block_on(bucket.list_all(".deskfs/escaped"))?.len() as u64;
+    // A walk by directory listings (with delimiter), so empty directories' markers are
+    // seen as the prefixes they are.
+    let mut queue: Vec<(String, Ino)> = vec![(String::new(), ROOT_INO)];
+    while let Some((dkey, dino)) = queue.pop() {
+        let listing = rt.block_on(bucket.list_dir(&dkey))?;
+        let join = |name: &str| {
+            if dkey.is_empty() {
+                name.to_string()
+            } else {
+                format!("{dkey}/{name}")
             }
-            continue;
-        }
-        report.objects += 1;
-        let (dir_part, is_marker) = match o.key.strip_suffix('/') {
-            Some(d) => (d.to_string(), true),
-            None => (
-                o.key
-                    .rsplit_once('/')
-                    .map(|(d, _)| d.to_string())
-                    .unwrap_or_default(),
-                false,
-            ),
         };
-        let mut path = Vec::new();
-        for part in dir_part.split('/').filter(|p| !p.is_empty()) {
-            let parent = dirs.get(&path).copied().unwrap_or(ROOT_INO);
-            if !path.is_empty() {
-                path.push(b'/');
+        let dir_names: std::collections::HashSet<&str> =
+            listing.dirs.iter().map(String::as_str).collect();
+        for name in &listing.dirs {
+            if dkey.is_empty() && name == ".deskfs" {
+                continue;
             }
-            path.extend_from_slice(part.as_bytes());
-            if !dirs.contains_key(&path) {
-                let ino = next;
-                next += 1;
-                model
-                    .inodes
-                    .insert(ino, dir_rec(ino, 0o755, uid, gid, o.mtime_ns));
-                model
-                    .dentries
-                    .insert((parent, part.as_bytes().to_vec()), ino);
-                dirs.insert(path.clone(), ino);
-            }
-        }
-        if is_marker {
-            if let Some(p) = rt.block_on(bucket.head(&o.key))?.and_then(|h| h.posix) {
-                if let Some(ino) = dirs.get(path.as_slice()) {
-                    if let Some(r) = model.inodes.get_mut(ino) {
-                        r.perm = p.mode & 0o7777;
-                        r.uid = p.uid;
-                        r.gid = p.gid;
-                        r.mtime_ns = p.mtime_ns;
-                        r.ctime_ns = p.ctime_ns;
-                        r.atime_ns = p.atime_ns;
+            let key = join(name);
+            let ino = next;
+            next += 1;
+            dirs += 1;
+            let mut rec = dir_rec(ino, 0o755, uid, gid, now);
+            match rt.block_on(bucket.head_dir_marker(&key))? {
+                Some(h) => match h.posix {
+                    Some(p) => {
+                        rec.perm = p.mode & 0o7777;
+                        rec.uid = p.uid;
+                        rec.gid = p.gid;
+                        rec.mtime_ns = p.mtime_ns;
+                        rec.atime_ns = p.atime_ns;
+                        rec.ctime_ns = p.ctime_ns;
+                        rec.btime_ns = p.mtime_ns;
                     }
+                    None => report.without_attributes += 1,
+                },
+                // A directory that is only a key prefix: nothing to read attributes from.
+                None => report.without_attributes += 1,
+            }
+            report.objects += 1;
+            model.inodes.insert(ino, rec);
+            model.dentries.insert((dino, name.as_bytes().to_vec()), ino);
+            queue.push((key, ino));
+        }
+        for (name, info) in &listing.files {
+            if dkey.is_empty() && name == ".deskfs" {
+                continue;
+            }
+            report.objects += 1;
+            let key = info.key.clone();
+            let mut entry = name.as_bytes().to_vec();
+            if dir_names.contains(name.as_str()) {
+                report.clashes.push(key.clone());
+                entry.extend_from_slice(b".deskfs-conflict-dir");
+            }
+            let Some(h) = rt.block_on(bucket.head(&key))? else {
+                continue; // deleted meanwhile
+            };
+            let posix = h.posix;
+            let mode = match posix {
+                Some(p) => p.mode,
+                None => {
+                    report.without_attributes += 1;
+                    0o100644
                 }
-            }
-            continue;
-        }
-        files.push(o);
-    }
-    for o in files {
-        let (dir, name) = o.key.rsplit_once('/').unwrap_or(("", o.key.as_str()));
-        let Some(parent) = dirs.get(dir.as_bytes()).copied() else {
-            continue;
-        };
-        let mut name = name.as_bytes().to_vec();
-        if dirs.contains_key(o.key.as_bytes()) {
-            report.clashes.push(o.key.clone());
-            name.extend_from_slice(b".deskfs-conflict-dir");
-        }
-        let head = rt.block_on(bucket.head(&o.key))?;
-        let Some(h) = head else {
-            continue; // deleted meanwhile
-        };
-        let posix = h.posix;
-        let mode = match posix {
-            Some(p) => p.mode,
-            None => {
-                report.without_attributes += 1;
-                0o100644
-            }
-        };
-        let kind = match Kind::from_mode(mode) {
-            Some(Kind::Symlink) if h.size <= MAX_TARGET => Kind::Symlink,
-            _ => Kind::File,
-        };
-        if posix.is_some() {
-            let ns_known = posix.is_some_and(|p| p.mtime_ns % 1_000_000_000 != 0);
-            if !ns_known {
+            };
+            let kind = match Kind::from_mode(mode) {
+                Some(Kind::Symlink) if h.size <= MAX_TARGET => Kind::Symlink,
+                _ => Kind::File,
+            };
+            if posix.is_some_and(|p| p.mtime_ns % 1_000_000_000 == 0) {
                 report.mtime_seconds_only += 1;
             }
-        }
-        let target = if kind == Kind::Symlink {
-            Some(
-                rt.block_on(bucket.get_range(&o.key, 0..h.size, h.etag.as_deref()))?
-                    .to_vec(),
-            )
-        } else {
-            None
-        };
-        let mtime = posix.map_or(h.mtime_ns, |p| p.mtime_ns);
-        let ino = next;
-        next += 1;
-        let rec = InodeRec {
-            ino,
-            kind,
-            perm: if posix.is_some() {
-                mode & 0o7777
+            let target = if kind == Kind::Symlink {
+                Some(
+                    rt.block_on(bucket.get_range(&key, 0..h.size, h.etag.as_deref()))?
+                        .to_vec(),
+                )
             } else {
-                0o644
-            },
-            uid: posix.map_or(uid, |p| p.uid),
-            gid: posix.map_or(gid, |p| p.gid),
-            rdev: 0,
-            nlink: 1,
-            size: if kind == Kind::Symlink {
-                target.as_ref().map_or(0, |t| t.len() as u64)
-            } else {
-                h.size
-            },
-            atime_ns: posix.map_or(mtime, |p| p.atime_ns),
-            mtime_ns: mtime,
-            ctime_ns: posix.map_or(mtime, |p| p.ctime_ns),
-            btime_ns: mtime,
-            data_version: 1,
-            target,
-        };
-        let mut path = dir.as_bytes().to_vec();
-        if !path.is_empty() {
-            path.push(b'/');
-        }
-        path.extend_from_slice(&name);
-        model.objects.insert(
-            path.clone(),
-            ObjectRow {
-                path,
-                key: o.key.clone(),
+                None
+            };
+            let mtime = posix.map_or(h.mtime_ns, |p| p.mtime_ns);
+            let ino = next;
+            next += 1;
+            let rec = InodeRec {
                 ino,
                 kind,
+                perm: if posix.is_some() {
+                    mode & 0o7777
+                } else {
+                    0o644
+                },
+                uid: posix.map_or(uid, |p| p.uid),
+                gid: posix.map_or(gid, |p| p.gid),
+                rdev: 0,
+                nlink: 1,
+                size: match &target {
+                    Some(t) => t.len() as u64,
+                    None => h.size,
+                },
+                atime_ns: posix.map_or(mtime, |p| p.atime_ns),
+                mtime_ns: mtime,
+                ctime_ns: posix.map_or(mtime, |p| p.ctime_ns),
+                btime_ns: mtime,
                 data_version: 1,
-                meta_stamp: rec.ctime_ns,
-                etag: h.etag.clone(),
-                size: h.size,
-            },
-        );
-        model.dentries.insert((parent, name), ino);
-        match kind {
-            Kind::Symlink => report.symlinks += 1,
-            _ => report.files += 1,
+                target,
+            };
+            let mut path = if dkey.is_empty() {
+                Vec::new()
+            } else {
+                let mut p = dkey.as_bytes().to_vec();
+                p.push(b'/');
+                p
+            };
+            path.extend_from_slice(&entry);
+            model.objects.insert(
+                path.clone(),
+                ObjectRow {
+                    path,
+                    key,
+                    ino,
+                    kind,
+                    data_version: 1,
+                    meta_stamp: rec.ctime_ns,
+                    etag: h.etag.clone(),
+                    size: h.size,
+                },
+            );
+            model.dentries.insert((dino, entry), ino);
+            match kind {
+                Kind::Symlink => report.symlinks += 1,
+                _ => report.files += 1,
+            }
+            model.inodes.insert(ino, rec);
         }
-        model.inodes.insert(ino, rec);
     }
-    report.dirs = dirs.len() as u64;
+    report.dirs = dirs;
     model.recount();
     crate::restore::write_model(meta, &model, &Default::default())?;
     Ok(report)

@@ -427,6 +427,33 @@ impl Bucket {
         })
     }
 
+    /// Metadata of the directory marker of `dir_key` (the object `dir_key/`), or `None`
+    /// when there is none (always `None` for `file://`, whose markers are directories).
+    pub async fn head_dir_marker(&self, dir_key: &str) -> Result<Option<ObjectInfo>> {
+        if self.local_root.is_some() {
+            return Ok(None);
+        }
+        let p = self.path(dir_key)?.clone().join("");
+        let opts = GetOptions {
+            head: true,
+            ..Default::default()
+        };
+        match self.store.get_opts(&p, opts).await {
+            Ok(r) => {
+                let mtime_ns = to_ns_meta(&r.meta);
+                Ok(Some(ObjectInfo {
+                    key: format!("{dir_key}/"),
+                    size: r.meta.size,
+                    etag: r.meta.e_tag.clone(),
+                    mtime_ns,
+                    posix: PosixMeta::from_attributes(&r.attributes, mtime_ns),
+                }))
+            }
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(store_err(e)),
+        }
+    }
+
     /// Removes the directory marker of `dir_key` (for `file://`: the directory, once empty;
     /// a non-empty one is left and reported as [`BucketError::Other`] so it is retried).
     pub async fn delete_dir_marker(&self, dir_key: &str) -> Result<()> {

@@ -92,60 +92,14 @@ fn rebuild(
 ) -> Result<()> {
     let dir = ws_dir(&a.name);
     let meta_url = MetaUrl::parse(&format!("sqlite://{}", dir.join("meta.db").display()))?;
-    if meta_url.open_raw().is_ok() {
-        bail!(
-            "{} already exists; move it away (it may be this workspace's old database) and retry",
-            meta_url.display()
-        );
-    }
-    let uid = nix::unistd::getuid().as_raw();
-    let gid = nix::unistd::getgid().as_raw();
-    let meta: Arc<dyn MetaEngine> = meta_url.create(uid, gid, now_ns())?;
-    Record {
+    let record = Record {
         name: a.name.clone(),
         id: id.to_string(),
         bucket: spec.url.clone(),
         endpoint: a.endpoint.clone(),
         region: a.region.clone(),
-    }
-    .write(&*meta)?;
-    let pb = progress("reading the metadata backup");
-    let mut report = RestoreReport::default();
-    let loaded = rt.block_on(restore::load_newest(bucket, &mut report));
-    let summary = match loaded {
-        Ok(model) => {
-            pb.set_message("checking the backup against the bucket's objects");
-            let r = restore::restore_into(&meta, bucket, rt.handle(), model, report)?;
-            let text = summarize(&r);
-            std::fs::write(
-                dir.join("attach-report.json"),
-                serde_json::to_vec_pretty(&r)?,
-            )?;
-            text
-        }
-        Err(BackupError::NoBackup(why)) => {
-            pb.set_message("no backup: rebuilding from the objects");
-            let r = deskfs_backup::rebuild::rebuild_into(&meta, bucket, rt.handle(), uid, gid)?;
-            std::fs::write(
-                dir.join("attach-report.json"),
-                serde_json::to_vec_pretty(&r)?,
-            )?;
-            format!(
-                "{why}: rebuilt from the objects alone ({} files, {} dirs, {} symlinks; {} objects without POSIX attributes got defaults). Not knowable without a backup: {}",
-                r.files,
-                r.dirs,
-                r.symlinks,
-                r.without_attributes,
-                r.unknowable.join("; ")
-            )
-        }
-        Err(e) => return Err(e.into()),
     };
-    pb.finish_and_clear();
-    let db = lease::db_id(&*meta)?;
-    rt.block_on(lease::take_for_attach(bucket, id, &db, a.take_over))
-        .context("cannot take the workspace lease")?;
-    drop(meta);
+    let summary = fill_from_bucket(&meta_url, &record, bucket, rt, a.take_over, false)?;
     let cfg = WorkspaceConfig {
         name: a.name.clone(),
         bucket: spec.url.clone(),
@@ -167,6 +121,73 @@ fn rebuild(
         dir.join("attach-report.json").display()
     );
     Ok(())
+}
+
+/// Creates the SQLite database `meta_url` (which must not exist), writes `record` into
+/// it, fills it from the bucket — the newest usable metadata backup checked against the
+/// objects, or (none usable, or `ignore_backup`) the objects alone —, writes the report
+/// to `attach-report.json` beside it and takes the workspace lease for it (refused while
+/// another machine's mount holds it live, unless `take_over`). Returns a one-line summary.
+pub(crate) fn fill_from_bucket(
+    meta_url: &MetaUrl,
+    record: &Record,
+    bucket: &deskfs_bucket::Bucket,
+    rt: &tokio::runtime::Runtime,
+    take_over: bool,
+    ignore_backup: bool,
+) -> Result<String> {
+    if meta_url.open_raw().is_ok() {
+        bail!(
+            "{} already exists; move it away (it may be this workspace's old database) and retry",
+            meta_url.display()
+        );
+    }
+    let report_path = meta_url
+        .sqlite_path()
+        .and_then(|p| p.parent())
+        .map(|d| d.join("attach-report.json"))
+        .ok_or_else(|| anyhow!("{} is not a SQLite database", meta_url.display()))?;
+    let uid = nix::unistd::getuid().as_raw();
+    let gid = nix::unistd::getgid().as_raw();
+    let meta: Arc<dyn MetaEngine> = meta_url.create(uid, gid, now_ns())?;
+    record.write(&*meta)?;
+    let pb = progress("reading the metadata backup");
+    let mut report = RestoreReport::default();
+    let loaded = if ignore_backup {
+        Err(BackupError::NoBackup(
+            "the backup was not used (--ignore-backup)".into(),
+        ))
+    } else {
+        rt.block_on(restore::load_newest(bucket, &mut report))
+    };
+    let summary = match loaded {
+        Ok(model) => {
+            pb.set_message("checking the backup against the bucket's objects");
+            let r = restore::restore_into(&meta, bucket, rt.handle(), model, report)?;
+            std::fs::write(&report_path, serde_json::to_vec_pretty(&r)?)?;
+            summarize(&r)
+        }
+        Err(BackupError::NoBackup(why)) => {
+            pb.set_message("no backup: rebuilding from the objects");
+            let r = deskfs_backup::rebuild::rebuild_into(&meta, bucket, rt.handle(), uid, gid)?;
+            std::fs::write(&report_path, serde_json::to_vec_pretty(&r)?)?;
+            format!(
+                "{why}: rebuilt from the objects alone ({} files, {} dirs, {} symlinks; {} objects without POSIX attributes got defaults; {} escaped names unknown). Not knowable without a backup: {}",
+                r.files,
+                r.dirs,
+                r.symlinks,
+                r.without_attributes,
+                r.escaped_unnamed,
+                r.unknowable.join("; ")
+            )
+        }
+        Err(e) => return Err(e.into()),
+    };
+    pb.finish_and_clear();
+    let db = lease::db_id(&*meta)?;
+    rt.block_on(lease::take_for_attach(bucket, &record.id, &db, take_over))
+        .context("cannot take the workspace lease")?;
+    Ok(summary)
 }
 
 fn summarize(r: &RestoreReport) -> String {

@@ -29,6 +29,19 @@ pub struct FsckArgs {
     /// Machine-readable output.
     #[arg(long)]
     pub json: bool,
+    /// Replace the metadata database with one rebuilt from the bucket: the newest usable
+    /// metadata backup checked against the objects, or, with no usable backup, the objects
+    /// and their s3fs-style attributes alone (what they cannot tell is reported). The old
+    /// database is kept beside it as meta.db.before-rebuild-TIME.
+    #[arg(long)]
+    pub rebuild_from_bucket: bool,
+    /// With --rebuild-from-bucket: ignore the metadata backup, use the objects alone.
+    #[arg(long, requires = "rebuild_from_bucket")]
+    pub ignore_backup: bool,
+    /// With --rebuild-from-bucket: rebuild although the old database has files not yet
+    /// uploaded (their local content is then lost) or cannot be read.
+    #[arg(long, requires = "rebuild_from_bucket")]
+    pub force: bool,
 }
 
 /// Runs `deskfs fsck`.
@@ -44,6 +57,9 @@ pub fn run(a: FsckArgs) -> Result<()> {
         );
     }
     let url = crate::metadb::MetaUrl::parse(&cfg.meta)?;
+    if a.rebuild_from_bucket {
+        return rebuild_from_bucket(&a, &cfg, &url);
+    }
     let meta = url.open()?;
     let pb = indicatif::ProgressBar::new_spinner();
     pb.enable_steady_tick(Duration::from_millis(120));
@@ -125,4 +141,93 @@ pub fn run(a: FsckArgs) -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// `deskfs fsck NAME --rebuild-from-bucket`.
+fn rebuild_from_bucket(
+    a: &FsckArgs,
+    cfg: &WorkspaceConfig,
+    url: &crate::metadb::MetaUrl,
+) -> Result<()> {
+    let Some(db) = url.sqlite_path().cloned() else {
+        bail!("--rebuild-from-bucket rebuilds a SQLite workspace; a PostgreSQL workspace's namespace lives in its database (restore that with PostgreSQL's own tools)");
+    };
+    // What the old database knows: its record, and whether it holds unuploaded files.
+    let old = url.open();
+    let (record, dirty) = match &old {
+        Ok(m) => (
+            crate::metadb::Record::read(&**m)?,
+            deskfs_meta::read(&**m, |t| t.dirty_inodes())?.len(),
+        ),
+        Err(e) if !a.force => {
+            bail!("cannot read the old database ({e}); add --force to rebuild without it")
+        }
+        Err(_) => (None, 0),
+    };
+    drop(old);
+    if dirty > 0 && !a.force {
+        bail!("the database records {dirty} file(s) whose content is not in the bucket yet; run `deskfs sync {}` first (or add --force to discard them)", a.name);
+    }
+    let spec = cfg.bucket_spec()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let bucket = crate::format::open_bucket(&spec, &rt, false)?;
+    let id = match record
+        .as_ref()
+        .map(|r| r.id.clone())
+        .filter(|i| !i.is_empty())
+    {
+        Some(id) => id,
+        None => crate::format::bucket_workspace(&bucket, &rt)?
+            .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string))
+            .unwrap_or_default(),
+    };
+    let record = crate::metadb::Record {
+        name: a.name.clone(),
+        id,
+        bucket: spec.url.clone(),
+        endpoint: cfg.endpoint.clone(),
+        region: cfg.region.clone(),
+    };
+    // Keep the old database (and its WAL) beside the new one.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let kept = PathBuf::from(format!("{}.before-rebuild-{stamp}", db.display()));
+    let moves: Vec<(PathBuf, PathBuf)> = ["", "-wal", "-shm"]
+        .iter()
+        .map(|suffix| {
+            (
+                PathBuf::from(format!("{}{suffix}", db.display())),
+                PathBuf::from(format!("{}{suffix}", kept.display())),
+            )
+        })
+        .filter(|(from, _)| from.exists())
+        .collect();
+    for (from, to) in &moves {
+        std::fs::rename(from, to)?;
+    }
+    match crate::attach::fill_from_bucket(url, &record, &bucket, &rt, false, a.ignore_backup) {
+        Ok(summary) => {
+            println!(
+                "rebuilt workspace {} from bucket {}: {summary}",
+                a.name, spec.url
+            );
+            println!("the old database is kept as {}", kept.display());
+            Ok(())
+        }
+        Err(e) => {
+            // Put the old database back: nothing half-done.
+            let _ = std::fs::remove_file(&db);
+            let _ = std::fs::remove_file(format!("{}-wal", db.display()));
+            let _ = std::fs::remove_file(format!("{}-shm", db.display()));
+            for (from, to) in &moves {
+                let _ = std::fs::rename(to, from);
+            }
+            Err(e)
+        }
+    }
 }

@@ -1,7 +1,7 @@
 //! The `deskfs` command: formats workspaces, mounts them, syncs and reports status.
 //! Only wiring lives here; the file system is in the library crates.
 
-mod attach;
+pub(crate) mod attach;
 mod control;
 mod daemon;
 mod desk_cmd;

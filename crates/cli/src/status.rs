@@ -89,7 +89,9 @@ fn backup_status(cfg: &WorkspaceConfig, meta: &dyn deskfs_meta::MetaEngine) -> R
         .sqlite_path()
         .is_none()
     {
-        return Ok(json!({"kind": "database", "note": "the PostgreSQL database is the namespace's durable home"}));
+        return Ok(
+            json!({"kind": "database", "note": "the PostgreSQL database is the namespace's durable home"}),
+        );
     }
     let (st, end) = deskfs_meta::read(meta, |t| {
         Ok::<_, deskfs_meta::MetaError>((
