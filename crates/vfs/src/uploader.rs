@@ -46,6 +46,9 @@ pub(crate) struct UploaderShared {
     /// Pending paths found to be another mount's to upload ([`Outcome::Elsewhere`]), with
     /// when that was last found.
     elsewhere: std::sync::Mutex<HashMap<Vec<u8>, Instant>>,
+    /// Paths whose object held an unrecorded ETag at an upload's check, with that ETag and
+    /// when it was first seen (see `bucket_side_check`).
+    foreign_seen: std::sync::Mutex<HashMap<Vec<u8>, (String, Instant)>>,
 }
 
 impl UploaderShared {
@@ -632,6 +635,9 @@ async fn reconcile_file(
             // commit re-marks the path (and its own uploader bounds the deferral).
             return Ok(Outcome::Defer(Duration::from_secs(1)));
         };
+        if let Some(out) = bucket_side_check(vfs, path, key, &r, obj.as_ref()).await? {
+            return Ok(out);
+        }
         let put = vfs.bucket.put_file(key, &staging, Some(&meta)).await?;
         // The staging file may have changed while it was read: only a file whose version,
         // write generation and on-disk times held still is recorded as that version.
@@ -655,6 +661,9 @@ async fn reconcile_file(
         return Ok(Outcome::Done);
     }
     if r.size == 0 {
+        if let Some(out) = bucket_side_check(vfs, path, key, &r, obj.as_ref()).await? {
+            return Ok(out);
+        }
         let put = vfs.bucket.put_bytes(key, Bytes::new(), Some(&meta)).await?;
         record(vfs, path, key, &r, r.data_version, put.etag, 0).await?;
         mark_clean(vfs, r.ino, r.data_version, Some(0)).await?;
@@ -678,6 +687,78 @@ async fn reconcile_file(
             r.ino, r.data_version
         )))),
     }
+}
+
+/// How long an unrecorded ETag found at a path is given to be recorded (a PUT of another
+/// reconcile of the path, landed but not recorded yet) before it counts as another
+/// tool's write.
+const FOREIGN_GRACE: Duration = Duration::from_secs(1);
+
+/// Before new content of `r` overwrites the object recorded at `path` for the same inode:
+/// a HEAD. When the bucket holds another version than the recorded one (another tool
+/// replaced it; a changed ETag still unrecorded after [`FOREIGN_GRACE`]), that version is
+/// kept beside the file first ([`Vfs::save_bucket_version`]). `Some(outcome)` when the
+/// upload must wait; `None` to go on.
+async fn bucket_side_check(
+    vfs: &Arc<Vfs>,
+    path: &[u8],
+    key: &str,
+    r: &InodeRow,
+    obj: Option<&ObjectRow>,
+) -> Result<Option<Outcome>> {
+    let Some(o) = obj.filter(|o| o.ino == r.ino && o.key == key) else {
+        return Ok(None);
+    };
+    let Some(recorded) = o.etag.as_deref() else {
+        return Ok(None);
+    };
+    if recorded.ends_with("-replaced\"") {
+        return Ok(None); // local bucket: an ETag no object has (see deskfs-bucket)
+    }
+    let Some(head) = vfs.bucket.head(key).await? else {
+        return Ok(None); // deleted by another tool: the local version goes up
+    };
+    let Some(now) = head.etag.filter(|e| e != recorded) else {
+        return Ok(None);
+    };
+    // A PUT of this path by another reconcile (here or another mount) may have landed
+    // and be about to be recorded: given a moment.
+    let first = {
+        let mut seen = vfs
+            .uploader
+            .foreign_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.len() > 4096 {
+            seen.clear();
+        }
+        let e = seen
+            .entry(path.to_vec())
+            .or_insert_with(|| (now.clone(), Instant::now()));
+        if e.0 != now {
+            *e = (now.clone(), Instant::now());
+        }
+        e.1
+    };
+    if first.elapsed() < FOREIGN_GRACE {
+        return Ok(Some(Outcome::Defer(FOREIGN_GRACE)));
+    }
+    let f = crate::external::Foreign {
+        path: path.to_vec(),
+        key: key.to_string(),
+        recorded: o.clone(),
+        etag: now,
+    };
+    let saved = vfs.save_bucket_version(&f).await?;
+    vfs.uploader
+        .foreign_seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(path);
+    Ok(match saved {
+        Some(_) => None,
+        None => Some(Outcome::Defer(Duration::from_millis(200))),
+    })
 }
 
 /// The uploader's look at a staging file around its upload: whether a mount sharing the
