@@ -592,7 +592,16 @@ async fn reconcile_file(
     let mut gen0 = None;
     let mut own_writes = false;
     if let Some(st) = st {
-        if let Ok(mut s) = st.lock() {
+        // Never wait for the inode's lock on a runtime thread: its holder (a request
+        // downloading content, say) may itself wait for this runtime (`block_on`).
+        let mut guard = match st.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Ok(Outcome::Defer(Duration::from_millis(50)))
+            }
+            Err(std::sync::TryLockError::Poisoned(_)) => None,
+        };
+        if let Some(s) = guard.as_mut() {
             if s.uncommitted && now_ns() - s.dirty_since_ns < MAX_DEFER_NS {
                 return Ok(Outcome::Defer(Duration::from_secs(1)));
             }
@@ -646,7 +655,7 @@ async fn reconcile_file(
             .lock()
             .ok()
             .and_then(|m| m.get(&r.ino).cloned())
-            .and_then(|st| st.lock().ok().map(|s| s.write_gen));
+            .map(|st| st.try_lock().map(|s| s.write_gen).unwrap_or(u64::MAX));
         let steady = (gen0.is_none() || gen0 == gen1) && probe.look()? == Some(before);
         // Truncated or extended since the snapshot: the commit re-marked the path.
         if !steady || put.size != r.size {
@@ -845,7 +854,7 @@ async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     }
     let removed = o.clone();
     let changed = blocking(vfs, move |v| {
-        Ok(deskfs_meta::txn(&*v.meta, |t| forget_removed(t, &removed))?)
+        deskfs_meta::txn(&*v.meta, |t| forget_removed(t, &removed))
     })
     .await?;
     if let Some(cur) = changed {
