@@ -222,6 +222,42 @@ impl Bucket {
         })
     }
 
+    /// Whether this is a local-directory bucket (`file://`), where directory markers are
+    /// real directories.
+    pub fn is_local(&self) -> bool {
+        self.local_root.is_some()
+    }
+
+    /// Local bucket: every directory strictly under `dir_key` (keys); object stores: none (their markers are objects, listed by
+    /// [`Bucket::list_all`]). A missing directory has none.
+    pub fn local_dirs_under(&self, dir_key: &str) -> Result<Vec<String>> {
+        let Some(root) = &self.local_root else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        let mut stack = vec![dir_key.to_string()];
+        while let Some(d) = stack.pop() {
+            let rd = match std::fs::read_dir(root.join(&d)) {
+                Ok(rd) => rd,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => continue,
+                Err(e) => return Err(e.into()),
+            };
+            for e in rd {
+                let e = e?;
+                if e.file_type()?.is_dir() {
+                    let Some(name) = e.file_name().to_str().map(str::to_string) else {
+                        continue;
+                    };
+                    let k = format!("{d}/{name}");
+                    out.push(k.clone());
+                    stack.push(k);
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether objects carry user metadata (false for `file://`).
     pub fn supports_metadata(&self) -> bool {
         self.local_root.is_none()

@@ -56,6 +56,10 @@ pub struct MountArgs {
     /// Delay between a file's last close and its upload, ms (coalesces rewrites).
     #[arg(long, default_value_t = 500, hide = true)]
     pub upload_delay_ms: u64,
+    /// How long a directory listing from the bucket stays fresh, seconds: objects other
+    /// tools add, replace or delete show up at the next `readdir` after this.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400))]
+    pub list_ttl: u64,
 }
 
 /// Arguments of `deskfs umount`.
@@ -236,6 +240,8 @@ pub fn mount(a: MountArgs) -> Result<()> {
         .arg(a.remote_wait.to_string())
         .arg("--upload-delay-ms")
         .arg(a.upload_delay_ms.to_string())
+        .arg("--list-ttl")
+        .arg(a.list_ttl.to_string())
         .env("DESKFS_DAEMON_LOG", &log_path)
         .env("DESKFS_DAEMON_READY", "1")
         .stdin(Stdio::null())
@@ -322,6 +328,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         lease: Duration::from_secs(a.lease),
         remote_wait: Duration::from_secs(a.remote_wait),
         upload_delay: Duration::from_millis(a.upload_delay_ms),
+        list_ttl: Duration::from_secs(a.list_ttl),
         ..VfsConfig::default()
     };
     let meta: Arc<dyn MetaEngine> = o.meta.clone();

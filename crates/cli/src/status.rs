@@ -39,8 +39,13 @@ fn workspace_status(name: &str) -> Result<Value> {
         }));
     }
     let meta = crate::metadb::MetaUrl::parse(&cfg.meta)?.open()?;
-    let (usage, pending, failed) = deskfs_meta::read(&*meta, |t| {
-        Ok::<_, deskfs_meta::MetaError>((t.usage()?, t.pending_stats()?, t.failed_pending(10)?))
+    let (usage, pending, failed, conflicts) = deskfs_meta::read(&*meta, |t| {
+        Ok::<_, deskfs_meta::MetaError>((
+            t.usage()?,
+            t.pending_stats()?,
+            t.failed_pending(10)?,
+            deskfs_vfs::external::bucket_conflicts(t)?,
+        ))
     })?;
     let backup = backup_status(&cfg, &*meta)?;
     let failures: Vec<Value> = failed
@@ -76,6 +81,7 @@ fn workspace_status(name: &str) -> Result<Value> {
         "pending_uploads": pending.pending,
         "failing_uploads": pending.failing,
         "failures": failures,
+        "bucket_conflicts": conflicts,
         "cache": cache,
         "backup": backup,
     }))
@@ -301,6 +307,23 @@ pub fn run(a: StatusArgs) -> Result<()> {
                     println!("  backup        failing: {e}");
                 }
             }
+        }
+        let conflicts = w["bucket_conflicts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if !conflicts.is_empty() {
+            println!(
+                "  conflicts     {} changed in the bucket while they had local writes (both kept):",
+                conflicts.len()
+            );
+        }
+        for c in conflicts {
+            println!(
+                "    conflict    {}: the bucket's version is kept as {}",
+                c["path"].as_str().unwrap_or("?"),
+                c["saved_as"].as_str().unwrap_or("?")
+            );
         }
         for f in w["failures"].as_array().cloned().unwrap_or_default() {
             println!(

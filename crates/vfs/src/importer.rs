@@ -158,10 +158,12 @@ impl Vfs {
         }
         let mut changed: Vec<Ino> = Vec::new();
         let mut added: Vec<Vec<u8>> = Vec::new();
+        let mut foreign: Vec<crate::external::Foreign> = Vec::new();
         let cfg = &self.cfg;
         deskfs_meta::txn(&*self.meta, |t| {
             changed.clear();
             added.clear();
+            foreign.clear();
             let mut new_dirs = 0i64;
             // What is known of every listed name, read at once.
             let mut names = dir_names(t, dir)?;
@@ -184,10 +186,20 @@ impl Vfs {
                     if obj.etag.is_some() && info.etag.is_some() && obj.etag != info.etag {
                         if let Some(d) = t.lookup(dir, nb)? {
                             if let Some(mut r) = t.get_inode(d.ino)? {
-                                if d.ino == obj.ino
+                                let local_writes = r.dirty || r.data_version != obj.data_version;
+                                if d.ino == obj.ino && r.kind == Kind::File && local_writes {
+                                    // Changed in the bucket while the file has local
+                                    // writes not uploaded: both versions are kept.
+                                    if let Some(etag) = &info.etag {
+                                        foreign.push(crate::external::Foreign {
+                                            path: cpath.clone(),
+                                            key: obj.key.clone(),
+                                            recorded: obj.clone(),
+                                            etag: etag.clone(),
+                                        });
+                                    }
+                                } else if d.ino == obj.ino
                                     && r.kind == Kind::File
-                                    && !r.dirty
-                                    && r.data_version == obj.data_version
                                     && !self.is_open(r.ino)
                                 {
                                     r.size = info.size;
@@ -332,6 +344,22 @@ impl Vfs {
             self.invalidate_later(crate::Invalidation::Inode(ino));
             self.cache.drop_blocks(ino);
             let _ = self.cache.remove_staging(ino);
+        }
+        for f in &foreign {
+            if let Err(e) = self.rt.block_on(self.save_bucket_version(f)) {
+                tracing::warn!(path = %String::from_utf8_lossy(&f.path), error = %e, "keeping the bucket's version of a conflicting file failed; the upload checks again");
+            }
+        }
+        // Objects other tools deleted (a re-listing only: the entries were listed before).
+        if row.listed_ns != 0 {
+            let names: HashSet<&str> = files
+                .iter()
+                .map(|(n, _)| n.as_str())
+                .chain(listing.dirs.iter().map(String::as_str))
+                .collect();
+            if let Err(e) = self.drop_deleted(dir, &path, &names) {
+                tracing::warn!(dir, error = %e, "looking for objects deleted from the bucket failed");
+            }
         }
         Ok(())
     }

@@ -13,6 +13,7 @@ mod changes;
 pub mod coherence;
 mod data;
 pub mod error;
+pub mod external;
 pub mod feed;
 pub mod fsck;
 mod handles;
@@ -102,6 +103,8 @@ pub struct Vfs {
     pub(crate) handles: Mutex<HashMap<u64, Arc<Handle>>>,
     pub(crate) next_fh: AtomicU64,
     pub(crate) uploader: uploader::UploaderShared,
+    /// One bucket-conflict save at a time in this mount (see [`external`]).
+    pub(crate) external_lock: tokio::sync::Mutex<()>,
     /// Sync barriers currently waiting (the uploader ignores coalescing delays meanwhile).
     pub(crate) urgent: AtomicUsize,
     pub(crate) fetches: data::Inflight,
@@ -191,6 +194,7 @@ impl Vfs {
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
             uploader: uploader::UploaderShared::default(),
+            external_lock: tokio::sync::Mutex::new(()),
             urgent: AtomicUsize::new(0),
             fetches: data::Inflight::default(),
             coherence: coherence::Coherence::default(),

@@ -51,6 +51,16 @@ pub struct Ctx {
     pub pid: u32,
 }
 
+impl Ctx {
+    /// deskfs itself (uid 0), for namespace changes it makes on its own behalf (an
+    /// object deleted from the bucket by another tool).
+    pub const ROOT: Ctx = Ctx {
+        uid: 0,
+        gid: 0,
+        pid: 0,
+    };
+}
+
 /// A time to set with `utimensat(2)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SetTime {

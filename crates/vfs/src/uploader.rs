@@ -46,6 +46,9 @@ pub(crate) struct UploaderShared {
     /// Pending paths found to be another mount's to upload ([`Outcome::Elsewhere`]), with
     /// when that was last found.
     elsewhere: std::sync::Mutex<HashMap<Vec<u8>, Instant>>,
+    /// Paths whose object held an unrecorded ETag at an upload's check, with that ETag and
+    /// when it was first seen (see `bucket_side_check`).
+    foreign_seen: std::sync::Mutex<HashMap<Vec<u8>, (String, Instant)>>,
 }
 
 impl UploaderShared {
@@ -287,17 +290,17 @@ async fn reconcile(vfs: &Arc<Vfs>, row: &PendingRow) -> Result<Outcome> {
         return reconcile_one(vfs, &row.path).await;
     }
     let path = row.path.clone();
-    let (children, self_dir) = {
+    let (children, self_dir, gone) = {
         let v = vfs.clone();
-        tokio::task::spawn_blocking(move || -> Result<(BTreeSet<Vec<u8>>, bool)> {
+        tokio::task::spawn_blocking(move || -> Result<(BTreeSet<Vec<u8>>, bool, bool)> {
             let kids = subtree_paths(&v, &path)?;
-            let is_dir = deskfs_meta::read(&*v.meta, |t| {
+            let (is_dir, gone) = deskfs_meta::read(&*v.meta, |t| {
                 Ok::<_, crate::VfsError>(match resolve(t, &path)? {
-                    Some(i) => t.get_inode(i)?.is_some_and(|r| r.kind == Kind::Dir),
-                    None => false,
+                    Some(i) => (t.get_inode(i)?.is_some_and(|r| r.kind == Kind::Dir), false),
+                    None => (false, true),
                 })
             })?;
-            Ok((kids, is_dir))
+            Ok((kids, is_dir, gone))
         })
         .await
         .map_err(|e| VfsError::Io(std::io::Error::other(e.to_string())))??
@@ -312,9 +315,88 @@ async fn reconcile(vfs: &Arc<Vfs>, row: &PendingRow) -> Result<Outcome> {
         defer(reconcile_one(vfs, p).await?, &mut outcome);
     }
     if !self_dir {
+        if gone && matches!(outcome, Outcome::Done) {
+            sweep_removed_dir(vfs, &row.path).await?;
+        }
         defer(reconcile_one(vfs, &row.path).await?, &mut outcome);
     }
     Ok(outcome)
+}
+
+/// After the recorded objects under a path that is no directory any more (removed or
+/// renamed) are reconciled: deletes what the bucket still holds under it at paths the
+/// namespace does not have — objects whose upload raced with their removal and were
+/// left unrecorded, and (local bucket) the empty directories they leave. Without this, a
+/// removed directory's marker could never go (`file://`: "not empty yet") and the
+/// leftovers came back as files at the next listing. One listing per removed directory;
+/// paths the namespace has are never touched, nor anything under `.deskfs/`.
+async fn sweep_removed_dir(vfs: &Arc<Vfs>, path: &[u8]) -> Result<()> {
+    let key = vfs.key_for(path);
+    if path.is_empty() || crate::paths::is_escaped(&key) {
+        return Ok(());
+    }
+    let listed = vfs.bucket.list_all(&key).await?;
+    // Local bucket: its directories too (empty ones are not listed as objects).
+    let mut dirs: BTreeSet<String> = vfs.bucket.local_dirs_under(&key)?.into_iter().collect();
+    let mut leftovers = Vec::new();
+    for o in listed {
+        if crate::paths::is_escaped(&o.key) || !o.key.starts_with(&format!("{key}/")) {
+            continue;
+        }
+        let mut d = o.key.as_str();
+        while let Some((parent, _)) = d.rsplit_once('/') {
+            if parent.len() <= key.len() {
+                break;
+            }
+            dirs.insert(parent.to_string());
+            d = parent;
+        }
+        leftovers.push(o);
+    }
+    if leftovers.is_empty() && dirs.is_empty() {
+        return Ok(());
+    }
+    let candidates: Vec<Vec<u8>> = leftovers
+        .iter()
+        .map(|o| o.key.as_bytes().to_vec())
+        .chain(dirs.iter().map(|d| d.as_bytes().to_vec()))
+        .collect();
+    // Which of those paths the namespace has (or has a record of: that one is reconciled
+    // by its own pending row).
+    let keep: HashSet<Vec<u8>> = blocking(vfs, move |v| {
+        deskfs_meta::read(&*v.meta, |t| {
+            let mut keep = HashSet::new();
+            for p in &candidates {
+                if resolve(t, p)?.is_some() || t.get_object(p)?.is_some() {
+                    keep.insert(p.clone());
+                }
+            }
+            Ok::<_, crate::VfsError>(keep)
+        })
+    })
+    .await?;
+    for o in &leftovers {
+        if keep.contains(o.key.as_bytes()) {
+            continue;
+        }
+        tracing::info!(key = %o.key, "removing an object left under a removed directory");
+        vfs.bucket.delete(&o.key).await?;
+        if o.size == 0 && !vfs.bucket.is_local() {
+            // A `dir/` marker lists as `dir`.
+            vfs.bucket.delete_dir_marker(&o.key).await?;
+        }
+    }
+    if vfs.bucket.is_local() {
+        // Deepest first: a directory goes once its leftovers did.
+        let mut dirs: Vec<String> = dirs.into_iter().collect();
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.len()));
+        for d in dirs {
+            if !keep.contains(d.as_bytes()) {
+                vfs.bucket.delete_dir_marker(&d).await?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Every path strictly under `path`: known objects plus the namespace subtree.
@@ -510,7 +592,16 @@ async fn reconcile_file(
     let mut gen0 = None;
     let mut own_writes = false;
     if let Some(st) = st {
-        if let Ok(mut s) = st.lock() {
+        // Never wait for the inode's lock on a runtime thread: its holder (a request
+        // downloading content, say) may itself wait for this runtime (`block_on`).
+        let mut guard = match st.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                return Ok(Outcome::Defer(Duration::from_millis(50)))
+            }
+            Err(std::sync::TryLockError::Poisoned(_)) => None,
+        };
+        if let Some(s) = guard.as_mut() {
             if s.uncommitted && now_ns() - s.dirty_since_ns < MAX_DEFER_NS {
                 return Ok(Outcome::Defer(Duration::from_secs(1)));
             }
@@ -553,6 +644,9 @@ async fn reconcile_file(
             // commit re-marks the path (and its own uploader bounds the deferral).
             return Ok(Outcome::Defer(Duration::from_secs(1)));
         };
+        if let Some(out) = bucket_side_check(vfs, path, key, &r, obj.as_ref()).await? {
+            return Ok(out);
+        }
         let put = vfs.bucket.put_file(key, &staging, Some(&meta)).await?;
         // The staging file may have changed while it was read: only a file whose version,
         // write generation and on-disk times held still is recorded as that version.
@@ -561,7 +655,7 @@ async fn reconcile_file(
             .lock()
             .ok()
             .and_then(|m| m.get(&r.ino).cloned())
-            .and_then(|st| st.lock().ok().map(|s| s.write_gen));
+            .map(|st| st.try_lock().map(|s| s.write_gen).unwrap_or(u64::MAX));
         let steady = (gen0.is_none() || gen0 == gen1) && probe.look()? == Some(before);
         // Truncated or extended since the snapshot: the commit re-marked the path.
         if !steady || put.size != r.size {
@@ -576,6 +670,9 @@ async fn reconcile_file(
         return Ok(Outcome::Done);
     }
     if r.size == 0 {
+        if let Some(out) = bucket_side_check(vfs, path, key, &r, obj.as_ref()).await? {
+            return Ok(out);
+        }
         let put = vfs.bucket.put_bytes(key, Bytes::new(), Some(&meta)).await?;
         record(vfs, path, key, &r, r.data_version, put.etag, 0).await?;
         mark_clean(vfs, r.ino, r.data_version, Some(0)).await?;
@@ -599,6 +696,78 @@ async fn reconcile_file(
             r.ino, r.data_version
         )))),
     }
+}
+
+/// How long an unrecorded ETag found at a path is given to be recorded (a PUT of another
+/// reconcile of the path, landed but not recorded yet) before it counts as another
+/// tool's write.
+const FOREIGN_GRACE: Duration = Duration::from_secs(1);
+
+/// Before new content of `r` overwrites the object recorded at `path` for the same inode:
+/// a HEAD. When the bucket holds another version than the recorded one (another tool
+/// replaced it; a changed ETag still unrecorded after [`FOREIGN_GRACE`]), that version is
+/// kept beside the file first ([`Vfs::save_bucket_version`]). `Some(outcome)` when the
+/// upload must wait; `None` to go on.
+async fn bucket_side_check(
+    vfs: &Arc<Vfs>,
+    path: &[u8],
+    key: &str,
+    r: &InodeRow,
+    obj: Option<&ObjectRow>,
+) -> Result<Option<Outcome>> {
+    let Some(o) = obj.filter(|o| o.ino == r.ino && o.key == key) else {
+        return Ok(None);
+    };
+    let Some(recorded) = o.etag.as_deref() else {
+        return Ok(None);
+    };
+    if recorded.ends_with("-replaced\"") {
+        return Ok(None); // local bucket: an ETag no object has (see deskfs-bucket)
+    }
+    let Some(head) = vfs.bucket.head(key).await? else {
+        return Ok(None); // deleted by another tool: the local version goes up
+    };
+    let Some(now) = head.etag.filter(|e| e != recorded) else {
+        return Ok(None);
+    };
+    // A PUT of this path by another reconcile (here or another mount) may have landed
+    // and be about to be recorded: given a moment.
+    let first = {
+        let mut seen = vfs
+            .uploader
+            .foreign_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if seen.len() > 4096 {
+            seen.clear();
+        }
+        let e = seen
+            .entry(path.to_vec())
+            .or_insert_with(|| (now.clone(), Instant::now()));
+        if e.0 != now {
+            *e = (now.clone(), Instant::now());
+        }
+        e.1
+    };
+    if first.elapsed() < FOREIGN_GRACE {
+        return Ok(Some(Outcome::Defer(FOREIGN_GRACE)));
+    }
+    let f = crate::external::Foreign {
+        path: path.to_vec(),
+        key: key.to_string(),
+        recorded: o.clone(),
+        etag: now,
+    };
+    let saved = vfs.save_bucket_version(&f).await?;
+    vfs.uploader
+        .foreign_seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(path);
+    Ok(match saved {
+        Some(_) => None,
+        None => Some(Outcome::Defer(Duration::from_millis(200))),
+    })
 }
 
 /// The uploader's look at a staging file around its upload: whether a mount sharing the
@@ -683,19 +852,58 @@ async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     } else {
         vfs.bucket.delete(&o.key).await?;
     }
-    let o = o.clone();
-    blocking(vfs, move |v| {
-        deskfs_meta::txn(&*v.meta, |t| {
-            if t.get_object(&o.path)?
-                .is_some_and(|cur| cur.key == o.key && cur.ino == o.ino)
-            {
-                t.delete_object(&o.path)?;
-            }
-            Ok::<_, crate::VfsError>(())
-        })?;
-        Ok(())
+    let removed = o.clone();
+    let changed = blocking(vfs, move |v| {
+        deskfs_meta::txn(&*v.meta, |t| forget_removed(t, &removed))
     })
-    .await
+    .await?;
+    if let Some(cur) = changed {
+        // A PUT to this key raced with the DELETE. If the DELETE came second, the newer
+        // record names an object that is gone: it is recorded as holding no version (so
+        // no reader uses it and the reconcile uploads again).
+        if cur.kind != Kind::Dir && vfs.bucket.head(&cur.key).await?.is_none() {
+            blocking(vfs, move |v| {
+                deskfs_meta::txn(&*v.meta, |t| {
+                    if t.get_object(&cur.path)?.as_ref() == Some(&cur) {
+                        t.put_object(&ObjectRow {
+                            data_version: 0,
+                            etag: None,
+                            ..cur.clone()
+                        })?;
+                        t.mark_pending(&cur.path, false, now_ns())?;
+                    }
+                    Ok::<_, crate::VfsError>(())
+                })?;
+                Ok(())
+            })
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+/// After the object of `removed` was deleted from the bucket: forgets its record, unless
+/// the record changed meanwhile. A changed record is a PUT to the same key that may have
+/// landed after the DELETE (another reconcile of the path, here or in another mount): the
+/// record stays, and the path is marked pending again so the bucket is looked at once
+/// more. (Forgetting that newer record left its object in the bucket unrecorded: nothing
+/// removed it any more, and a removed directory's marker could never go.)
+/// Returns the changed record.
+pub(crate) fn forget_removed(
+    t: &mut dyn deskfs_meta::MetaTxn,
+    removed: &ObjectRow,
+) -> Result<Option<ObjectRow>> {
+    match t.get_object(&removed.path)? {
+        Some(cur) if cur == *removed => {
+            t.delete_object(&removed.path)?;
+            Ok(None)
+        }
+        Some(cur) => {
+            t.mark_pending(&removed.path, false, now_ns())?;
+            Ok(Some(cur))
+        }
+        None => Ok(None),
+    }
 }
 
 async fn record(
@@ -718,10 +926,23 @@ async fn record(
         size,
     };
     blocking(vfs, move |v| {
-        deskfs_meta::txn(&*v.meta, |t| t.put_object(&row))?;
+        deskfs_meta::txn(&*v.meta, |t| record_in(t, &row))?;
         Ok(())
     })
     .await
+}
+
+/// Records `row` as what the bucket holds at its path, in transaction `t`. The namespace
+/// may have moved on while the object was being written (an unlink, rename or rmdir
+/// raced with the PUT, and another reconcile of the path may have finished meanwhile):
+/// then the path is marked pending again, so a reconcile that starts after the object
+/// landed removes or redoes it. One more statement (`paths_of`) per recorded upload.
+pub(crate) fn record_in(t: &mut dyn deskfs_meta::MetaTxn, row: &ObjectRow) -> Result<()> {
+    t.put_object(row)?;
+    if !t.paths_of(row.ino)?.contains(&row.path) {
+        t.mark_pending(&row.path, false, now_ns())?;
+    }
+    Ok(())
 }
 
 /// If another mount waits for `ino`'s content, tell it the upload is done.

@@ -1,5 +1,7 @@
 //! Import: objects put in the bucket by other tools appear in the tree, lazily.
 
+use deskfs_meta::read;
+
 use super::*;
 use crate::rename_flags::EXCHANGE;
 
@@ -381,9 +383,8 @@ fn three_rename_swap_of_imported_files() {
 
 /// Design: "If a file changed in the bucket while it has local unuploaded writes, neither
 /// version is lost: local wins at the path, the other is kept beside it under a conflict
-/// name".
+/// name". Found at a re-listing (ETag changed, inode dirty).
 #[test]
-#[ignore = "NOT SUPPORTED YET (README limits): a bucket-side change to a file with unuploaded local writes is silently overwritten (no conflict copy kept)"]
 fn bucket_change_during_local_writes_keeps_both_versions() {
     let h = Harness::build(
         VfsConfig {
@@ -402,28 +403,75 @@ fn bucket_change_during_local_writes_keeps_both_versions() {
     // Another tool changes the object meanwhile.
     std::thread::sleep(Duration::from_millis(20));
     std::fs::write(h.bucket_dir().join("d/f"), b"remote version").unwrap();
-    h.ls(d.ino); // relisting notices the change
-    h.sync_all();
+    let names = h.ls(d.ino); // relisting notices the change
+    let conflict = names
+        .iter()
+        .find(|n| n.starts_with("f.deskfs-conflict-bucket-"))
+        .unwrap_or_else(|| panic!("no conflict copy beside f: {names:?}"))
+        .clone();
+    assert_eq!(names.len(), 2, "{names:?}");
     assert_eq!(
-        h.bucket_file("d/f").as_deref(),
-        Some(&b"local version"[..]),
+        h.cat_path("d/f"),
+        b"local version",
         "local wins at the path"
     );
-    let kept = h
+    assert_eq!(h.cat_path(&format!("d/{conflict}")), b"remote version");
+    h.sync_all();
+    assert_eq!(h.bucket_file("d/f").as_deref(), Some(&b"local version"[..]));
+    assert_eq!(
+        h.bucket_file(&format!("d/{conflict}")).as_deref(),
+        Some(&b"remote version"[..])
+    );
+    let listed = read(&*h.meta, |t| crate::external::bucket_conflicts(t)).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].path, "d/f");
+    assert_eq!(listed[0].saved_as, format!("d/{conflict}"));
+    // Nothing more at the next listings and syncs.
+    assert_eq!(h.ls(d.ino).len(), 2);
+}
+
+/// The same change found at upload time (no re-listing in between): the upload's check
+/// of the recorded ETag keeps the bucket's version before the local one overwrites it.
+#[test]
+fn bucket_change_found_at_upload_keeps_both_versions() {
+    let h = Harness::build(
+        VfsConfig {
+            list_ttl: Duration::from_secs(3600),
+            upload_delay: Duration::from_secs(3600),
+            ..test_cfg()
+        },
+        |_| {},
+    );
+    let d = h.dir(ROOT_INO, "d");
+    let f = h.file(d.ino, "f", b"first upload");
+    h.sync_all();
+    let fh = h.op(f.ino, libc::O_WRONLY | libc::O_TRUNC);
+    h.put(f.ino, fh, 0, b"local edit");
+    h.release(f.ino, fh).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::write(h.bucket_dir().join("d/f"), b"written by another tool").unwrap();
+    h.sync_all();
+    assert_eq!(h.bucket_file("d/f").as_deref(), Some(&b"local edit"[..]));
+    let kept: Vec<String> = h
         .bucket_files()
         .into_iter()
-        .any(|p| h.bucket_file(&p).as_deref() == Some(&b"remote version"[..]));
-    assert!(
-        kept,
-        "the other version is kept somewhere: {:?}",
-        h.bucket_files()
+        .filter(|p| p.starts_with("d/f.deskfs-conflict-bucket-"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{:?}", h.bucket_files());
+    assert_eq!(
+        h.bucket_file(&kept[0]).as_deref(),
+        Some(&b"written by another tool"[..])
     );
+    assert_eq!(h.cat_path(&kept[0]), b"written by another tool");
+    let listed = read(&*h.meta, |t| crate::external::bucket_conflicts(t)).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
 }
 
 /// An object deleted by another tool disappears from the tree after the listing TTL
-/// (while the file is clean and closed).
+/// (while the file is clean and closed); so does a directory whose objects are all gone.
+/// Content that exists only here stays: a file with unuploaded writes, a directory
+/// holding one.
 #[test]
-#[ignore = "NOT SUPPORTED YET (README limits): objects deleted from the bucket by other tools never disappear from the tree (reads then fail with EIO)"]
 fn bucket_side_delete_is_picked_up() {
     let h = Harness::build(
         VfsConfig {
@@ -433,13 +481,49 @@ fn bucket_side_delete_is_picked_up() {
         |b| {
             put(b, "d/keep", b"k");
             put(b, "d/gone", b"g");
+            put(b, "d/dirty", b"old");
+            put(b, "d/sub/x", b"x");
+            put(b, "d/sub/deep/y", b"y");
+            put(b, "d/busy/z", b"z");
         },
     );
     let d = h.lk(ROOT_INO, "d").unwrap();
-    assert_eq!(h.ls(d.ino), ["gone", "keep"]);
-    std::fs::remove_file(h.bucket_dir().join("d/gone")).unwrap();
-    assert_eq!(h.ls(d.ino), ["keep"]);
+    assert_eq!(h.ls(d.ino), ["busy", "dirty", "gone", "keep", "sub"]);
+    let sub = h.lk(d.ino, "sub").unwrap();
+    assert_eq!(h.ls(sub.ino), ["deep", "x"]);
+    let busy = h.lk(d.ino, "busy").unwrap();
+    assert_eq!(h.ls(busy.ino), ["z"]);
+    // Unuploaded local writes (upload held back: the bucket is read-only for a moment).
+    let mut h = h;
+    h.remount_with(VfsConfig {
+        list_ttl: Duration::ZERO,
+        upload_delay: Duration::from_secs(3600),
+        ..test_cfg()
+    });
+    let dirty = h.walk("d/dirty").unwrap();
+    let fh = h.op(dirty.ino, libc::O_WRONLY | libc::O_TRUNC);
+    h.put(dirty.ino, fh, 0, b"only here");
+    h.release(dirty.ino, fh).unwrap();
+    let busy = h.walk("d/busy").unwrap();
+    h.file(busy.ino, "new", b"made here");
+    let bd = h.bucket_dir();
+    std::fs::remove_file(bd.join("d/gone")).unwrap();
+    std::fs::remove_file(bd.join("d/dirty")).unwrap();
+    std::fs::remove_dir_all(bd.join("d/sub")).unwrap();
+    std::fs::remove_dir_all(bd.join("d/busy")).unwrap();
+    let d = h.walk("d").unwrap();
+    assert_eq!(h.ls(d.ino), ["busy", "dirty", "keep"]);
     assert_eq!(errno(h.lk(d.ino, "gone")), libc::ENOENT);
+    assert_eq!(errno(h.lk(d.ino, "sub")), libc::ENOENT);
+    assert_eq!(h.cat_path("d/dirty"), b"only here");
+    assert_eq!(h.ls(busy.ino), ["new"], "z went, the local file stays");
+    h.sync_all();
+    assert_eq!(h.bucket_file("d/dirty").as_deref(), Some(&b"only here"[..]));
+    assert_eq!(
+        h.bucket_file("d/busy/new").as_deref(),
+        Some(&b"made here"[..])
+    );
+    assert!(h.bucket_file("d/gone").is_none() && !bd.join("d/sub").exists());
 }
 
 #[test]
