@@ -28,6 +28,9 @@ pub mod rebuild;
 pub mod restore;
 pub mod writer;
 
+#[cfg(test)]
+mod tests;
+
 /// What can go wrong with a backup.
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {
