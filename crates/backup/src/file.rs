@@ -13,8 +13,6 @@ use crate::BackupError;
 /// Version of the file format this build writes and reads.
 pub const FORMAT_VERSION: u32 = 1;
 const MAGIC: &[u8; 8] = b"DESKFSBK";
-/// zstd level: fast, and about 4-6x on namespace records.
-const ZSTD_LEVEL: i32 = 3;
 
 /// What a file holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -53,12 +51,13 @@ pub struct Header {
 pub fn encode(mut header: Header, enc: Encoder) -> Result<Vec<u8>, BackupError> {
     header.records = enc.count;
     let head = serde_json::to_vec(&header).map_err(|e| BackupError::corrupt(e.to_string()))?;
-    let body = zstd::bulk::compress(&enc.buf, ZSTD_LEVEL)?;
+    let raw_len = enc.raw_len_after_finish();
+    let body = enc.finish()?;
     let mut out = Vec::with_capacity(12 + head.len() + body.len() + 40);
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&(head.len() as u32).to_le_bytes());
     out.extend_from_slice(&head);
-    out.extend_from_slice(&(enc.buf.len() as u64).to_le_bytes());
+    out.extend_from_slice(&raw_len.to_le_bytes());
     out.extend_from_slice(&body);
     let sum = Sha256::digest(&out);
     out.extend_from_slice(&sum);
@@ -99,8 +98,14 @@ pub fn decode(data: &[u8]) -> Result<Decoded, BackupError> {
     }
     let mut raw_len = [0u8; 8];
     raw_len.copy_from_slice(&content[hend..hend + 8]);
-    let raw_len = u64::from_le_bytes(raw_len) as usize;
-    let body = zstd::bulk::decompress(&content[hend + 8..], raw_len)?;
+    let raw_len = u64::from_le_bytes(raw_len);
+    let body = zstd::stream::decode_all(&content[hend + 8..])?;
+    if body.len() as u64 != raw_len {
+        return Err(BackupError::corrupt(format!(
+            "{} record bytes, header says {raw_len}",
+            body.len()
+        )));
+    }
     let mut d = Decoder::new(&body);
     let mut records = Vec::new();
     while let Some(r) = d.next_record()? {
@@ -136,7 +141,7 @@ mod tests {
 
     #[test]
     fn a_file_round_trips_and_any_flipped_byte_is_refused() {
-        let mut e = Encoder::default();
+        let mut e = Encoder::new().unwrap();
         e.push(&Record::InodeGone(5));
         e.push(&Record::ObjectGone(b"p".to_vec()));
         let data = encode(header(), e).unwrap();

@@ -96,8 +96,8 @@ impl World {
             .rt
             .block_on(load_newest(&self.bucket, &mut report))
             .expect("load");
-        let report = restore_into(&fresh, &self.bucket, self.rt.handle(), model, report)
-            .expect("restore");
+        let report =
+            restore_into(&fresh, &self.bucket, self.rt.handle(), model, report).expect("restore");
         (fresh, report, d2)
     }
 }
@@ -209,8 +209,11 @@ fn content_the_bucket_cannot_back_is_reported_never_invented() {
     w.writer().flush().expect("flush");
     // "lost": its object disappears; "newer": replaced in the bucket after the backup.
     w.rt.block_on(w.bucket.delete("lost")).expect("delete");
-    w.rt.block_on(w.bucket.put_bytes("newer", Bytes::from_static(b"much newer content"), None))
-        .expect("put");
+    w.rt.block_on(
+        w.bucket
+            .put_bytes("newer", Bytes::from_static(b"much newer content"), None),
+    )
+    .expect("put");
     let (fresh, report, _d) = w.restore();
     assert_eq!(report.lost, vec!["lost".to_string()]);
     assert_eq!(report.newer_in_bucket, vec!["newer".to_string()]);
@@ -222,9 +225,14 @@ fn content_the_bucket_cannot_back_is_reported_never_invented() {
         .and_then(|i| m.inodes.get(i))
         .expect("newer");
     assert_eq!(newer.size, 18);
-    let o = deskfs_meta::read(&*fresh, |t| t.object_with_content(newer.ino, newer.data_version))
-        .expect("read");
-    assert!(o.is_some(), "the newer content is not recorded as the file's object");
+    let o = deskfs_meta::read(&*fresh, |t| {
+        t.object_with_content(newer.ino, newer.data_version)
+    })
+    .expect("read");
+    assert!(
+        o.is_some(),
+        "the newer content is not recorded as the file's object"
+    );
 }
 
 /// Deltas past the compaction limit start a new generation; generations older than the
@@ -241,7 +249,10 @@ fn compaction_starts_generations_and_prunes_old_ones() {
     let gens = w.rt.block_on(generations(&w.bucket)).expect("generations");
     let numbers: Vec<u64> = gens.keys().copied().collect();
     assert_eq!(numbers.len(), 2, "kept generations: {numbers:?}");
-    assert_eq!(numbers[1], 3, "two compactions after the first snapshot: {numbers:?}");
+    assert_eq!(
+        numbers[1], 3,
+        "two compactions after the first snapshot: {numbers:?}"
+    );
     let (fresh, report, _d) = w.restore();
     assert_eq!(report.generation, 3);
     assert_same_namespace(&*w.meta, &*fresh);
@@ -266,16 +277,17 @@ fn a_damaged_file_is_refused_whole() {
     data[mid] ^= 0x55;
     std::fs::write(&path, &data).expect("write");
     let mut report = RestoreReport::default();
-    let model = w
-        .rt
-        .block_on(load_newest(&w.bucket, &mut report))
-        .expect("load");
+    let model =
+        w.rt.block_on(load_newest(&w.bucket, &mut report))
+            .expect("load");
     assert!(
         report.problems.iter().any(|p| p.contains("damaged")),
         "{report:?}"
     );
     assert!(model.dentries.contains_key(&(ROOT_INO, b"before".to_vec())));
-    assert!(!model.dentries.contains_key(&(ROOT_INO, b"in-delta".to_vec())));
+    assert!(!model
+        .dentries
+        .contains_key(&(ROOT_INO, b"in-delta".to_vec())));
     // Damage the snapshot too: no generation is usable any more.
     let snap = w.dir.path().join("bucket").join(snapshot_key(*gen));
     let mut data = std::fs::read(&snap).expect("read");
@@ -297,7 +309,9 @@ fn a_repeated_delta_is_harmless() {
     writer.flush().expect("delta");
     // Pretend the trim never happened: put the position back.
     deskfs_meta::txn(&*w.meta, |t| t.set_kv("backup.seq", "0")).expect("rewind");
-    let n = deskfs_meta::read(&*w.meta, |t| t.backup_marks(0, 100)).expect("marks").len();
+    let n = deskfs_meta::read(&*w.meta, |t| t.backup_marks(0, 100))
+        .expect("marks")
+        .len();
     assert_eq!(n, 0, "marks were trimmed");
     w.dir(ROOT_INO, "y");
     writer.flush().expect("delta again");

@@ -306,7 +306,7 @@ impl BackupWriter {
 fn delta_records(t: &mut dyn MetaTxn, from: u64) -> deskfs_meta::Result<(Encoder, Option<u64>)> {
     let marks = t.backup_marks(from, MARKS_PER_DELTA)?;
     let Some(to) = marks.last().map(|(s, _)| *s) else {
-        return Ok((Encoder::default(), None));
+        return Ok((Encoder::new()?, None));
     };
     let mut inodes = BTreeSet::new();
     let mut dentries = BTreeSet::new();
@@ -324,7 +324,7 @@ fn delta_records(t: &mut dyn MetaTxn, from: u64) -> deskfs_meta::Result<(Encoder
             }
         }
     }
-    let mut enc = Encoder::default();
+    let mut enc = Encoder::new()?;
     for ino in inodes {
         match t.get_inode(ino)? {
             Some(row) => {
@@ -359,7 +359,7 @@ fn delta_records(t: &mut dyn MetaTxn, from: u64) -> deskfs_meta::Result<(Encoder
 /// Every inode (with its xattrs), entry and recorded object, and the mark they are at.
 fn snapshot_records(t: &mut dyn MetaTxn) -> deskfs_meta::Result<(Encoder, u64)> {
     let to = t.backup_mark_end()?;
-    let mut enc = Encoder::default();
+    let mut enc = Encoder::new()?;
     let mut after = 0;
     loop {
         let rows = t.scan_inodes(after, SCAN_STEP)?;

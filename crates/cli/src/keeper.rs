@@ -239,8 +239,11 @@ pub fn for_workspace(o: &crate::daemon::Opened, rt: &Handle) -> Result<Option<Ar
     let id = crate::metadb::Record::read(&*o.meta)?
         .map(|r| r.id)
         .unwrap_or_default();
+    // A connection of its own: a snapshot's long read transaction (seconds for a
+    // million files) must not hold the mount's connection; WAL lets both run at once.
+    let own = url.open()?;
     Ok(Some(Keeper::open(
-        o.meta.clone(),
+        own,
         db_path,
         o.bucket.clone(),
         rt.clone(),
