@@ -7,7 +7,9 @@
 //! its `kv`), the host and mount daemon holding it, and when it was last renewed. Every
 //! change is a conditional write (`If-Match` the ETag read, `If-None-Match: *` when
 //! there is none; on `file://` a lock file serialises check and write), so two
-//! machines racing for it cannot both win.
+//! machines racing for it cannot both win; the record is read back after each write, so
+//! on servers that ignore the conditional headers (Garage 2.5) a race is seen at once,
+//! leaving only the window between one writer's read-back and the other's write.
 //!
 //! - A mount takes it (state `mounted`) and renews it every [`RENEW_EVERY`]; a clean
 //!   unmount sets `released` (the database still owns the workspace).
@@ -157,7 +159,18 @@ async fn write(
         None => PutIf::Absent,
     };
     match bucket.put_bytes_if(LEASE_KEY, Bytes::from(body), cond).await {
-        Ok(p) => Ok(p.etag),
+        Ok(p) => {
+            // Servers that ignore conditional headers (Garage 2.5 does) make the write
+            // above unconditional: read it back, so a racing writer is seen at once.
+            match read(bucket).await? {
+                Some(now) if now.record.db == record.db => Ok(now.etag.or(p.etag)),
+                Some(now) => Err(BackupError::Leased(format!(
+                    "the workspace lease was taken by {} at the same time; retry",
+                    now.record.holder(now_ns())
+                ))),
+                None => Ok(p.etag),
+            }
+        }
         Err(BucketError::Changed(_)) => Err(BackupError::Leased(
             "the workspace lease changed while it was being taken (another machine is attaching or mounting it); retry".into(),
         )),
