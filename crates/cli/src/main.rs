@@ -44,10 +44,11 @@ enum Cmd {
         after_help = "Examples:\n  deskfs format work\n  deskfs format work --bucket file:///srv/buckets/work\n  deskfs format work --meta postgres://deskfs@db:5432/work --bucket s3://b/work   # shared by hosts\n  AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \\\n    deskfs format work --bucket s3://my-bucket/agents/work --endpoint http://127.0.0.1:3900 --region garage\n\nS3 settings also come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and\nAWS_SECRET_ACCESS_KEY. An existing prefix keeps its objects: they appear as files."
     )]
     Format(format::FormatArgs),
-    /// Join, from this host, a workspace whose metadata lives in a shared PostgreSQL
-    /// database (made by `deskfs format NAME --meta postgres://…` on another host).
+    /// Use an existing workspace on this machine: rebuild a SQLite workspace from its
+    /// bucket (--bucket; e.g. after losing the machine that held it), or join one shared
+    /// through PostgreSQL (--meta).
     #[command(
-        after_help = "Examples:\n  export PGPASSWORD=...                    # or a line in ~/.pgpass\n  deskfs attach work --meta postgres://deskfs@db.internal:5432/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache\n\nThe bucket URL and settings come from the database; credentials never do (AWS_* variables\nor --access-key/--secret-key here). Each host has its own cache dir."
+        after_help = "Examples:\n  deskfs attach work --bucket s3://my-bucket/agents/work     # rebuild from the bucket's metadata backup\n  deskfs attach work --bucket file:///mnt/volume/work --take-over   # the old machine is dead\n  export PGPASSWORD=...                    # or a line in ~/.pgpass\n  deskfs attach work --meta postgres://deskfs@db.internal:5432/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache\n\nWith --bucket, the workspace's metadata is rebuilt from the newest backup in\n<prefix>/.deskfs/meta/ checked against the objects (a report lists anything that could not\nbe restored); it is refused while another machine has the workspace mounted. With --meta,\nthe bucket URL and settings come from the database. Credentials never come from the\nbucket or the database (AWS_* variables or --access-key/--secret-key here)."
     )]
     Attach(format::AttachArgs),
     /// Mount a workspace at MOUNTPOINT (daemonizes; returns once the mount is ready).
@@ -72,7 +73,7 @@ enum Cmd {
     /// Check (and with --repair, fix) an unmounted workspace: metadata, namespace,
     /// staging files and the objects recorded in the bucket.
     #[command(
-        after_help = "Examples:\n  deskfs fsck work\n  deskfs fsck work --repair\n  deskfs fsck work --check-bucket --json\n\nExit status: 0 when no problem remains, 1 otherwise."
+        after_help = "Examples:\n  deskfs fsck work\n  deskfs fsck work --repair\n  deskfs fsck work --check-bucket --json\n  deskfs fsck work --rebuild-from-bucket                  # replace meta.db from the bucket\n  deskfs fsck work --rebuild-from-bucket --ignore-backup  # from the objects alone\n\nExit status: 0 when no problem remains, 1 otherwise."
     )]
     Fsck(fsck::FsckArgs),
     /// Desks: an agent's durable workspace (repos, tasks, notes, tools, caches, manual).
