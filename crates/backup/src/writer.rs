@@ -239,15 +239,7 @@ impl BackupWriter {
         st.seq = to;
         st.deltas += 1;
         st.delta_bytes += n;
-        st.last_ns = now_ns();
-        let new = st.clone();
-        deskfs_meta::txn(&*self.meta, |t| {
-            t.trim_backup_marks(to)?;
-            new.write(t)
-        })?;
-        out.files += 1;
-        out.bytes += n;
-        out.records += records;
+        self.written(st, out, n, records)?;
         Ok(true)
     }
 
@@ -269,18 +261,32 @@ impl BackupWriter {
             deltas: 0,
             delta_bytes: 0,
             snapshot_bytes: n,
-            last_ns: now_ns(),
+            last_ns: 0,
         };
+        self.written(st, out, n, records)?;
+        out.snapshot = true;
+        out.pruned += self.prune(gen)?;
+        Ok(())
+    }
+
+    /// After a file of `n` bytes holding `records` reached the bucket: forgets the marks
+    /// it covers (up to `st.seq`) and stores the new state, in one transaction.
+    fn written(
+        &self,
+        st: &mut BackupState,
+        out: &mut FlushOutcome,
+        n: u64,
+        records: u64,
+    ) -> Result<(), BackupError> {
+        st.last_ns = now_ns();
         let new = st.clone();
         deskfs_meta::txn(&*self.meta, |t| {
-            t.trim_backup_marks(to)?;
+            t.trim_backup_marks(new.seq)?;
             new.write(t)
         })?;
         out.files += 1;
         out.bytes += n;
         out.records += records;
-        out.snapshot = true;
-        out.pruned += self.prune(gen)?;
         Ok(())
     }
 

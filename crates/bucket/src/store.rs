@@ -470,24 +470,7 @@ impl Bucket {
             return Ok(None);
         }
         let p = self.path(dir_key)?.clone().join("");
-        let opts = GetOptions {
-            head: true,
-            ..Default::default()
-        };
-        match self.store.get_opts(&p, opts).await {
-            Ok(r) => {
-                let mtime_ns = to_ns_meta(&r.meta);
-                Ok(Some(ObjectInfo {
-                    key: format!("{dir_key}/"),
-                    size: r.meta.size,
-                    etag: r.meta.e_tag.clone(),
-                    mtime_ns,
-                    posix: PosixMeta::from_attributes(&r.attributes, mtime_ns),
-                }))
-            }
-            Err(object_store::Error::NotFound { .. }) => Ok(None),
-            Err(e) => Err(store_err(e)),
-        }
+        self.head_at(&p, format!("{dir_key}/")).await
     }
 
     /// Removes the directory marker of `dir_key` (for `file://`: the directory, once empty;
@@ -560,15 +543,20 @@ impl Bucket {
 
     /// Metadata of `key`, or `None` if it does not exist.
     pub async fn head(&self, key: &str) -> Result<Option<ObjectInfo>> {
+        self.head_at(&self.path(key)?, key.to_string()).await
+    }
+
+    /// HEAD of the object at store path `p`, reported under `key`.
+    async fn head_at(&self, p: &Path, key: String) -> Result<Option<ObjectInfo>> {
         let opts = GetOptions {
             head: true,
             ..Default::default()
         };
-        match self.store.get_opts(&self.path(key)?, opts).await {
+        match self.store.get_opts(p, opts).await {
             Ok(r) => {
                 let mtime_ns = to_ns_meta(&r.meta);
                 Ok(Some(ObjectInfo {
-                    key: key.to_string(),
+                    key,
                     size: r.meta.size,
                     etag: r.meta.e_tag.clone(),
                     mtime_ns,
