@@ -122,7 +122,8 @@ run_case() { # KIND URL FORMAT_ARGS...
 
   ws_umount "$MNT"
   log "$kind: the machine is lost (rm -rf of its deskfs home and cache)"
-  rm -rf "$DESKFS_HOME"
+  # Moved away rather than removed: it plays the old machine coming back at the end.
+  mv "$DESKFS_HOME" "$T/home-$kind-1.away"
   export DESKFS_HOME=$T/home-$kind-2
   out=$(dfs attach "$name" --bucket "$url" 2>&1) || fail "$kind: attach failed: $out"
   log "$out"
@@ -188,6 +189,14 @@ $(head -n 30 "$T/kill.diff")"
     log "$kind: late-file had not reached the bucket: absent$([[ $out == *late-file* ]] && echo ", reported as lost")"
   fi
   ws_umount "$MNT"
+  log "$kind: the old machine comes back: its stale copy cannot mount"
+  rc=0
+  mv "$T/home-$kind-1.away" "$T/home-$kind-1"
+  mkdir -p "$MNT2"
+  out=$(DESKFS_HOME=$T/home-$kind-1 timeout 60 "$DESKFS" mount "$name" "$MNT2" 2>&1 < /dev/null) || rc=$?
+  ((rc != 0)) || { register_mount "$MNT2"; fail "$kind: the stale copy mounted: $out"; }
+  [[ $out == *"stale"*"deskfs attach"* ]] || fail "$kind: unclear refusal of a stale copy: $out"
+  not_mounted "$MNT2" || fail "$kind: $MNT2 is mounted after the refusal"
 }
 
 bad() { # WHAT EXPECTED_SUBSTRING ARGS...: one clear line, non-zero exit, nothing created
