@@ -53,6 +53,14 @@ pub struct MountArgs {
     /// (that mount is asked to upload it at once) before failing with EIO.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub remote_wait: u64,
+    /// When close and fsync return: `local` (once the data is on this machine's disk) or
+    /// `bucket` (once it is in the bucket, for machines that may vanish with their disk).
+    #[arg(long, default_value = "local", value_name = "local|bucket")]
+    pub durability: deskfs_vfs::Durability,
+    /// With --durability bucket: how long close/fsync wait for the bucket, seconds,
+    /// before failing with EIO (the data stays in the local journal and is uploaded later).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub bucket_wait: u64,
     /// Delay between a file's last close and its upload, ms (coalesces rewrites).
     #[arg(long, default_value_t = 500, hide = true)]
     pub upload_delay_ms: u64,
@@ -235,6 +243,10 @@ pub fn mount(a: MountArgs) -> Result<()> {
         .arg(a.remote_wait.to_string())
         .arg("--upload-delay-ms")
         .arg(a.upload_delay_ms.to_string())
+        .arg("--durability")
+        .arg(a.durability.to_string())
+        .arg("--bucket-wait")
+        .arg(a.bucket_wait.to_string())
         .env("DESKFS_DAEMON_LOG", &log_path)
         .env("DESKFS_DAEMON_READY", "1")
         .stdin(Stdio::null())
@@ -320,6 +332,8 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         lease: Duration::from_secs(a.lease),
         remote_wait: Duration::from_secs(a.remote_wait),
         upload_delay: Duration::from_millis(a.upload_delay_ms),
+        durability: a.durability,
+        bucket_wait: Duration::from_secs(a.bucket_wait),
         ..VfsConfig::default()
     };
     let meta: Arc<dyn MetaEngine> = o.meta.clone();

@@ -102,7 +102,10 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let log_to_stderr = !matches!(cli.cmd, Cmd::Daemon(_));
     init_tracing(log_to_stderr);
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
@@ -153,6 +156,36 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A command line clap refuses: help and version print as clap prints them; a mistake is
+/// one line on stderr (what is wrong, the usage when clap gives one), exit status 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let mut what = Vec::new();
+    let mut usage = None;
+    for l in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(u) = l.strip_prefix("Usage:") {
+            usage = Some(u.trim().to_string());
+        } else if !l.starts_with("For more information") {
+            what.push(l.trim_start_matches("error:").trim().to_string());
+        }
+    }
+    let mut line = what.join(" ");
+    if let Some(u) = usage {
+        line.push_str(&format!(" (usage: {u})"));
+    }
+    eprintln!("deskfs: error: {line}");
+    ExitCode::from(2)
 }
 
 fn init_tracing(_stderr: bool) {

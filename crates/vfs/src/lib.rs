@@ -12,6 +12,7 @@
 mod changes;
 pub mod coherence;
 mod data;
+pub mod durability;
 pub mod error;
 pub mod feed;
 pub mod fsck;
@@ -38,6 +39,7 @@ use deskfs_cache::Cache;
 use deskfs_meta::{InodeRow, Local, MetaEngine, Op};
 
 pub use coherence::Peers;
+pub use durability::Durability;
 pub use error::{Result, VfsError};
 pub use feed::Invalidation;
 pub use locks::{LockInfo, LockType};
@@ -73,6 +75,11 @@ pub struct VfsConfig {
     /// How long an `open` waits for content that only another mount's cache holds (that
     /// mount is asked to upload it at once) before failing with `EIO`.
     pub remote_wait: Duration,
+    /// When `close`/`fsync` are acknowledged (see [`durability`]).
+    pub durability: Durability,
+    /// Under [`Durability::Bucket`]: how long a `close`/`fsync`/`fsyncdir` waits for the
+    /// bucket before failing with `EIO` (the data stays in the local journal).
+    pub bucket_wait: Duration,
 }
 
 impl Default for VfsConfig {
@@ -86,6 +93,8 @@ impl Default for VfsConfig {
             default_gid: 0,
             lease: Duration::from_secs(30),
             remote_wait: Duration::from_secs(30),
+            durability: Durability::Local,
+            bucket_wait: Duration::from_secs(30),
         }
     }
 }

@@ -24,6 +24,8 @@ pub struct VfsStatus {
     pub bucket: String,
     /// Cache directory.
     pub cache_dir: String,
+    /// When this mount acknowledges `close`/`fsync`: `local` or `bucket`.
+    pub durability: crate::Durability,
     /// Bytes in the block cache.
     pub cache_block_bytes: u64,
     /// Bytes of clean, evictable staging files.
@@ -73,6 +75,7 @@ impl Vfs {
             meta: self.meta.describe(),
             bucket: self.bucket.spec().url.clone(),
             cache_dir: self.cache.root().display().to_string(),
+            durability: self.cfg.durability,
             cache_block_bytes: c.block_bytes,
             cache_clean_bytes: c.clean_staging_bytes,
             cache_capacity: c.capacity,
