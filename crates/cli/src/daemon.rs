@@ -74,6 +74,39 @@ pub struct UmountArgs {
     /// Do not wait for pending uploads (they resume at the next mount or `deskfs sync`).
     #[arg(long)]
     pub no_wait: bool,
+    /// Longest wait for pending uploads, seconds; then it unmounts anyway (exit status 3)
+    /// and the uploads resume at the next mount or `deskfs sync`.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub timeout: u64,
+}
+
+/// `deskfs umount` unmounted, but uploads were still pending (exit status 3): they are
+/// safe in the local journal and resume at the next mount or `deskfs sync`.
+#[derive(Debug)]
+pub struct UnmountedWithPending(pub String);
+
+impl std::fmt::Display for UnmountedWithPending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UnmountedWithPending {}
+
+/// Longest time a daemon whose mount went away keeps uploading before it exits (what is
+/// left stays in the journal for the next mount or `deskfs sync`).
+const EXIT_DRAIN: Duration = Duration::from_secs(3);
+
+/// How long a daemon told to stop waits for the kernel to end its FUSE session after
+/// detaching the mount (files still open there keep it alive); then it exits anyway.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Why the daemon stops serving.
+enum Stop {
+    /// The FUSE session ended (unmounted, also lazily with nothing left open).
+    Unmounted(std::io::Result<()>),
+    /// SIGTERM or SIGINT.
+    Signal(&'static str),
 }
 
 /// Arguments of `deskfs sync`.
@@ -373,19 +406,20 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     };
     let rec_path = MountRecord::path(&a.name, pid);
     std::fs::write(&rec_path, serde_json::to_string_pretty(&rec)?)?;
-    // Signals: unmount cleanly.
-    let mnt2 = mnt.clone();
+    // The session's end and stop signals both end serving (see `Stop`).
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<Stop>();
+    let tx = stop_tx.clone();
     rt.spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let (Ok(mut term), Ok(mut int)) = (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
         ) else {
+            tracing::error!("cannot install SIGTERM/SIGINT handlers");
             return;
         };
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::info!("signal received: unmounting {}", mnt2.display());
-        let _ = fusermount_u(&mnt2, true);
+        let name = tokio::select! { _ = term.recv() => "SIGTERM", _ = int.recv() => "SIGINT" };
+        let _ = tx.send(Stop::Signal(name));
     });
     tracing::info!(workspace = %a.name, mountpoint = %mnt.display(), "mounted");
     if std::env::var_os("DESKFS_DAEMON_READY").is_some() {
@@ -407,18 +441,63 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
             mnt.display()
         );
     }
-    let res = handle.join();
-    tracing::info!("unmounted; committing and draining uploads (up to 30 s)");
-    if let Err(e) = vfs.shutdown(true, Duration::from_secs(30)) {
-        tracing::warn!(
-            "uploads still pending at exit ({e}); they resume at the next mount or `deskfs sync`"
-        );
-    }
+    std::thread::Builder::new()
+        .name("deskfs-session".into())
+        .spawn(move || {
+            let _ = stop_tx.send(Stop::Unmounted(handle.join()));
+        })
+        .context("cannot start the session thread")?;
+    let res = match stop_rx.recv() {
+        Ok(Stop::Unmounted(res)) => {
+            tracing::info!(
+                "unmounted; committing and uploading for up to {} s",
+                EXIT_DRAIN.as_secs()
+            );
+            if let Err(e) = vfs.shutdown(true, EXIT_DRAIN) {
+                tracing::debug!(error = %e, "drain at exit incomplete");
+            }
+            res
+        }
+        Ok(Stop::Signal(name)) => {
+            tracing::info!(
+                "{name} received: detaching {} and exiting; pending uploads stay in the local journal",
+                mnt.display()
+            );
+            if let Err(e) = fusermount_u(&mnt, true) {
+                tracing::debug!(error = %e, "lazy unmount at stop");
+            }
+            // Files still open under the detached tree keep the session alive: they get
+            // ENOTCONN once this process exits.
+            match stop_rx.recv_timeout(STOP_GRACE) {
+                Ok(Stop::Unmounted(_)) => {}
+                _ => tracing::warn!(
+                    "the FUSE session is still in use (files open under the detached mount); exiting anyway"
+                ),
+            }
+            if let Err(e) = vfs.shutdown(false, Duration::ZERO) {
+                tracing::warn!(error = %e, "cannot commit open files at stop");
+            }
+            Ok(())
+        }
+        Err(_) => Ok(()),
+    };
+    log_left_pending(&vfs);
     let _ = std::fs::remove_file(&rec_path);
     let _ = std::fs::remove_file(&sock);
     drop(vfs);
     rt.shutdown_timeout(Duration::from_secs(2));
     res.context("FUSE session ended with an error")
+}
+
+/// Logs what the daemon leaves pending at exit (safe in the journal for the next mount).
+fn log_left_pending(vfs: &Vfs) {
+    match deskfs_vfs::PendingSummary::read(&**vfs.meta(), 5) {
+        Ok(p) if p.pending > 0 => tracing::warn!(
+            "exiting with {p} left in the local journal; they upload at the next mount or `deskfs sync`"
+        ),
+        Ok(_) => tracing::info!("exiting with nothing left to upload"),
+        Err(e) => tracing::warn!(error = %e, "cannot read what is left to upload"),
+    }
 }
 
 /// Where the control socket goes: `run/PID.sock` in the workspace dir, or, when that path
@@ -463,23 +542,51 @@ fn spinner(msg: &str) -> indicatif::ProgressBar {
     pb
 }
 
-/// Polls pending work in the database to show progress while waiting.
+/// How often a wait that is not on a terminal logs what it waits for.
+const WAIT_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Shows what a wait waits for while it lasts, read from the metadata database: on a
+/// terminal a progress line (updated 4 times a second), otherwise a line on stderr every
+/// [`WAIT_LOG_EVERY`]. Stops when `pb` is finished.
 fn watch_pending(cfg: &WorkspaceConfig, pb: indicatif::ProgressBar) -> std::thread::JoinHandle<()> {
+    use std::io::IsTerminal;
     let url = crate::metadb::MetaUrl::parse(&cfg.meta);
+    let tty = std::io::stderr().is_terminal();
     std::thread::spawn(move || {
         let Ok(meta) = url.and_then(|u| u.open()) else {
             return;
         };
+        let start = Instant::now();
+        let mut last_log = Instant::now();
         while !pb.is_finished() {
-            if let Ok(s) = deskfs_meta::read(&*meta, |t| t.pending_stats()) {
-                pb.set_message(format!(
-                    "{} path(s) pending upload, {} failing",
-                    s.pending, s.failing
-                ));
+            if let Ok(p) = deskfs_vfs::PendingSummary::read(&*meta, 3) {
+                let line = format!("waiting for {p}");
+                if tty {
+                    pb.set_message(line);
+                } else if p.pending > 0 && last_log.elapsed() >= WAIT_LOG_EVERY {
+                    last_log = Instant::now();
+                    eprintln!("deskfs: {line} ({} s so far)", start.elapsed().as_secs());
+                }
             }
-            std::thread::sleep(Duration::from_millis(250));
+            // Short sleeps: the wait ends as soon as the caller finishes `pb`.
+            for _ in 0..5 {
+                if pb.is_finished() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     })
+}
+
+/// A spinner that draws only on a terminal (elsewhere `watch_pending` logs lines).
+fn wait_spinner(msg: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        spinner(msg)
+    } else {
+        indicatif::ProgressBar::hidden()
+    }
 }
 
 /// `deskfs umount`.
@@ -498,6 +605,8 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         }
         bail!("{} is not a deskfs mount point", mnt.display());
     };
+    // `Some(what)` when uploads were still pending as the wait ended.
+    let mut left: Option<String> = None;
     if a.no_wait {
         crate::control::request(
             &rec.socket,
@@ -505,13 +614,38 @@ pub fn umount(a: UmountArgs) -> Result<()> {
             Some(Duration::from_secs(60)),
         )?;
     } else {
-        let pb = spinner("waiting for uploads");
+        let pb = wait_spinner("waiting for uploads");
         let cfg = WorkspaceConfig::load(&rec.workspace)?;
         let w = watch_pending(&cfg, pb.clone());
-        let r = crate::control::request(&rec.socket, json!({"cmd": "sync"}), None);
+        let r = crate::control::request(
+            &rec.socket,
+            json!({"cmd": "sync", "timeout": a.timeout}),
+            // The daemon answers at its own timeout; a daemon that cannot answer at all
+            // (stuck) must not hold the unmount either.
+            Some(Duration::from_secs(a.timeout + 15)),
+        );
         pb.finish_and_clear();
         let _ = w.join();
-        r.context("waiting for uploads failed (use --no-wait to unmount anyway)")?;
+        if let Err(e) = r {
+            // Commit what is open (the sync did, unless the daemon did not answer).
+            let _ = crate::control::request(
+                &rec.socket,
+                json!({"cmd": "commit"}),
+                Some(Duration::from_secs(10)),
+            );
+            let what = match crate::metadb::MetaUrl::parse(&cfg.meta)
+                .and_then(|u| u.open())
+                .and_then(|m| Ok(deskfs_vfs::PendingSummary::read(&*m, 3)?))
+            {
+                Ok(p) => p.to_string(),
+                Err(_) => format!("uploads ({e:#})"),
+            };
+            eprintln!(
+                "deskfs: uploads did not finish within {} s (waiting for {what}); unmounting anyway",
+                a.timeout
+            );
+            left = Some(what);
+        }
     }
     fusermount_u(&mnt, false).map_err(|e| {
         anyhow!(
@@ -521,7 +655,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     })?;
     let start = Instant::now();
     while home::pid_alive(rec.pid) {
-        if start.elapsed() > Duration::from_secs(60) {
+        if start.elapsed() > Duration::from_secs(30) {
             bail!(
                 "unmounted {}, but daemon {} is still running",
                 mnt.display(),
@@ -529,6 +663,15 @@ pub fn umount(a: UmountArgs) -> Result<()> {
             );
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Some(what) = left {
+        return Err(UnmountedWithPending(format!(
+            "unmounted {}, but {what} did not reach the bucket yet: they are safe in the local journal (cache dir {}) and upload at the next mount or `deskfs sync {}`",
+            mnt.display(),
+            rec.cache_dir.display(),
+            rec.workspace
+        ))
+        .into());
     }
     println!("unmounted {}", mnt.display());
     Ok(())
@@ -539,7 +682,7 @@ pub fn sync(a: SyncArgs) -> Result<()> {
     let mounts = mounts_of(&a.name);
     let cfg = WorkspaceConfig::load(&a.name)?;
     let timeout = Duration::from_secs(a.timeout);
-    let pb = spinner("waiting for uploads");
+    let pb = wait_spinner("waiting for uploads");
     let w = watch_pending(&cfg, pb.clone());
     let res = if !mounts.is_empty() {
         let mut r = Ok(());

@@ -142,6 +142,10 @@ fn main() -> ExitCode {
     };
     match res {
         Ok(code) => code,
+        Err(e) if e.downcast_ref::<daemon::UnmountedWithPending>().is_some() => {
+            eprintln!("deskfs: {e}");
+            ExitCode::from(3)
+        }
         Err(e) => {
             // One line: the error and its causes.
             let mut msg = e.to_string();

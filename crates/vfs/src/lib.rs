@@ -44,7 +44,7 @@ pub use error::{Result, VfsError};
 pub use feed::Invalidation;
 pub use locks::{LockInfo, LockType};
 pub use session::hostname;
-pub use status::{FailedPath, VfsStatus};
+pub use status::{FailedPath, PendingSummary, VfsStatus};
 pub use types::*;
 
 use handles::{Handle, InodeState};
@@ -344,14 +344,10 @@ impl Vfs {
                 break Ok(());
             }
             if start.elapsed() > timeout {
-                let failing = deskfs_meta::read(&*self.meta, |t| t.failed_pending(1))?;
-                let why = failing
-                    .first()
-                    .and_then(|f| f.last_error.clone())
-                    .unwrap_or_else(|| "uploads still in progress".into());
+                let left = PendingSummary::read(&*self.meta, 3)?;
                 break Err(VfsError::Io(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("sync timed out: {why}"),
+                    format!("sync timed out after {} s with {left}", timeout.as_secs()),
                 )));
             }
             std::thread::sleep(Duration::from_millis(20));
