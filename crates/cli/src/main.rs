@@ -50,13 +50,14 @@ enum Cmd {
     Attach(format::AttachArgs),
     /// Mount a workspace at MOUNTPOINT (daemonizes; returns once the mount is ready).
     #[command(
-        after_help = "Examples:\n  deskfs mount work /mnt/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache --cache-size 50G\n  deskfs mount work /mnt/work --foreground     # stay attached; logs to stderr"
+        after_help = "Examples:\n  deskfs mount work /mnt/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache --cache-size 50G\n  deskfs mount work /mnt/work --durability bucket   # close/fsync return once in the bucket\n  deskfs mount work /mnt/work --foreground     # stay attached; logs to stderr"
     )]
     Mount(daemon::MountArgs),
-    /// Unmount: commit open files, wait for pending uploads (unless --no-wait), unmount.
+    /// Unmount: commit open files, wait for pending uploads (at most --timeout, unless
+    /// --no-wait), unmount.
     #[command(
         alias = "unmount",
-        after_help = "Examples:\n  deskfs umount /mnt/work\n  deskfs umount /mnt/work --no-wait   # uploads resume at the next mount or `deskfs sync`"
+        after_help = "Examples:\n  deskfs umount /mnt/work\n  deskfs umount /mnt/work --timeout 300\n  deskfs umount /mnt/work --no-wait   # uploads resume at the next mount or `deskfs sync`\n\nExit status: 0 unmounted with everything in the bucket; 3 unmounted, but uploads were\nstill pending after --timeout (they are safe in the local journal and resume at the next\nmount or `deskfs sync`); 1 not unmounted (e.g. files still open)."
     )]
     Umount(daemon::UmountArgs),
     /// Return once everything written before this command is in the bucket.
