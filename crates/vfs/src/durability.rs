@@ -6,7 +6,9 @@
 //!   The upload follows in the background.
 //! - [`Durability::Bucket`]: for machines that may vanish with their disk. `close` of a
 //!   descriptor opened for writing, and `fsync`/`fdatasync`, also wait until that content
-//!   version (or a later one) is in the bucket and recorded so; `fsync` of a directory
+//!   version (or a later one) is in the bucket and recorded so in the metadata (the inode
+//!   marked clean at that version or later; or, when a later version was committed
+//!   meanwhile, an object row naming this one); `fsync` of a directory
 //!   waits until the namespace changes under it that were pending when it was called
 //!   (creates, renames, deletes, including their content) are in the bucket.
 //!
@@ -154,7 +156,9 @@ impl Vfs {
                 // A later version that another mount committed replaced these bytes.
                 || (r.data_version > *target && r.local != here)
                 || (!r.dirty && r.data_version >= *target)
-                || t.object_with_content(ino, *target)?.is_some();
+                // Uploaded, and a later version (not clean yet) committed since.
+                || (r.data_version > *target
+                    && t.object_with_content(ino, *target)?.is_some());
             Ok(if done { Found::Done } else { Found::Waiting })
         })
     }

@@ -21,11 +21,11 @@ fn bucket_durability_close_and_fsync_return_with_the_content_in_the_bucket() {
     let h = Harness::with_config(cfg(Durability::Bucket));
     // close
     let a = h.file(ROOT_INO, "closed.txt", b"closed content");
+    assert!(!h.row(a.ino).unwrap().dirty, "recorded as clean");
     assert_eq!(
         h.bucket_file("closed.txt").as_deref(),
         Some(&b"closed content"[..])
     );
-    assert!(!h.row(a.ino).unwrap().dirty, "recorded as clean");
     // fsync without close, then a rewrite and fdatasync
     let (b, fh) = h.create_rw(ROOT_INO, "fsynced.bin");
     let data = pattern(3 << 20, 7);
