@@ -537,6 +537,10 @@ fn fusermount_u(mnt: &Path, lazy: bool) -> Result<()> {
 
 fn spinner(msg: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new_spinner();
+    // One line, cut at the terminal's width (the message names paths and errors).
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {wide_msg}") {
+        pb.set_style(style);
+    }
     pb.set_message(msg.to_string());
     pb.enable_steady_tick(Duration::from_millis(120));
     pb

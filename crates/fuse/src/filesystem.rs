@@ -570,7 +570,7 @@ impl Filesystem for DeskFs {
         flush: bool,
         reply: ReplyEmpty,
     ) {
-        let _op = self.timed(crate::stats::Op::Release);
+        let op = self.timed(crate::stats::Op::Release);
         // FUSE_RELEASE_FLOCK_UNLOCK: the open file's flock lock goes with it. Only the
         // locks taken through this open file: RELEASE is asynchronous, and the kernel may
         // already have given the same owner id (the `struct file` address) to a new open
@@ -582,12 +582,22 @@ impl Filesystem for DeskFs {
         }
         // A release that carries FUSE_RELEASE_FLUSH stands for a flush followed by the
         // release. Errors of a release never reach close(2), but the handle must be freed.
-        if flush {
-            if let Err(e) = self.vfs.flush(ino.0, fh.0) {
-                errno("release(flush)", &e);
+        // The flush may wait for the bucket (bucket durability): off the worker then.
+        let vfs = self.vfs.clone();
+        let work = move || {
+            let _op = op;
+            if flush {
+                if let Err(e) = vfs.flush(ino.0, fh.0) {
+                    errno("release(flush)", &e);
+                }
             }
+            reply_empty("release", vfs.release(ino.0, fh.0), reply);
+        };
+        if flush {
+            self.maybe_waiting(work);
+        } else {
+            work();
         }
-        reply_empty("release", self.vfs.release(ino.0, fh.0), reply);
     }
 
     fn fsync(
