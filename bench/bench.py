@@ -29,7 +29,7 @@ import report  # noqa: E402
 
 STATE = T.STATE
 SRC = os.path.join(STATE, "src")
-WORKLOADS = ["smallfiles", "untar", "git", "cargo", "npm", "lsdir", "sqlite", "seq", "fio"]
+WORKLOADS = ["smallfiles", "untar", "git", "cargo", "npm", "lsdir", "sqlite", "seq", "fio", "durable"]
 SHORT = os.environ.get("DESKFS_BENCH_SHORT") == "1"
 
 # sizes: (full, short)
@@ -39,7 +39,7 @@ SIZES = {
     "NPM_PKGS": (300, 25), "LSDIR_N": (10000, 1000),
     "SQLITE_TX": (2000, 200), "SEQ_MB": (1024, 64),
     "FIO_MB": (256, 32), "FIO_SECONDS": (20, 5),
-    "PHASE_LIMIT": (60, 30),
+    "PHASE_LIMIT": (60, 30), "DURABLE_N": (1000, 100),
 }
 
 
@@ -52,7 +52,7 @@ PHASE = size("PHASE_LIMIT")
 LIMITS = {  # hard wall limit of one workload child (s), setup + cleanup included
     "smallfiles": 5 * PHASE + 60, "untar": 4 * PHASE + 60, "git": 5 * PHASE + 60,
     "cargo": 4 * PHASE + 60, "npm": 3 * PHASE + 60, "lsdir": 4 * PHASE + 60,
-    "sqlite": 2 * PHASE + 60, "seq": 3 * PHASE + 600, "fio": 2 * size("FIO_SECONDS") + 4 * PHASE + 300,
+    "sqlite": 2 * PHASE + 60, "seq": 3 * PHASE + 600, "durable": 4 * PHASE + 240, "fio": 2 * size("FIO_SECONDS") + 4 * PHASE + 300,
 }
 
 
@@ -446,6 +446,42 @@ def w_sqlite(c):
     c.emit("insert_tx", round(k / dt, 1), "tx/s", n=k, seconds=r2(dt), partial=k < n, journal_mode=jm,
            rows=rows, integrity=ok)
     rm_rf(base, 120)
+
+
+def w_durable(c):
+    """The cost of --durability bucket: small files created and closed, and one 4 KiB
+    rewrite + fsync after another, under each durability (deskfs is remounted with it; a
+    local directory has no choice, its figures stand for both rows)."""
+    n = size("DURABLE_N")
+    data = os.urandom(4096)
+    modes = ["local", "bucket"] if isinstance(c.t, T.Deskfs) else [None]
+    for mode in modes:
+        if mode:
+            c.t.remount(extra=["--durability", mode])
+        base = c.dir("durable")
+        paths = [os.path.join(base, f"f{i:05d}") for i in range(n)]
+
+        def create(p):
+            with open(p, "wb") as f:
+                f.write(data)
+
+        k1, dt1, bad1 = timed_loop(paths, create)
+        fd = os.open(os.path.join(base, "fsynced"), os.O_WRONLY | os.O_CREAT, 0o644)
+
+        def rewrite(_):
+            os.pwrite(fd, data, 0)
+            os.fsync(fd)
+
+        k2, dt2, bad2 = timed_loop(range(n), rewrite)
+        os.close(fd)
+        for m in ([mode] if mode else ["local", "bucket"]):
+            c.emit(f"create_close_{m}", round(k1 / dt1, 1), "ops/s", n=k1, seconds=r2(dt1),
+                   partial=k1 < n, errors=bad1)
+            c.emit(f"fsync_{m}", round(k2 / dt2, 1), "ops/s", n=k2, seconds=r2(dt2),
+                   partial=k2 < n, errors=bad2)
+        rm_rf(base, PHASE)
+    if modes[0]:
+        c.t.remount(extra=[])
 
 
 def ttfb(path):

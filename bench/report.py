@@ -42,6 +42,10 @@ ROWS = [
     ("seq", "read_warm", "seq read again (warm)", "up"),
     ("fio", "randwrite", "fio 4 KiB randwrite, {FIO_MB} MiB file, {FIO_SECONDS} s", "up"),
     ("fio", "randread", "fio 4 KiB randread after remount (cold)", "up"),
+    ("durable", "create_close_local", "create+close 4 KiB ({DURABLE_N}), --durability local", "up"),
+    ("durable", "create_close_bucket", "create+close 4 KiB, --durability bucket", "up"),
+    ("durable", "fsync_local", "4 KiB rewrite + fsync, --durability local", "up"),
+    ("durable", "fsync_bucket", "4 KiB rewrite + fsync, --durability bucket", "up"),
     ("daemon", "peak_rss", "mount daemon peak RSS (VmHWM)", "down"),
 ]
 ORDER = ["local", "deskfs", "rclone", "s3fs"]

@@ -160,6 +160,8 @@ class Target:
     def __init__(self, run_id):
         self.run_id = run_id
         self.prefix = f"deskfs-bench-{run_id}-{self.name}"
+        # extra mount arguments of the current mount (see `remount`)
+        self.extra = []
 
     def mnt(self):
         return os.path.join(STATE, "mnt", self.name)
@@ -279,9 +281,12 @@ class Target:
             except OSError:
                 pass
 
-    def remount(self, fresh_cache=False):
+    def remount(self, fresh_cache=False, extra=None):
+        """Unmount and mount again; `extra`: mount arguments from now on (deskfs)."""
         self.umount()
         drop_caches()
+        if extra is not None:
+            self.extra = list(extra)
         self.mount(fresh_cache=fresh_cache)
 
     def settle(self, relpath, size, timeout=300):
@@ -366,7 +371,7 @@ class Deskfs(Target):
     def mount_argv(self):
         extra = shlex.split(os.environ.get("BENCH_DESKFS_ARGS", ""))
         return [self.bin(), "mount", self.ws, self.mnt(), "--foreground",
-                "--cache-dir", self.cache()] + extra
+                "--cache-dir", self.cache()] + extra + self.extra
 
     def umount_argv(self):
         return [self.bin(), "umount", self.mnt()]

@@ -4,7 +4,7 @@
 # rclone mount (--vfs-cache-mode full) and s3fs-fuse over the same server when installed.
 #
 #   bash scripts/bench.sh [--short] [--targets local,deskfs,rclone,s3fs] [--out DIR]
-#                         [--workloads smallfiles,untar,git,cargo,npm,lsdir,sqlite,seq,fio]
+#                         [--workloads smallfiles,untar,git,cargo,npm,lsdir,sqlite,seq,fio,durable]
 #                         [--no-build]
 #
 #   --short      small sizes (300 small files, 200-file untar, 64 MiB seq, 5 s fio, 200
@@ -13,6 +13,9 @@
 #   (default)    full sizes (5,000 small files, 5,000-file untar, 1 GiB seq, 20 s fio per
 #                direction, 2,000 sqlite tx, 60 s phase cap), all four targets (peers that are
 #                not installed are reported as not run). Results go to bench/results/.
+#   durable      (workload) the cost of `--durability bucket`: 4 KiB files created and closed,
+#                and 4 KiB rewrites + fsync, with deskfs remounted under each durability
+#                (BENCH_DURABLE_N files/fsyncs: 1,000, short 100)
 #   --no-build   use the existing target/release/deskfs (default: cargo build --release -p
 #                deskfs first, which is quick when it is up to date)
 #

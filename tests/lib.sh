@@ -397,8 +397,13 @@ ws_mount_fg() {
 }
 
 # ws_umount DIR [ARGS...]: deskfs umount (flushes, waits for uploads); DIR must be unmounted.
+# Waits for uploads up to DESKFS_UMOUNT_TIMEOUT - 30 s (umount's own --timeout, unless ARGS
+# set it or --no-wait): a test's big uploads may take longer than umount's 60 s default.
 ws_umount() {
   local dir=$1; shift
+  local a wait=(--timeout $((${DESKFS_UMOUNT_TIMEOUT:-300} - 30)))
+  for a in "$@"; do [[ $a == --timeout* || $a == --no-wait ]] && wait=(); done
+  set -- "${wait[@]}" "$@"
   log "deskfs umount $dir $*"
   DFS_TIMEOUT=${DESKFS_UMOUNT_TIMEOUT:-300} dfs_ok umount "$dir" "$@"
   wait_for 10 not_mounted "$dir" || fail "deskfs umount $dir returned 0 but $dir is still mounted"

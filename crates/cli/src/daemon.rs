@@ -53,6 +53,14 @@ pub struct MountArgs {
     /// (that mount is asked to upload it at once) before failing with EIO.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub remote_wait: u64,
+    /// When close and fsync return: `local` (once the data is on this machine's disk) or
+    /// `bucket` (once it is in the bucket, for machines that may vanish with their disk).
+    #[arg(long, default_value = "local", value_name = "local|bucket")]
+    pub durability: deskfs_vfs::Durability,
+    /// With --durability bucket: how long close/fsync wait for the bucket, seconds,
+    /// before failing with EIO (the data stays in the local journal and is uploaded later).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub bucket_wait: u64,
     /// Delay between a file's last close and its upload, ms (coalesces rewrites).
     #[arg(long, default_value_t = 500, hide = true)]
     pub upload_delay_ms: u64,
@@ -70,6 +78,39 @@ pub struct UmountArgs {
     /// Do not wait for pending uploads (they resume at the next mount or `deskfs sync`).
     #[arg(long)]
     pub no_wait: bool,
+    /// Longest wait for pending uploads, seconds; then it unmounts anyway (exit status 3)
+    /// and the uploads resume at the next mount or `deskfs sync`.
+    #[arg(long, default_value_t = 60, value_name = "SECONDS")]
+    pub timeout: u64,
+}
+
+/// `deskfs umount` unmounted, but uploads were still pending (exit status 3): they are
+/// safe in the local journal and resume at the next mount or `deskfs sync`.
+#[derive(Debug)]
+pub struct UnmountedWithPending(pub String);
+
+impl std::fmt::Display for UnmountedWithPending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UnmountedWithPending {}
+
+/// Longest time a daemon whose mount went away keeps uploading before it exits (what is
+/// left stays in the journal for the next mount or `deskfs sync`).
+const EXIT_DRAIN: Duration = Duration::from_secs(3);
+
+/// How long a daemon told to stop waits for the kernel to end its FUSE session after
+/// detaching the mount (files still open there keep it alive); then it exits anyway.
+const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Why the daemon stops serving.
+enum Stop {
+    /// The FUSE session ended (unmounted, also lazily with nothing left open).
+    Unmounted(std::io::Result<()>),
+    /// SIGTERM or SIGINT.
+    Signal(&'static str),
 }
 
 /// Arguments of `deskfs sync`.
@@ -242,6 +283,10 @@ pub fn mount(a: MountArgs) -> Result<()> {
         .arg(a.upload_delay_ms.to_string())
         .arg("--list-ttl")
         .arg(a.list_ttl.to_string())
+        .arg("--durability")
+        .arg(a.durability.to_string())
+        .arg("--bucket-wait")
+        .arg(a.bucket_wait.to_string())
         .env("DESKFS_DAEMON_LOG", &log_path)
         .env("DESKFS_DAEMON_READY", "1")
         .stdin(Stdio::null())
@@ -329,6 +374,8 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         remote_wait: Duration::from_secs(a.remote_wait),
         upload_delay: Duration::from_millis(a.upload_delay_ms),
         list_ttl: Duration::from_secs(a.list_ttl),
+        durability: a.durability,
+        bucket_wait: Duration::from_secs(a.bucket_wait),
         ..VfsConfig::default()
     };
     let meta: Arc<dyn MetaEngine> = o.meta.clone();
@@ -372,19 +419,20 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     };
     let rec_path = MountRecord::path(&a.name, pid);
     std::fs::write(&rec_path, serde_json::to_string_pretty(&rec)?)?;
-    // Signals: unmount cleanly.
-    let mnt2 = mnt.clone();
+    // The session's end and stop signals both end serving (see `Stop`).
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<Stop>();
+    let tx = stop_tx.clone();
     rt.spawn(async move {
         use tokio::signal::unix::{signal, SignalKind};
         let (Ok(mut term), Ok(mut int)) = (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
         ) else {
+            tracing::error!("cannot install SIGTERM/SIGINT handlers");
             return;
         };
-        tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-        tracing::info!("signal received: unmounting {}", mnt2.display());
-        let _ = fusermount_u(&mnt2, true);
+        let name = tokio::select! { _ = term.recv() => "SIGTERM", _ = int.recv() => "SIGINT" };
+        let _ = tx.send(Stop::Signal(name));
     });
     tracing::info!(workspace = %a.name, mountpoint = %mnt.display(), "mounted");
     if std::env::var_os("DESKFS_DAEMON_READY").is_some() {
@@ -406,22 +454,70 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
             mnt.display()
         );
     }
-    let res = handle.join();
-    tracing::info!("unmounted; committing and draining uploads (up to 30 s)");
-    if let Err(e) = vfs.shutdown(true, Duration::from_secs(30)) {
-        tracing::warn!(
-            "uploads still pending at exit ({e}); they resume at the next mount or `deskfs sync`"
-        );
-    }
+    std::thread::Builder::new()
+        .name("deskfs-session".into())
+        .spawn(move || {
+            let _ = stop_tx.send(Stop::Unmounted(handle.join()));
+        })
+        .context("cannot start the session thread")?;
+    let res = match stop_rx.recv() {
+        Ok(Stop::Unmounted(res)) => {
+            tracing::info!(
+                "unmounted; committing and uploading for up to {} s",
+                EXIT_DRAIN.as_secs()
+            );
+            if let Err(e) = vfs.shutdown(true, EXIT_DRAIN) {
+                tracing::debug!(error = %e, "drain at exit incomplete");
+            }
+            res
+        }
+        Ok(Stop::Signal(name)) => {
+            tracing::info!(
+                "{name} received: detaching {} and exiting; pending uploads stay in the local journal",
+                mnt.display()
+            );
+            if let Err(e) = fusermount_u(&mnt, true) {
+                tracing::debug!(error = %e, "lazy unmount at stop");
+            }
+            // Files still open under the detached tree keep the session alive: they get
+            // ENOTCONN once this process exits.
+            match stop_rx.recv_timeout(STOP_GRACE) {
+                Ok(Stop::Unmounted(_)) => {}
+                _ => tracing::warn!(
+                    "the FUSE session is still in use (files open under the detached mount); exiting anyway"
+                ),
+            }
+            if let Err(e) = vfs.shutdown(false, Duration::ZERO) {
+                tracing::warn!(error = %e, "cannot commit open files at stop");
+            }
+            Ok(())
+        }
+        Err(_) => Ok(()),
+    };
+    log_left_pending(&vfs);
     let _ = std::fs::remove_file(&rec_path);
     let _ = std::fs::remove_file(&sock);
     if let Some(k) = &keeper {
         let others = mounts_of(&a.name).iter().any(|m| m.pid != pid);
-        k.finish(keeper_thread, others);
+        k.finish(keeper_thread, others, KEEPER_LIMIT);
     }
     drop(vfs);
     rt.shutdown_timeout(Duration::from_secs(2));
     res.context("FUSE session ended with an error")
+}
+
+/// How long a stopping daemon (or an offline sync) waits for the last metadata backup.
+const KEEPER_LIMIT: Duration = Duration::from_secs(5);
+
+/// Logs what the daemon leaves pending at exit (safe in the journal for the next mount).
+fn log_left_pending(vfs: &Vfs) {
+    match deskfs_vfs::PendingSummary::read(&**vfs.meta(), 5) {
+        Ok(p) if p.pending > 0 => tracing::warn!(
+            "exiting with {p} left in the local journal; they upload at the next mount or `deskfs sync`"
+        ),
+        Ok(_) => tracing::info!("exiting with nothing left to upload"),
+        Err(e) => tracing::warn!(error = %e, "cannot read what is left to upload"),
+    }
 }
 
 /// Where the control socket goes: `run/PID.sock` in the workspace dir, or, when that path
@@ -461,28 +557,60 @@ fn fusermount_u(mnt: &Path, lazy: bool) -> Result<()> {
 
 fn spinner(msg: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new_spinner();
+    // One line, cut at the terminal's width (the message names paths and errors).
+    if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {wide_msg}") {
+        pb.set_style(style);
+    }
     pb.set_message(msg.to_string());
     pb.enable_steady_tick(Duration::from_millis(120));
     pb
 }
 
-/// Polls pending work in the database to show progress while waiting.
+/// How often a wait that is not on a terminal logs what it waits for.
+const WAIT_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Shows what a wait waits for while it lasts, read from the metadata database: on a
+/// terminal a progress line (updated 4 times a second), otherwise a line on stderr every
+/// [`WAIT_LOG_EVERY`]. Stops when `pb` is finished.
 fn watch_pending(cfg: &WorkspaceConfig, pb: indicatif::ProgressBar) -> std::thread::JoinHandle<()> {
+    use std::io::IsTerminal;
     let url = crate::metadb::MetaUrl::parse(&cfg.meta);
+    let tty = std::io::stderr().is_terminal();
     std::thread::spawn(move || {
         let Ok(meta) = url.and_then(|u| u.open()) else {
             return;
         };
+        let start = Instant::now();
+        let mut last_log = Instant::now();
         while !pb.is_finished() {
-            if let Ok(s) = deskfs_meta::read(&*meta, |t| t.pending_stats()) {
-                pb.set_message(format!(
-                    "{} path(s) pending upload, {} failing",
-                    s.pending, s.failing
-                ));
+            if let Ok(p) = deskfs_vfs::PendingSummary::read(&*meta, 3) {
+                let line = format!("waiting for {p}");
+                if tty {
+                    pb.set_message(line);
+                } else if p.pending > 0 && last_log.elapsed() >= WAIT_LOG_EVERY {
+                    last_log = Instant::now();
+                    eprintln!("deskfs: {line} ({} s so far)", start.elapsed().as_secs());
+                }
             }
-            std::thread::sleep(Duration::from_millis(250));
+            // Short sleeps: the wait ends as soon as the caller finishes `pb`.
+            for _ in 0..5 {
+                if pb.is_finished() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
         }
     })
+}
+
+/// A spinner that draws only on a terminal (elsewhere `watch_pending` logs lines).
+fn wait_spinner(msg: &str) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        spinner(msg)
+    } else {
+        indicatif::ProgressBar::hidden()
+    }
 }
 
 /// `deskfs umount`.
@@ -501,6 +629,8 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         }
         bail!("{} is not a deskfs mount point", mnt.display());
     };
+    // `Some(what)` when uploads were still pending as the wait ended.
+    let mut left: Option<String> = None;
     if a.no_wait {
         crate::control::request(
             &rec.socket,
@@ -508,13 +638,38 @@ pub fn umount(a: UmountArgs) -> Result<()> {
             Some(Duration::from_secs(60)),
         )?;
     } else {
-        let pb = spinner("waiting for uploads");
+        let pb = wait_spinner("waiting for uploads");
         let cfg = WorkspaceConfig::load(&rec.workspace)?;
         let w = watch_pending(&cfg, pb.clone());
-        let r = crate::control::request(&rec.socket, json!({"cmd": "sync"}), None);
+        let r = crate::control::request(
+            &rec.socket,
+            json!({"cmd": "sync", "timeout": a.timeout}),
+            // The daemon answers at its own timeout; a daemon that cannot answer at all
+            // (stuck) must not hold the unmount either.
+            Some(Duration::from_secs(a.timeout + 15)),
+        );
         pb.finish_and_clear();
         let _ = w.join();
-        r.context("waiting for uploads failed (use --no-wait to unmount anyway)")?;
+        if let Err(e) = r {
+            // Commit what is open (the sync did, unless the daemon did not answer).
+            let _ = crate::control::request(
+                &rec.socket,
+                json!({"cmd": "commit"}),
+                Some(Duration::from_secs(10)),
+            );
+            let what = match crate::metadb::MetaUrl::parse(&cfg.meta)
+                .and_then(|u| u.open())
+                .and_then(|m| Ok(deskfs_vfs::PendingSummary::read(&*m, 3)?))
+            {
+                Ok(p) => p.to_string(),
+                Err(_) => format!("uploads ({e:#})"),
+            };
+            eprintln!(
+                "deskfs: uploads did not finish within {} s (waiting for {what}); unmounting anyway",
+                a.timeout
+            );
+            left = Some(what);
+        }
     }
     fusermount_u(&mnt, false).map_err(|e| {
         anyhow!(
@@ -524,7 +679,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     })?;
     let start = Instant::now();
     while home::pid_alive(rec.pid) {
-        if start.elapsed() > Duration::from_secs(60) {
+        if start.elapsed() > Duration::from_secs(30) {
             bail!(
                 "unmounted {}, but daemon {} is still running",
                 mnt.display(),
@@ -532,6 +687,15 @@ pub fn umount(a: UmountArgs) -> Result<()> {
             );
         }
         std::thread::sleep(Duration::from_millis(50));
+    }
+    if let Some(what) = left {
+        return Err(UnmountedWithPending(format!(
+            "unmounted {}, but {what} did not reach the bucket yet: they are safe in the local journal (cache dir {}) and upload at the next mount or `deskfs sync {}`",
+            mnt.display(),
+            rec.cache_dir.display(),
+            rec.workspace
+        ))
+        .into());
     }
     println!("unmounted {}", mnt.display());
     Ok(())
@@ -542,7 +706,7 @@ pub fn sync(a: SyncArgs) -> Result<()> {
     let mounts = mounts_of(&a.name);
     let cfg = WorkspaceConfig::load(&a.name)?;
     let timeout = Duration::from_secs(a.timeout);
-    let pb = spinner("waiting for uploads");
+    let pb = wait_spinner("waiting for uploads");
     let w = watch_pending(&cfg, pb.clone());
     let res = if !mounts.is_empty() {
         let mut r = Ok(());
@@ -607,7 +771,7 @@ fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
         let keeper = std::thread::spawn(move || -> Result<()> {
             if let Some(k) = crate::keeper::for_workspace(&o, &rth)? {
                 let r = k.flush().map(|_| ());
-                k.finish(None, !mounts_of(&o.cfg.name).is_empty());
+                k.finish(None, !mounts_of(&o.cfg.name).is_empty(), KEEPER_LIMIT);
                 r?;
             }
             Ok(())

@@ -15,6 +15,10 @@ use deskfs_bucket::Bucket;
 use deskfs_meta::MetaEngine;
 use tokio::runtime::Handle;
 
+/// How long a starting mount waits for the bucket to hand it the lease before it mounts
+/// anyway (the lease is then taken before the first backup).
+const LEASE_AT_START: Duration = Duration::from_secs(10);
+
 /// Background flush period.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(5);
 
@@ -58,13 +62,27 @@ impl Keeper {
         workspace_id: String,
     ) -> Result<Arc<Keeper>> {
         let db = lease::db_id(&*meta)?;
-        let held = match rt.block_on(lease::take_for_mount(&bucket, &workspace_id, &db)) {
-            Ok(h) => Some(h),
-            Err(e @ deskfs_backup::BackupError::Leased(_)) => return Err(anyhow!("{e}")),
+        let take = rt.block_on(async {
+            tokio::time::timeout(
+                LEASE_AT_START,
+                lease::take_for_mount(&bucket, &workspace_id, &db),
+            )
+            .await
+        });
+        let held = match take {
+            Ok(Ok(h)) => Some(h),
+            Ok(Err(e @ deskfs_backup::BackupError::Leased(_))) => return Err(anyhow!("{e}")),
             // The bucket is down: the mount works (writes wait in the journal); the lease
             // is taken before the first backup is written.
-            Err(e) => {
+            Ok(Err(e)) => {
                 tracing::warn!("cannot take the workspace lease now ({e}); retried before the first metadata backup");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "the bucket did not answer within {} s for the workspace lease; retried before the first metadata backup",
+                    LEASE_AT_START.as_secs()
+                );
                 None
             }
         };
@@ -198,8 +216,15 @@ impl Keeper {
     }
 
     /// Stops the thread, writes a last backup and releases the lease (unless
-    /// `keep_lease`: another live mount of this database on this host still holds it).
-    pub fn finish(&self, thread: Option<std::thread::JoinHandle<()>>, keep_lease: bool) {
+    /// `keep_lease`: another live mount of this database on this host still holds it),
+    /// waiting at most `limit`: a daemon told to stop exits promptly even when the bucket
+    /// does not answer (the change marks stay; the next mount or `deskfs sync` writes them).
+    pub fn finish(
+        self: &Arc<Self>,
+        thread: Option<std::thread::JoinHandle<()>>,
+        keep_lease: bool,
+        limit: Duration,
+    ) {
         self.stop.store(true, Ordering::Release);
         {
             let (m, cv) = &self.wake;
@@ -208,16 +233,27 @@ impl Keeper {
             }
             cv.notify_all();
         }
-        if let Some(t) = thread {
-            let _ = t.join();
-        }
-        if let Err(e) = self.flush() {
+        let k = self.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("deskfs-keeper-last".into())
+            .spawn(move || {
+                if let Some(t) = thread {
+                    let _ = t.join();
+                }
+                if let Err(e) = k.flush() {
+                    tracing::warn!("last metadata backup failed ({e}); the next mount or `deskfs sync` writes it");
+                }
+                if !keep_lease {
+                    k.renew(LeaseState::Released);
+                }
+                let _ = tx.send(());
+            });
+        if spawned.is_ok() && rx.recv_timeout(limit).is_err() {
             tracing::warn!(
-                "last metadata backup failed ({e}); the next mount or `deskfs sync` writes it"
+                "the last metadata backup did not finish within {} s (bucket slow or down); the next mount or `deskfs sync` writes it",
+                limit.as_secs()
             );
-        }
-        if !keep_lease {
-            self.renew(LeaseState::Released);
         }
     }
 }

@@ -53,13 +53,14 @@ enum Cmd {
     Attach(format::AttachArgs),
     /// Mount a workspace at MOUNTPOINT (daemonizes; returns once the mount is ready).
     #[command(
-        after_help = "Examples:\n  deskfs mount work /mnt/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache --cache-size 50G\n  deskfs mount work /mnt/work --foreground     # stay attached; logs to stderr"
+        after_help = "Examples:\n  deskfs mount work /mnt/work\n  deskfs mount work /mnt/work --cache-dir /nvme/deskfs-cache --cache-size 50G\n  deskfs mount work /mnt/work --durability bucket   # close/fsync return once in the bucket\n  deskfs mount work /mnt/work --foreground     # stay attached; logs to stderr"
     )]
     Mount(daemon::MountArgs),
-    /// Unmount: commit open files, wait for pending uploads (unless --no-wait), unmount.
+    /// Unmount: commit open files, wait for pending uploads (at most --timeout, unless
+    /// --no-wait), unmount.
     #[command(
         alias = "unmount",
-        after_help = "Examples:\n  deskfs umount /mnt/work\n  deskfs umount /mnt/work --no-wait   # uploads resume at the next mount or `deskfs sync`"
+        after_help = "Examples:\n  deskfs umount /mnt/work\n  deskfs umount /mnt/work --timeout 300\n  deskfs umount /mnt/work --no-wait   # uploads resume at the next mount or `deskfs sync`\n\nExit status: 0 unmounted with everything in the bucket; 3 unmounted, but uploads were\nstill pending after --timeout (they are safe in the local journal and resume at the next\nmount or `deskfs sync`); 1 not unmounted (e.g. files still open)."
     )]
     Umount(daemon::UmountArgs),
     /// Return once everything written before this command is in the bucket.
@@ -105,7 +106,10 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return usage_error(e),
+    };
     let log_to_stderr = !matches!(cli.cmd, Cmd::Daemon(_));
     init_tracing(log_to_stderr);
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
@@ -142,6 +146,10 @@ fn main() -> ExitCode {
     };
     match res {
         Ok(code) => code,
+        Err(e) if e.downcast_ref::<daemon::UnmountedWithPending>().is_some() => {
+            eprintln!("deskfs: {e}");
+            ExitCode::from(3)
+        }
         Err(e) => {
             // One line: the error and its causes.
             let mut msg = e.to_string();
@@ -156,6 +164,36 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A command line clap refuses: help and version print as clap prints them; a mistake is
+/// one line on stderr (what is wrong, the usage when clap gives one), exit status 2.
+fn usage_error(e: clap::Error) -> ExitCode {
+    use clap::error::ErrorKind;
+    if matches!(
+        e.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    ) {
+        e.exit();
+    }
+    let text = e.render().to_string();
+    let mut what = Vec::new();
+    let mut usage = None;
+    for l in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        if let Some(u) = l.strip_prefix("Usage:") {
+            usage = Some(u.trim().to_string());
+        } else if !l.starts_with("For more information") {
+            what.push(l.trim_start_matches("error:").trim().to_string());
+        }
+    }
+    let mut line = what.join(" ");
+    if let Some(u) = usage {
+        line.push_str(&format!(" (usage: {u})"));
+    }
+    eprintln!("deskfs: error: {line}");
+    ExitCode::from(2)
 }
 
 fn init_tracing(_stderr: bool) {

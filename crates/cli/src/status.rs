@@ -34,6 +34,7 @@ fn workspace_status(name: &str) -> Result<Value> {
             "pid": m.pid,
             "mountpoint": m.mountpoint,
             "cache_dir": m.cache_dir,
+            "durability": live.as_ref().and_then(|l| l.get("durability")).cloned(),
             "log": m.log,
             "live": live,
         }));
@@ -240,6 +241,11 @@ pub fn run(a: StatusArgs) -> Result<()> {
             );
             if let Some(l) = m.get("live").filter(|l| !l.is_null()) {
                 let lg = |k: &str| l.get(k).and_then(Value::as_u64).unwrap_or(0);
+                match l.get("durability").and_then(Value::as_str) {
+                    Some("bucket") => println!("  durability    bucket (close/fsync return once the data is in the bucket)"),
+                    Some(d) => println!("  durability    {d} (close/fsync return once the data is on the local disk)"),
+                    None => {}
+                }
                 println!(
                     "  cache         {} in blocks, {} clean copies, cap {}; {} open files",
                     human(lg("cache_block_bytes")),
@@ -255,7 +261,7 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 }
                 for wv in l["waiting_for"].as_array().cloned().unwrap_or_default() {
                     println!(
-                        "  waiting       open of inode {} (version {}) waits {:.1} s for cache {} to upload it",
+                        "  waiting       inode {} (version {}) waited {:.1} s so far for cache {} to upload it",
                         wv["ino"], wv["version"], wv["waited_s"].as_f64().unwrap_or(0.0), wv["holder"]
                     );
                 }

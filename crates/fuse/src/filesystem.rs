@@ -60,6 +60,30 @@ impl DeskFs {
         crate::stats::timed(op)
     }
 
+    /// Runs `f` (a request that replies itself) on a thread of its own when it may wait
+    /// for the bucket (bucket durability: close, fsync and fsyncdir wait for uploads), so
+    /// the FUSE workers keep serving other requests; else right here.
+    fn maybe_waiting(&self, f: impl FnOnce() + Send + 'static) {
+        if self.vfs.durability() != deskfs_vfs::Durability::Bucket {
+            return f();
+        }
+        let f = std::sync::Arc::new(std::sync::Mutex::new(Some(f)));
+        let g = f.clone();
+        let spawned = std::thread::Builder::new()
+            .name("deskfs-durable".into())
+            .spawn(move || {
+                if let Some(f) = g.lock().ok().and_then(|mut o| o.take()) {
+                    f();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot start a thread for a durable wait; waiting on the worker");
+            if let Some(f) = f.lock().ok().and_then(|mut o| o.take()) {
+                f();
+            }
+        }
+    }
+
     /// How long the kernel may cache attributes now.
     fn attr_ttl(&self) -> Duration {
         if self.vfs.shared() {
@@ -419,15 +443,19 @@ impl Filesystem for DeskFs {
         lock_owner: LockOwner,
         reply: ReplyEmpty,
     ) {
-        let _op = self.timed(crate::stats::Op::Flush);
+        let op = self.timed(crate::stats::Op::Flush);
         // The writes first, then the locks: close(2) of any descriptor drops the
         // process's POSIX locks on the file, and the next holder (maybe on another host)
         // must read what was written under them.
-        let res = self.vfs.flush(ino.0, fh.0);
-        if let Err(e) = self.vfs.release_locks(ino.0, lock_owner.0) {
-            errno("flush(unlock)", &e);
-        }
-        reply_empty("flush", res, reply);
+        let vfs = self.vfs.clone();
+        self.maybe_waiting(move || {
+            let _op = op;
+            let res = vfs.flush(ino.0, fh.0);
+            if let Err(e) = vfs.release_locks(ino.0, lock_owner.0) {
+                errno("flush(unlock)", &e);
+            }
+            reply_empty("flush", res, reply);
+        });
     }
 
     fn fallocate(
@@ -542,7 +570,7 @@ impl Filesystem for DeskFs {
         flush: bool,
         reply: ReplyEmpty,
     ) {
-        let _op = self.timed(crate::stats::Op::Release);
+        let op = self.timed(crate::stats::Op::Release);
         // FUSE_RELEASE_FLOCK_UNLOCK: the open file's flock lock goes with it. Only the
         // locks taken through this open file: RELEASE is asynchronous, and the kernel may
         // already have given the same owner id (the `struct file` address) to a new open
@@ -554,12 +582,22 @@ impl Filesystem for DeskFs {
         }
         // A release that carries FUSE_RELEASE_FLUSH stands for a flush followed by the
         // release. Errors of a release never reach close(2), but the handle must be freed.
-        if flush {
-            if let Err(e) = self.vfs.flush(ino.0, fh.0) {
-                errno("release(flush)", &e);
+        // The flush may wait for the bucket (bucket durability): off the worker then.
+        let vfs = self.vfs.clone();
+        let work = move || {
+            let _op = op;
+            if flush {
+                if let Err(e) = vfs.flush(ino.0, fh.0) {
+                    errno("release(flush)", &e);
+                }
             }
+            reply_empty("release", vfs.release(ino.0, fh.0), reply);
+        };
+        if flush {
+            self.maybe_waiting(work);
+        } else {
+            work();
         }
-        reply_empty("release", self.vfs.release(ino.0, fh.0), reply);
     }
 
     fn fsync(
@@ -570,8 +608,12 @@ impl Filesystem for DeskFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _op = self.timed(crate::stats::Op::Fsync);
-        reply_empty("fsync", self.vfs.fsync(ino.0, fh.0, datasync), reply);
+        let op = self.timed(crate::stats::Op::Fsync);
+        let vfs = self.vfs.clone();
+        self.maybe_waiting(move || {
+            let _op = op;
+            reply_empty("fsync", vfs.fsync(ino.0, fh.0, datasync), reply);
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -668,8 +710,12 @@ impl Filesystem for DeskFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        let _op = self.timed(crate::stats::Op::Fsyncdir);
-        reply_empty("fsyncdir", self.vfs.fsyncdir(ino.0), reply);
+        let op = self.timed(crate::stats::Op::Fsyncdir);
+        let vfs = self.vfs.clone();
+        self.maybe_waiting(move || {
+            let _op = op;
+            reply_empty("fsyncdir", vfs.fsyncdir(ino.0), reply);
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {

@@ -379,6 +379,10 @@ pub trait MetaTxn {
     fn pending_upto(&mut self, upto: u64) -> Result<bool>;
     /// The most recent failures (path, attempts, error), newest first.
     fn failed_pending(&mut self, limit: usize) -> Result<Vec<PendingRow>>;
+    /// Up to `limit` pending rows marked at or before sequence number `upto` whose path
+    /// is `dir` itself or lies under it (`dir` empty: every path), oldest mark first. Used
+    /// by `fsync` of a directory under bucket durability.
+    fn pending_under(&mut self, dir: &[u8], upto: u64, limit: usize) -> Result<Vec<PendingRow>>;
 
     // ---- sessions (leases), open files, locks ----
     /// The database's clock, ns since the Unix epoch. Lease times (heartbeats, expiry)

@@ -26,7 +26,7 @@ macro_rules! engine_suite {
             root_and_direct_reads, batch_create_and_lookup, batch_is_atomic,
             expectations, nlink_purge_and_opens, commit_content_versions, xattr_modes,
             mark_inode_hard_links, fencing, alloc_inos_unique, typed_errors_and_retries,
-            dentries_and_cookies, pending_gen_and_seq, objects_subtree_range, change_feed,
+            dentries_and_cookies, pending_gen_and_seq, pending_under_a_dir, objects_subtree_range, change_feed,
             sessions_locks_opens, wanted_uploads, concurrent_mounts, usage_and_orphans,
             keyed_transactions_serialise, paths_up_to_path_max);
     };
@@ -811,6 +811,40 @@ pub(crate) fn pending_gen_and_seq(f: &dyn Fixture) {
     assert!(st.last_seq >= s2);
     txn(&*e, |t| t.finish_pending(b"x", rows[0].gen)).unwrap();
     assert!(!read(&*e, |t| t.pending_upto(s2)).unwrap());
+}
+
+/// The pending rows of a directory's subtree marked up to a barrier (fsync of a
+/// directory under bucket durability): the dir itself and paths under it, not a sibling
+/// that shares its name as a prefix, not rows marked after the barrier.
+pub(crate) fn pending_under_a_dir(f: &dyn Fixture) {
+    let e = f.engine();
+    let mut last = 0;
+    for p in ["d", "d/a", "d/sub/b", "d.txt", "dd", "e"] {
+        last = txn(&*e, |t| t.mark_pending(p.as_bytes(), false, 10)).unwrap();
+    }
+    let paths = |dir: &[u8], upto: u64| -> Vec<String> {
+        read(&*e, |t| t.pending_under(dir, upto, 100))
+            .unwrap()
+            .into_iter()
+            .map(|r| String::from_utf8(r.path).unwrap())
+            .collect()
+    };
+    assert_eq!(paths(b"d", last), ["d", "d/a", "d/sub/b"]);
+    assert_eq!(paths(b"d/sub", last), ["d/sub/b"]);
+    assert_eq!(paths(b"", last).len(), 6, "the root covers everything");
+    let later = txn(&*e, |t| t.mark_pending(b"d/new", false, 10)).unwrap();
+    assert_eq!(
+        paths(b"d", last),
+        ["d", "d/a", "d/sub/b"],
+        "marked after the barrier"
+    );
+    assert_eq!(paths(b"d", later).len(), 4);
+    assert_eq!(
+        read(&*e, |t| t.pending_under(b"d", later, 2))
+            .unwrap()
+            .len(),
+        2
+    );
 }
 
 pub(crate) fn objects_subtree_range(f: &dyn Fixture) {

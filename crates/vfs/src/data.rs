@@ -1116,16 +1116,24 @@ impl Vfs {
     }
 
     /// `flush` (every `close` of a descriptor): commits the file's writes so that they
-    /// survive a crash of the daemon and are uploaded.
-    pub fn flush(&self, ino: Ino, _fh: u64) -> Result<()> {
-        self.locked(ino, |s| {
+    /// survive a crash of the daemon and are uploaded. Under bucket durability, a
+    /// descriptor opened for writing then waits until that content is in the bucket
+    /// (`EIO` past the bound; see [`crate::durability`]).
+    pub fn flush(&self, ino: Ino, fh: u64) -> Result<()> {
+        let version = self.locked(ino, |s| {
             self.commit_locked(ino, s, false)?;
             if s.create_guard.is_some() && !s.uncommitted {
                 // Closed without a write: the create's writer lock goes.
                 s.writes_settled();
             }
-            Ok(())
-        })
+            Ok(s.version)
+        })?;
+        if self.durability() == crate::Durability::Bucket && self.handle(fh).is_ok_and(|h| h.write)
+        {
+            // Outside the inode's lock: the uploader takes it.
+            self.await_durable(ino, version)?;
+        }
+        Ok(())
     }
 
     /// `release` (last close of an open file description): commits, removes the open's
@@ -1206,9 +1214,14 @@ impl Vfs {
     }
 
     /// `fsync`/`fdatasync`: the file's data and metadata are on stable local storage when
-    /// this returns (the upload follows in the background).
+    /// this returns (the upload follows in the background); under bucket durability, also
+    /// in the bucket (`EIO` past the bound; see [`crate::durability`]).
     pub fn fsync(&self, ino: Ino, _fh: u64, _datasync: bool) -> Result<()> {
-        self.locked(ino, |s| self.commit_locked(ino, s, true))
+        let version = self.locked(ino, |s| {
+            self.commit_locked(ino, s, true)?;
+            Ok(s.version)
+        })?;
+        self.await_durable(ino, version)
     }
 
     /// Truncate (or extend with zeros) to `size` bytes and commit.

@@ -12,6 +12,7 @@
 mod changes;
 pub mod coherence;
 mod data;
+pub mod durability;
 pub mod error;
 pub mod external;
 pub mod feed;
@@ -39,11 +40,12 @@ use deskfs_cache::Cache;
 use deskfs_meta::{InodeRow, Local, MetaEngine, Op};
 
 pub use coherence::Peers;
+pub use durability::Durability;
 pub use error::{Result, VfsError};
 pub use feed::Invalidation;
 pub use locks::{LockInfo, LockType};
 pub use session::hostname;
-pub use status::{FailedPath, VfsStatus};
+pub use status::{FailedPath, PendingSummary, VfsStatus};
 pub use types::*;
 
 use handles::{Handle, InodeState};
@@ -74,6 +76,11 @@ pub struct VfsConfig {
     /// How long an `open` waits for content that only another mount's cache holds (that
     /// mount is asked to upload it at once) before failing with `EIO`.
     pub remote_wait: Duration,
+    /// When `close`/`fsync` are acknowledged (see [`durability`]).
+    pub durability: Durability,
+    /// Under [`Durability::Bucket`]: how long a `close`/`fsync`/`fsyncdir` waits for the
+    /// bucket before failing with `EIO` (the data stays in the local journal).
+    pub bucket_wait: Duration,
 }
 
 impl Default for VfsConfig {
@@ -87,6 +94,8 @@ impl Default for VfsConfig {
             default_gid: 0,
             lease: Duration::from_secs(30),
             remote_wait: Duration::from_secs(30),
+            durability: Durability::Local,
+            bucket_wait: Duration::from_secs(30),
         }
     }
 }
@@ -339,14 +348,10 @@ impl Vfs {
                 break Ok(());
             }
             if start.elapsed() > timeout {
-                let failing = deskfs_meta::read(&*self.meta, |t| t.failed_pending(1))?;
-                let why = failing
-                    .first()
-                    .and_then(|f| f.last_error.clone())
-                    .unwrap_or_else(|| "uploads still in progress".into());
+                let left = PendingSummary::read(&*self.meta, 3)?;
                 break Err(VfsError::Io(std::io::Error::new(
                     std::io::ErrorKind::TimedOut,
-                    format!("sync timed out: {why}"),
+                    format!("sync timed out after {} s with {left}", timeout.as_secs()),
                 )));
             }
             std::thread::sleep(Duration::from_millis(20));

@@ -1280,10 +1280,12 @@ impl Vfs {
         Ok(())
     }
 
-    /// `fsyncdir`: makes every committed namespace change durable.
-    pub fn fsyncdir(&self, _ino: Ino) -> Result<()> {
+    /// `fsyncdir`: makes every committed namespace change durable; under bucket
+    /// durability also waits until the changes under the directory that were pending are
+    /// in the bucket (`EIO` past the bound; see [`crate::durability`]).
+    pub fn fsyncdir(&self, ino: Ino) -> Result<()> {
         self.meta.make_durable()?;
-        Ok(())
+        self.await_dir_durable(ino)
     }
 
     /// `statfs`: a 1 PiB volume minus the bytes in use; inodes likewise.

@@ -27,7 +27,8 @@ pub struct RemoteWait {
     pub ino: Ino,
     /// Content version waited for.
     pub version: u64,
-    /// Cache id that holds it.
+    /// Cache id that holds it (this mount's own under bucket durability: a close or
+    /// fsync waiting for its upload).
     pub holder: u64,
     /// Seconds waited so far.
     pub waited_s: f64,
@@ -51,13 +52,30 @@ impl RemoteWaits {
     }
 
     /// Sleeps until woken or `d` passed.
-    fn sleep(&self, d: Duration) {
+    pub(crate) fn sleep(&self, d: Duration) {
         let g = self.uploaded.lock().unwrap_or_else(|p| p.into_inner());
         let start = *g;
         let _ = self
             .cv
             .wait_timeout_while(g, d, |v| *v == start)
             .map(|(g, _)| drop(g));
+    }
+
+    /// Lists a wait for content version `version` of `ino` held by cache `holder`
+    /// (status), begun at `since`.
+    pub(crate) fn begin(&self, ino: Ino, version: u64, holder: u64, since: Instant) {
+        self.waits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert((ino, version), (holder, since));
+    }
+
+    /// Ends a wait listed by [`RemoteWaits::begin`].
+    pub(crate) fn end(&self, ino: Ino, version: u64) {
+        self.waits
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&(ino, version));
     }
 
     /// The waits in progress.

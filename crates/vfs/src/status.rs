@@ -2,6 +2,8 @@
 
 use serde::Serialize;
 
+use deskfs_meta::MetaEngine;
+
 use crate::{Result, Vfs};
 
 /// A path whose upload keeps failing.
@@ -24,6 +26,8 @@ pub struct VfsStatus {
     pub bucket: String,
     /// Cache directory.
     pub cache_dir: String,
+    /// When this mount acknowledges `close`/`fsync`: `local` or `bucket`.
+    pub durability: crate::Durability,
     /// Bytes in the block cache.
     pub cache_block_bytes: u64,
     /// Bytes of clean, evictable staging files.
@@ -73,6 +77,7 @@ impl Vfs {
             meta: self.meta.describe(),
             bucket: self.bucket.spec().url.clone(),
             cache_dir: self.cache.root().display().to_string(),
+            durability: self.cfg.durability,
             cache_block_bytes: c.block_bytes,
             cache_clean_bytes: c.clean_staging_bytes,
             cache_capacity: c.capacity,
@@ -99,5 +104,78 @@ impl Vfs {
             waiting_for: self.remote.list(),
             engine: self.meta.counters(),
         })
+    }
+}
+
+/// What is still waiting for the bucket, for progress lines and timeout messages of
+/// `deskfs sync` / `umount`: counts and a few paths, failing ones first.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct PendingSummary {
+    /// Paths waiting for the uploader.
+    pub pending: u64,
+    /// Of those, failing ones.
+    pub failing: u64,
+    /// Up to the requested number of them (`attempts` 0 and an empty `error`: not tried
+    /// yet or in progress).
+    pub first: Vec<FailedPath>,
+}
+
+/// Longest error text a [`PendingSummary`] line shows per path, characters.
+const ERROR_SHOWN: usize = 120;
+
+impl PendingSummary {
+    /// Reads the summary from the metadata engine: up to `limit` paths, failing first.
+    /// Errors: the engine's.
+    pub fn read(meta: &dyn MetaEngine, limit: usize) -> Result<PendingSummary> {
+        let (stats, failed, due) = deskfs_meta::read(meta, |t| {
+            Ok::<_, crate::VfsError>((
+                t.pending_stats()?,
+                t.failed_pending(limit)?,
+                t.due_pending(i64::MAX, limit)?,
+            ))
+        })?;
+        let mut first: Vec<FailedPath> = Vec::new();
+        for r in failed.into_iter().chain(due) {
+            // NUL-led paths name no file (orphans' uploads).
+            let path =
+                String::from_utf8_lossy(r.path.strip_prefix(b"\0").unwrap_or(&r.path)).into_owned();
+            if first.len() >= limit || first.iter().any(|f| f.path == path) {
+                continue;
+            }
+            first.push(FailedPath {
+                path,
+                attempts: r.attempts,
+                error: r.last_error.unwrap_or_default(),
+            });
+        }
+        Ok(PendingSummary {
+            pending: stats.pending,
+            failing: stats.failing,
+            first,
+        })
+    }
+}
+
+impl std::fmt::Display for PendingSummary {
+    /// `3 upload(s): a/b.db-shm (attempt 5: not found), c.txt (in progress), …`
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} upload(s)", self.pending)?;
+        for (i, p) in self.first.iter().enumerate() {
+            f.write_str(if i == 0 { ": " } else { ", " })?;
+            if p.attempts > 0 {
+                let line = p.error.lines().next().unwrap_or("");
+                let mut e: String = line.chars().take(ERROR_SHOWN).collect();
+                if e.len() < line.len() {
+                    e.push('…');
+                }
+                write!(f, "{} (attempt {}: {e})", p.path, p.attempts)?;
+            } else {
+                write!(f, "{} (in progress)", p.path)?;
+            }
+        }
+        if (self.first.len() as u64) < self.pending {
+            f.write_str(", …")?;
+        }
+        Ok(())
     }
 }

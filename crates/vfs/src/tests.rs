@@ -21,6 +21,7 @@ use crate::{now_ns, Attr, Ctx, DirEntry, Ino, Kind, Result, Vfs, VfsConfig, ROOT
 mod bucket;
 mod converge;
 mod data;
+mod durability;
 mod feed;
 mod fsck;
 mod import;

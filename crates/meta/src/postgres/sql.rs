@@ -249,6 +249,12 @@ queries! {
         (SELECT count(*) FROM pending WHERE attempts > 0),
         (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pending_seq)";
     PendingUpto = "SELECT EXISTS (SELECT 1 FROM pending WHERE seq <= $1)";
+    PendingUptoRows = concat!("SELECT ", pending_cols!(),
+        " FROM pending WHERE seq <= $1 ORDER BY seq LIMIT $2");
+    PendingUnder = concat!("SELECT ", pending_cols!(),
+        " FROM pending WHERE seq <= $1
+         AND (path_key = sha256($2::bytea) OR (path >= $3::bytea AND path < $4::bytea))
+         ORDER BY seq LIMIT $5");
     FailedPending = concat!("SELECT ", pending_cols!(),
         " FROM pending WHERE attempts > 0 ORDER BY due DESC LIMIT $1");
     DbNow = "SELECT (extract(epoch FROM clock_timestamp()) * 1000000000)::bigint";

@@ -555,6 +555,19 @@ impl MetaTxn for PgTxn<'_> {
         col(&self.one(Q::PendingUpto, &[&i(upto)])?, 0)
     }
 
+    fn pending_under(&mut self, dir: &[u8], upto: u64, limit: usize) -> Result<Vec<PendingRow>> {
+        let rows = if dir.is_empty() {
+            self.query(Q::PendingUptoRows, &[&i(upto), &(limit as i64)])?
+        } else {
+            let (lo, hi) = rows::subtree_bounds(dir);
+            self.query(
+                Q::PendingUnder,
+                &[&i(upto), &dir, &lo, &hi, &(limit as i64)],
+            )?
+        };
+        rows.iter().map(rows::pending).collect()
+    }
+
     fn failed_pending(&mut self, limit: usize) -> Result<Vec<PendingRow>> {
         self.query(Q::FailedPending, &[&(limit as i64)])?
             .iter()

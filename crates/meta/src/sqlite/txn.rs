@@ -444,6 +444,21 @@ impl MetaTxn for SqlTxn<'_> {
         Ok(st.exists(params![upto as i64])?)
     }
 
+    fn pending_under(&mut self, dir: &[u8], upto: u64, limit: usize) -> Result<Vec<PendingRow>> {
+        let (lo, hi) = subtree_bounds(dir);
+        let mut st = self.conn.prepare_cached(&format!(
+            "SELECT {PENDING_COLS} FROM pending
+             WHERE seq<=?1 AND (path=?2 OR (path>=?3 AND path<?4)) ORDER BY seq LIMIT ?5"
+        ))?;
+        let v = st
+            .query_map(
+                params![upto as i64, dir, lo, hi, limit as i64],
+                pending_from_row,
+            )?
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(v)
+    }
+
     fn failed_pending(&mut self, limit: usize) -> Result<Vec<PendingRow>> {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {PENDING_COLS} FROM pending WHERE attempts>0 ORDER BY due DESC LIMIT ?1"
