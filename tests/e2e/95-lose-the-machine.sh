@@ -189,6 +189,56 @@ $(head -n 30 "$T/kill.diff")"
     log "$kind: late-file had not reached the bucket: absent$([[ $out == *late-file* ]] && echo ", reported as lost")"
   fi
   ws_umount "$MNT"
+  log "$kind: --durability bucket: the machine lost right after fsync and close returned"
+  ws_mount "$name" "$MNT" --durability bucket --upload-delay-ms 600000
+  pid=$(daemon_pid "$name")
+  python3 - "$MNT" <<'PY'
+import os, sys
+m = sys.argv[1]
+d = os.path.join(m, "durable")
+os.makedirs(d)
+p = os.path.join(d, "fsynced")
+fd = os.open(p, os.O_CREAT | os.O_WRONLY, 0o600)
+os.write(fd, b"fsynced bytes\n" * 50)
+os.fchmod(fd, 0o710)
+os.setxattr(p, "user.tag", b"durable")
+os.utime(p, ns=(1_111_111_111_222_333_444, 1_111_111_111_222_333_444))
+os.fsync(fd)
+os.close(fd)
+with open(os.path.join(d, "closed"), "wb") as f:
+    f.write(b"closed bytes\n" * 70)
+dfd = os.open(d, os.O_RDONLY)
+os.fsync(dfd)
+os.close(dfd)
+PY
+  kill -KILL "$pid"
+  wait_for 10 bash -c "! kill -0 $pid 2>/dev/null" || fail "$kind: daemon survived kill -9"
+  force_unmount "$MNT" || true
+  rm -rf "$DESKFS_HOME"
+  export DESKFS_HOME=$T/home-$kind-4
+  out=$(dfs attach "$name" --bucket "$url" --take-over 2>&1) || fail "$kind: attach after the durable phase failed: $out"
+  ws_mount "$name" "$MNT"
+  python3 - "$MNT" <<'PY' || fail "$kind: --durability bucket lost something the machine acknowledged"
+import os, stat, sys
+m = sys.argv[1]
+p = os.path.join(m, "durable", "fsynced")
+errs = []
+if open(p, "rb").read() != b"fsynced bytes\n" * 50:
+    errs.append("fsynced: content")
+st = os.stat(p)
+if stat.S_IMODE(st.st_mode) != 0o710:
+    errs.append(f"fsynced: mode {stat.S_IMODE(st.st_mode):o}")
+if st.st_mtime_ns != 1_111_111_111_222_333_444:
+    errs.append(f"fsynced: mtime {st.st_mtime_ns}")
+if os.getxattr(p, "user.tag") != b"durable":
+    errs.append("fsynced: xattr")
+if open(os.path.join(m, "durable", "closed"), "rb").read() != b"closed bytes\n" * 70:
+    errs.append("closed: content")
+if errs:
+    print("; ".join(errs), file=sys.stderr)
+    sys.exit(1)
+PY
+  ws_umount "$MNT"
   log "$kind: the old machine comes back: its stale copy cannot mount"
   rc=0
   mv "$T/home-$kind-1.away" "$T/home-$kind-1"

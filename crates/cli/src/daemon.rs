@@ -404,6 +404,13 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     let run_dir = ws_dir(&a.name).join("run");
     std::fs::create_dir_all(&run_dir)?;
     let sock = control_socket_path(&run_dir, pid)?;
+    if let Some(k) = &keeper {
+        // Under --durability bucket, fsync/fsyncdir also wait for the metadata backup.
+        let k = k.clone();
+        vfs.set_namespace_barrier(Box::new(move || {
+            k.flush().map(|_| ()).map_err(|e| e.to_string())
+        }));
+    }
     crate::control::serve(rt.handle(), &sock, vfs.clone(), keeper.clone())?;
     let keeper_thread = match &keeper {
         Some(k) => Some(k.start()?),

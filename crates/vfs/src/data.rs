@@ -1221,7 +1221,8 @@ impl Vfs {
             self.commit_locked(ino, s, true)?;
             Ok(s.version)
         })?;
-        self.await_durable(ino, version)
+        self.await_durable(ino, version)?;
+        self.namespace_durable()
     }
 
     /// Truncate (or extend with zeros) to `size` bytes and commit.

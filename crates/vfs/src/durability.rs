@@ -28,6 +28,10 @@ use deskfs_meta::{Ino, Kind, ROOT_INO};
 
 use crate::{now_ns, Result, Vfs, VfsError};
 
+/// Puts what objects cannot carry (the metadata backup) into the bucket; returns once it
+/// is there. Errors are reported to the caller as `EIO`.
+pub type NamespaceBarrier = Box<dyn Fn() -> std::result::Result<(), String> + Send + Sync>;
+
 /// Where `close`/`fsync` data must be before they return (see the module docs).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -85,6 +89,32 @@ impl Vfs {
     /// The mount's durability choice.
     pub fn durability(&self) -> Durability {
         self.cfg.durability
+    }
+
+    /// Sets the namespace barrier: under [`Durability::Bucket`], `fsync` and `fsyncdir`
+    /// return only after it did (the mount's metadata backup, so that what they made
+    /// durable survives the loss of the machine with its modes, links and xattrs too).
+    /// Set once; later calls are ignored.
+    pub fn set_namespace_barrier(&self, f: NamespaceBarrier) {
+        let _ = self.namespace_barrier.set(f);
+    }
+
+    /// Under [`Durability::Bucket`], runs the namespace barrier (if one is set). Errors:
+    /// `EIO` naming what failed (the data stays committed and uploaded; the backup is
+    /// written at the next flush).
+    pub(crate) fn namespace_durable(&self) -> Result<()> {
+        if self.cfg.durability != Durability::Bucket {
+            return Ok(());
+        }
+        let Some(f) = self.namespace_barrier.get() else {
+            return Ok(());
+        };
+        f().map_err(|why| {
+            tracing::error!(why = %why, "durability bucket: the metadata backup could not be written; fsync fails with EIO");
+            VfsError::Io(std::io::Error::other(format!(
+                "metadata backup not written: {why}"
+            )))
+        })
     }
 
     /// Under [`Durability::Bucket`], waits until content version `version` of `ino` (0:

@@ -121,6 +121,10 @@ pub struct Vfs {
     pub(crate) coherence: coherence::Coherence,
     /// Delivers invalidations to the kernel (set by the FUSE adapter's owner).
     pub(crate) invalidator: std::sync::OnceLock<feed::Invalidator>,
+    /// Under bucket durability, run after an `fsync`/`fsyncdir`'s content reached the
+    /// bucket: puts the namespace facts objects cannot carry there too (see
+    /// [`Vfs::set_namespace_barrier`]).
+    pub(crate) namespace_barrier: std::sync::OnceLock<durability::NamespaceBarrier>,
     /// Invalidations queued for the feed thread (see [`feed`]).
     pub(crate) deferred: Mutex<Vec<Invalidation>>,
     /// When the request path last queued work for the uploader or served a request, ns
@@ -208,6 +212,7 @@ impl Vfs {
             fetches: data::Inflight::default(),
             coherence: coherence::Coherence::default(),
             invalidator: std::sync::OnceLock::new(),
+            namespace_barrier: std::sync::OnceLock::new(),
             deferred: Mutex::new(Vec::new()),
             last_mark_ns: std::sync::atomic::AtomicI64::new(0),
             locks: locks::LocalLocks::default(),

@@ -1285,7 +1285,8 @@ impl Vfs {
     /// in the bucket (`EIO` past the bound; see [`crate::durability`]).
     pub fn fsyncdir(&self, ino: Ino) -> Result<()> {
         self.meta.make_durable()?;
-        self.await_dir_durable(ino)
+        self.await_dir_durable(ino)?;
+        self.namespace_durable()
     }
 
     /// `statfs`: a 1 PiB volume minus the bytes in use; inodes likewise.
