@@ -111,6 +111,15 @@ fn main() -> ExitCode {
         Err(e) => return usage_error(e),
     };
     let log_to_stderr = !matches!(cli.cmd, Cmd::Daemon(_));
+    if log_to_stderr && !matches!(cli.cmd, Cmd::Mount(_)) {
+        // A command whose output goes to a closed pipe (`deskfs status | head`) ends
+        // quietly, as Unix tools do, instead of panicking in `println!`. Not for the
+        // daemon (or `mount --foreground`), which must never die of a client's pipe.
+        // SAFETY: restoring the default disposition of one signal before any thread runs.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     init_tracing(log_to_stderr);
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     let res = match cli.cmd {
