@@ -112,3 +112,53 @@ fn sync_waits_for_content_that_came_back_from_another_cache() {
         "sync returned before this mount's rewrite reached the bucket"
     );
 }
+
+/// A write to a file whose content is only in the bucket downloads it first; when the
+/// object it resolved is removed meanwhile (an uploader's copy to the file's new key and
+/// delete of the old one, on another mount), the download resolves the source again and
+/// reads the new object, instead of failing the write with `EIO` (91-bucket-convergence,
+/// seed 55: "request failed with EIO op=write error=object not found").
+#[test]
+fn a_write_downloading_content_whose_object_moved_reads_the_new_object() {
+    let h = Harness::build(
+        VfsConfig {
+            upload_delay: Duration::from_secs(3600),
+            ..test_cfg()
+        },
+        |b| std::fs::write(b.join("a"), b"content in the bucket").unwrap(),
+    );
+    let a = h.walk("a").unwrap();
+    let row = h.row(a.ino).expect("imported row");
+    assert_ne!(row.local, h.here(), "content only in the bucket");
+    // Another mount's uploader copied the content to key "b" and deleted "a"; its
+    // records of that land a moment later.
+    std::fs::copy(h.bucket_dir().join("a"), h.bucket_dir().join("b")).unwrap();
+    std::fs::remove_file(h.bucket_dir().join("a")).unwrap();
+    let rt = h.rt.as_ref().expect("runtime");
+    let etag = rt.block_on(h.bucket().head("b")).unwrap().and_then(|x| x.etag);
+    let (other, _sid) = super::feed::other_mount(&h);
+    let moved = deskfs_meta::ObjectRow {
+        path: b"b".to_vec(),
+        key: "b".into(),
+        ino: a.ino,
+        kind: Kind::File,
+        data_version: row.data_version,
+        meta_stamp: row.ctime_ns,
+        etag,
+        size: row.size,
+    };
+    let records = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        txn(&*other, |t| {
+            t.put_object(&moved)?;
+            t.delete_object(b"a")
+        })
+        .unwrap();
+    });
+    let fh = h.op(a.ino, libc::O_RDWR);
+    let n = h.write(a.ino, fh, 0, b"CONTENT");
+    records.join().unwrap();
+    assert_eq!(n.expect("write while the object moved"), 7);
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(h.cat(a.ino), b"CONTENT in the bucket");
+}
