@@ -587,11 +587,51 @@ impl Vfs {
 
     /// Downloads the whole content of `row` (its current version) into a new file of its
     /// own beside the staging file (another mount sharing this cache dir may download
-    /// the same inode at the same time), fsynced; returns its path.
+    /// the same inode at the same time), fsynced; returns its path. The object it reads
+    /// may be replaced or removed meanwhile (an uploader's copy and delete after a rename,
+    /// here or on another mount): then the source is resolved again, as
+    /// [`Vfs::read_remote`] does, for up to `remote_wait`. Errors: `EIO` (the content is
+    /// nowhere readable, or kept moving).
     pub(crate) fn download_full(&self, row: &InodeRow) -> Result<std::path::PathBuf> {
-        let src = deskfs_meta::read(&*self.meta, |t| {
+        let start = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_millis(2);
+        let mut moved = false;
+        loop {
+            match self.download_full_once(row, moved) {
+                // The conditional reads guarantee no bytes of another object were kept.
+                Err(VfsError::Bucket(BucketError::Changed(key) | BucketError::NotFound(key)))
+                    if start.elapsed() < self.cfg.remote_wait =>
+                {
+                    tracing::debug!(
+                        ino = row.ino,
+                        key,
+                        "object replaced during a download; resolving again"
+                    );
+                    moved = true;
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(std::time::Duration::from_millis(100));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One attempt of [`Vfs::download_full`]. After the object of an earlier attempt
+    /// `moved`, content found in no object may be in a cache only (kept there before its
+    /// last bucket copy went): its holder is asked to upload it, and waited for.
+    fn download_full_once(&self, row: &InodeRow, moved: bool) -> Result<std::path::PathBuf> {
+        let mut src = deskfs_meta::read(&*self.meta, |t| {
             t.object_with_content(row.ino, row.data_version)
         })?;
+        if src.is_none() && moved {
+            let cur = self.meta.get_inode(row.ino)?.ok_or(VfsError::Stale)?;
+            if cur.data_version == row.data_version {
+                self.await_remote_content(&cur)?;
+                src = deskfs_meta::read(&*self.meta, |t| {
+                    t.object_with_content(row.ino, row.data_version)
+                })?;
+            }
+        }
         let Some(src) = src else {
             return Err(io_err(format!(
                 "content of inode {} version {} is neither local nor in the bucket",

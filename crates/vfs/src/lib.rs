@@ -366,7 +366,9 @@ impl Vfs {
     }
 
     /// Whether every pending path older than `barrier` holds content only other mounts'
-    /// caches have (their uploaders do those; see [`uploader::UploaderShared::is_elsewhere`]).
+    /// caches have (their uploaders do those): found so by this mount's uploader at the
+    /// row's present state (see [`uploader::UploaderShared::is_elsewhere`]), so content
+    /// that came here since is waited for.
     fn only_others_pending(&self, barrier: u64) -> Result<bool> {
         const LOOK: usize = 1024;
         let rows = deskfs_meta::read(&*self.meta, |t| t.due_pending(i64::MAX, LOOK))?;
@@ -374,7 +376,7 @@ impl Vfs {
             && rows
                 .iter()
                 .filter(|r| r.seq <= barrier)
-                .all(|r| self.uploader.is_elsewhere(&r.path)))
+                .all(|r| self.uploader.is_elsewhere(r)))
     }
 
     /// Commits all open files' writes (as `close` would) without waiting for uploads.

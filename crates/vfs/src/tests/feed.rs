@@ -21,7 +21,7 @@ fn record(h: &Harness) -> Seen {
 
 /// A second connection to the workspace's database acting as another mount's session
 /// (another host, so this mount never reaps it as a dead local process).
-fn other_mount(h: &Harness) -> (std::sync::Arc<dyn deskfs_meta::MetaEngine>, u64) {
+pub(super) fn other_mount(h: &Harness) -> (std::sync::Arc<dyn deskfs_meta::MetaEngine>, u64) {
     let other = h.db.open();
     let sid = txn(&*other, |t| t.register_session("other-host", 1, now_ns())).unwrap();
     other.log_changes_as(sid).unwrap();

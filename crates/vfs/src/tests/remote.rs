@@ -35,3 +35,130 @@ fn a_wanted_inode_that_lost_its_name_is_uploaded_as_an_orphan() {
         "the request is answered"
     );
 }
+
+/// Content that hops from another mount's cache to this one: found to be the other
+/// mount's to upload, then uploaded by it (for a waiting open), then rewritten here. The
+/// sync barrier waits for this mount's upload of the rewrite: the earlier finding was
+/// about another state of the path's pending row (91-bucket-convergence, seed 55:
+/// `deskfs sync` returned while the bucket still held the other mount's version).
+#[test]
+fn sync_waits_for_content_that_came_back_from_another_cache() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"one");
+    h.sync_all();
+    // The other mount (its own cache) writes "two" and commits it, not uploaded yet.
+    let (other, _sid) = super::feed::other_mount(&h);
+    let theirs = deskfs_meta::Local::At(h.cache.id() ^ 0x5a5a);
+    let mut row = h.row(f.ino).expect("row");
+    row.data_version += 1;
+    row.size = 3;
+    row.local = theirs;
+    row.dirty = true;
+    row.ctime_ns = now_ns();
+    row.mtime_ns = row.ctime_ns;
+    txn(&*other, |t| {
+        t.update_inode(&row)?;
+        t.mark_pending(b"f", false, now_ns())
+    })
+    .unwrap();
+    // This mount's uploader finds the path is the other mount's to do.
+    let pending = || {
+        read(&*h.meta, |t| t.due_pending(i64::MAX, 16))
+            .unwrap()
+            .into_iter()
+            .find(|p| p.path == b"f")
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), || pending()
+            .is_some_and(|p| h.uploader.is_elsewhere(&p))),
+        "the uploader never found f to be the other mount's"
+    );
+    // The other mount uploads "two" (an open here waits for it) and records it.
+    let gen = pending().expect("still pending").gen;
+    let rt = h.rt.as_ref().expect("runtime");
+    let put = rt
+        .block_on(
+            h.bucket()
+                .put_bytes("f", bytes::Bytes::from_static(b"two"), None),
+        )
+        .unwrap();
+    txn(&*other, |t| {
+        t.put_object(&deskfs_meta::ObjectRow {
+            path: b"f".to_vec(),
+            key: "f".into(),
+            ino: f.ino,
+            kind: Kind::File,
+            data_version: row.data_version,
+            meta_stamp: row.ctime_ns,
+            etag: put.etag.clone(),
+            size: 3,
+        })?;
+        t.finish_pending(b"f", gen)?;
+        let mut r = t.get_inode(f.ino)?.expect("row");
+        r.dirty = false;
+        t.update_inode(&r)
+    })
+    .unwrap();
+    // This mount rewrites it: the content is this cache's now.
+    let fh = h.op(f.ino, libc::O_RDWR);
+    h.put(f.ino, fh, 0, b"THREE");
+    h.flush(f.ino, fh).unwrap();
+    h.release(f.ino, fh).unwrap();
+    assert_eq!(h.row(f.ino).expect("row").local, h.here());
+    h.sync_all();
+    assert_eq!(
+        h.bucket_file("f").as_deref(),
+        Some(&b"THREE"[..]),
+        "sync returned before this mount's rewrite reached the bucket"
+    );
+}
+
+/// A write to a file whose content is only in the bucket downloads it first; when the
+/// object it resolved is removed meanwhile (an uploader's copy to the file's new key and
+/// delete of the old one, on another mount), the download resolves the source again and
+/// reads the new object, instead of failing the write with `EIO` (91-bucket-convergence,
+/// seed 55: "request failed with EIO op=write error=object not found").
+#[test]
+fn a_write_downloading_content_whose_object_moved_reads_the_new_object() {
+    let h = Harness::build(
+        VfsConfig {
+            upload_delay: Duration::from_secs(3600),
+            ..test_cfg()
+        },
+        |b| std::fs::write(b.join("a"), b"content in the bucket").unwrap(),
+    );
+    let a = h.walk("a").unwrap();
+    let row = h.row(a.ino).expect("imported row");
+    assert_ne!(row.local, h.here(), "content only in the bucket");
+    // Another mount's uploader copied the content to key "b" and deleted "a"; its
+    // records of that land a moment later.
+    std::fs::copy(h.bucket_dir().join("a"), h.bucket_dir().join("b")).unwrap();
+    std::fs::remove_file(h.bucket_dir().join("a")).unwrap();
+    let rt = h.rt.as_ref().expect("runtime");
+    let etag = rt.block_on(h.bucket().head("b")).unwrap().and_then(|x| x.etag);
+    let (other, _sid) = super::feed::other_mount(&h);
+    let moved = deskfs_meta::ObjectRow {
+        path: b"b".to_vec(),
+        key: "b".into(),
+        ino: a.ino,
+        kind: Kind::File,
+        data_version: row.data_version,
+        meta_stamp: row.ctime_ns,
+        etag,
+        size: row.size,
+    };
+    let records = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        txn(&*other, |t| {
+            t.put_object(&moved)?;
+            t.delete_object(b"a")
+        })
+        .unwrap();
+    });
+    let fh = h.op(a.ino, libc::O_RDWR);
+    let n = h.write(a.ino, fh, 0, b"CONTENT");
+    records.join().unwrap();
+    assert_eq!(n.expect("write while the object moved"), 7);
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(h.cat(a.ino), b"CONTENT in the bucket");
+}
