@@ -248,7 +248,7 @@ impl Vfs {
             let mut left = Vec::new();
             for r in rows {
                 // NUL-led paths name no file (orphans' uploads).
-                if r.path.first() == Some(&0) || self.uploader.is_elsewhere(&r.path) {
+                if r.path.first() == Some(&0) || self.uploader.is_elsewhere(&r) {
                     continue;
                 }
                 let skipped = match skip.get(&r.path) {
