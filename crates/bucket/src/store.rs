@@ -57,6 +57,18 @@ pub struct PutInfo {
     pub size: u64,
 }
 
+impl PutInfo {
+    /// Whether another put of the same key replaced this one's object before its ETag
+    /// was read (local bucket: the ETag is then one no object has, see `local_etag`): the
+    /// bucket does not hold what this put wrote. Object stores overwrite silently, so
+    /// there a HEAD is the only way to tell.
+    pub fn replaced(&self) -> bool {
+        self.etag
+            .as_deref()
+            .is_some_and(|e| e.ends_with("-replaced\""))
+    }
+}
+
 /// A bucket (or a prefix of one) opened through `object_store`.
 #[derive(Clone)]
 pub struct Bucket {

@@ -210,6 +210,27 @@ impl Harness {
         Vfs::new(meta, bucket, Arc::new(cache), cfg.clone(), rt.clone()).expect("Vfs::new")
     }
 
+    /// A second mount of this workspace with a cache dir of its own (`cache_dir` under
+    /// the temp dir): same metadata database (a connection of its own), same bucket,
+    /// its own uploader on this runtime. Stopped when the returned guard drops.
+    pub(crate) fn second_mount(&self, cache_dir: &str) -> OtherMount {
+        let url = format!("file://{}", self.bucket_dir().display());
+        let spec = BucketSpec::parse(&url).expect("bucket url");
+        let bucket = Bucket::open(&spec, true).expect("open bucket");
+        let cache = Cache::open(&self.tmp.path().join(cache_dir), 64 << 20, 1 << 20)
+            .expect("open second cache");
+        let rt = self.rt.as_ref().expect("runtime").handle();
+        let vfs = Vfs::new(
+            self.db.open(),
+            bucket,
+            Arc::new(cache),
+            self.cfg.clone(),
+            rt.clone(),
+        )
+        .expect("second Vfs::new");
+        OtherMount(vfs)
+    }
+
     /// The live VFS, for moving into other threads.
     pub(crate) fn arc(&self) -> Arc<Vfs> {
         self.vfs.clone().expect("vfs is mounted")
@@ -454,6 +475,24 @@ impl Harness {
             .collect();
         v.sort();
         v
+    }
+}
+
+/// A second mount made by [`Harness::second_mount`]; derefs to its [`Vfs`], shuts it down
+/// when dropped.
+pub(crate) struct OtherMount(Arc<Vfs>);
+
+impl Deref for OtherMount {
+    type Target = Arc<Vfs>;
+    fn deref(&self) -> &Arc<Vfs> {
+        &self.0
+    }
+}
+
+impl Drop for OtherMount {
+    fn drop(&mut self) {
+        let _ = self.0.shutdown(false, Duration::from_secs(5));
+        wait_until(Duration::from_secs(10), || Arc::strong_count(&self.0) == 1);
     }
 }
 

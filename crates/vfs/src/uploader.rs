@@ -49,6 +49,9 @@ pub(crate) struct UploaderShared {
     /// Paths whose object held an unrecorded ETag at an upload's check, with that ETag and
     /// when it was first seen (see `bucket_side_check`).
     foreign_seen: std::sync::Mutex<HashMap<Vec<u8>, (String, Instant)>>,
+    /// Holds tests put on uploads ([`PutGate`]).
+    #[cfg(test)]
+    pub(crate) gates: std::sync::Mutex<Vec<Arc<PutGate>>>,
 }
 
 /// A pending row found to be another mount's to upload, and the state of the row it was
@@ -566,7 +569,7 @@ async fn apply(vfs: &Arc<Vfs>, path: &[u8], snap: Snapshot) -> Result<Outcome> {
             record(vfs, path, &key, &r, r.data_version, put.etag, 0).await?;
             Ok(Outcome::Done)
         }
-        Kind::File => reconcile_file(vfs, path, &key, r, obj, snap.src).await,
+        Kind::File => reconcile_file(vfs, path, &key, r, obj, snap.src, &snap.obj).await,
         Kind::Symlink => {
             if obj
                 .as_ref()
@@ -603,6 +606,7 @@ async fn reconcile_file(
     r: InodeRow,
     obj: Option<ObjectRow>,
     src: Option<ObjectRow>,
+    prior: &Option<ObjectRow>,
 ) -> Result<Outcome> {
     if let Some(o) = &obj {
         if o.ino == r.ino && o.data_version == r.data_version && o.meta_stamp == r.ctime_ns {
@@ -678,6 +682,8 @@ async fn reconcile_file(
         if let Some(out) = bucket_side_check(vfs, path, key, &r, obj.as_ref()).await? {
             return Ok(out);
         }
+        #[cfg(test)]
+        gate(vfs, path, GatePoint::BeforePut).await;
         let put = vfs.bucket.put_file(key, &staging, Some(&meta)).await?;
         // The staging file may have changed while it was read: only a file whose version,
         // write generation and on-disk times held still is recorded as that version.
@@ -695,26 +701,26 @@ async fn reconcile_file(
             record(vfs, path, key, &r, 0, put.etag, put.size).await?;
             return Ok(Outcome::Defer(Duration::from_millis(200)));
         }
-        record(vfs, path, key, &r, r.data_version, put.etag, put.size).await?;
-        mark_clean(vfs, r.ino, r.data_version, Some(put.size)).await?;
-        served(vfs, r.ino).await;
-        return Ok(Outcome::Done);
+        #[cfg(test)]
+        gate(vfs, path, GatePoint::BeforeRecord).await;
+        let out = record_upload(vfs, path, key, &r, prior, put.etag, put.size, true).await?;
+        if matches!(out, Outcome::Done) {
+            served(vfs, r.ino).await;
+        }
+        return Ok(out);
     }
     if r.size == 0 {
         if let Some(out) = bucket_side_check(vfs, path, key, &r, obj.as_ref()).await? {
             return Ok(out);
         }
         let put = vfs.bucket.put_bytes(key, Bytes::new(), Some(&meta)).await?;
-        record(vfs, path, key, &r, r.data_version, put.etag, 0).await?;
-        mark_clean(vfs, r.ino, r.data_version, Some(0)).await?;
-        return Ok(Outcome::Done);
+        return record_upload(vfs, path, key, &r, prior, put.etag, 0, true).await;
     }
     match src {
         Some(s) if s.key != key => {
             vfs.bucket.copy(&s.key, key).await?;
             let etag = vfs.bucket.head(key).await?.and_then(|h| h.etag);
-            record(vfs, path, key, &r, r.data_version, etag, r.size).await?;
-            Ok(Outcome::Done)
+            record_upload(vfs, path, key, &r, prior, etag, r.size, false).await
         }
         Some(_) => {
             // Same object, new attributes, content not local: fetch it, then re-upload.
@@ -726,6 +732,51 @@ async fn reconcile_file(
             "content of inode {} (version {}) is neither local nor in the bucket",
             r.ino, r.data_version
         )))),
+    }
+}
+
+/// Where a test holds an upload of one path ([`PutGate`]).
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GatePoint {
+    /// After the checks, before the PUT of a staging file.
+    BeforePut,
+    /// After that PUT landed, before it is recorded.
+    BeforeRecord,
+}
+
+/// A test's hold on this mount's upload of one path at one point, so two mounts' puts
+/// of one key can be made to land and be recorded in a chosen order.
+#[cfg(test)]
+pub(crate) struct PutGate {
+    pub(crate) path: Vec<u8>,
+    pub(crate) point: GatePoint,
+    /// Set when the upload reached the point (it waits there).
+    pub(crate) reached: AtomicBool,
+    /// Set by the test to let it go on.
+    pub(crate) released: AtomicBool,
+}
+
+#[cfg(test)]
+async fn gate(vfs: &Arc<Vfs>, path: &[u8], point: GatePoint) {
+    let g = vfs
+        .uploader
+        .gates
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .find(|g| g.path == path && g.point == point)
+        .cloned();
+    if let Some(g) = g {
+        g.reached.store(true, Ordering::SeqCst);
+        while !g.released.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        vfs.uploader
+            .gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|x| !Arc::ptr_eq(x, &g));
     }
 }
 
@@ -976,6 +1027,163 @@ pub(crate) fn record_in(t: &mut dyn deskfs_meta::MetaTxn, row: &ObjectRow) -> Re
     Ok(())
 }
 
+/// What [`record_checked`] found about a put it was asked to record.
+#[derive(Debug, PartialEq, Eq)]
+enum Landing {
+    /// Recorded; `Some(size)` when that also marked the inode clean.
+    Recorded(Option<u64>),
+    /// Another put may have raced with this one: a HEAD must tell whose object is in the
+    /// bucket before anything is recorded.
+    Unverified,
+    /// Not the newest content of the path (any more): recorded if its object is in place
+    /// (so the record tells the truth), and the path marked for its newest content.
+    Superseded,
+    /// The newest content, but another put replaced its object: the path is marked and
+    /// this upload done again.
+    Overwritten,
+}
+
+/// Records the put (or copy) of `r`'s content version at `path` (object `key`, ETag
+/// `etag`, `size` bytes) and, with `clean`, marks the inode clean — in one transaction,
+/// and only for an object the bucket holds. The bucket has no conditional PUT deskfs can
+/// rely on (Garage ignores `If-Match` on PUT; `file://` has none), so two mounts can put
+/// one key at once — one an older version (its reconcile began before the other mount
+/// took the content over) that may land last. Without a check the newer version's record
+/// and clean flag named an object the bucket no longer held: conditional reads failed
+/// for `remote_wait` and then with `EIO`, and the only copy of the newer content, its
+/// holder's staging file, was evictable (91-bucket-convergence, seed 55).
+///
+/// Cost on the common path: none beyond the record's reads. A HEAD is made only when
+/// something raced: the path's record changed since the reconcile's snapshot `before`
+/// (another put was recorded meanwhile), or the version put is no longer the inode's or
+/// the path no longer names it. A `file://` put whose object another put replaced
+/// before its ETag was read ([`deskfs_bucket::PutInfo::replaced`]) needs none.
+/// The uploader that learns its put landed over newer content (a superseded one, found
+/// in place) records what the bucket really holds and makes the newest content's holder
+/// upload it again, its inode dirty (so never evicted) until then.
+#[allow(clippy::too_many_arguments)]
+async fn record_upload(
+    vfs: &Arc<Vfs>,
+    path: &[u8],
+    key: &str,
+    r: &InodeRow,
+    before: &Option<ObjectRow>,
+    etag: Option<String>,
+    size: u64,
+    clean: bool,
+) -> Result<Outcome> {
+    let replaced = deskfs_bucket::PutInfo {
+        etag: etag.clone(),
+        size,
+    }
+    .replaced();
+    let row = ObjectRow {
+        path: path.to_vec(),
+        key: key.to_string(),
+        ino: r.ino,
+        kind: r.kind,
+        data_version: r.data_version,
+        meta_stamp: r.ctime_ns,
+        etag,
+        size,
+    };
+    // `Some(in place)` once the bucket was asked (or the put itself told).
+    let mut verified = replaced.then_some(false);
+    loop {
+        let (rw, before) = (row.clone(), before.clone());
+        let landing = blocking(vfs, move |v| {
+            deskfs_meta::txn(&*v.meta, |t| {
+                record_checked(t, &rw, &before, verified, clean)
+            })
+        })
+        .await?;
+        match landing {
+            Landing::Unverified if verified.is_none() => {
+                let held = vfs.bucket.head(key).await?.and_then(|h| h.etag);
+                let in_place = held.is_some() && held == row.etag;
+                if !in_place {
+                    tracing::info!(
+                        key,
+                        ino = r.ino,
+                        version = r.data_version,
+                        "another put of this key landed after ours"
+                    );
+                }
+                verified = Some(in_place);
+            }
+            Landing::Unverified => {
+                return Err(VfsError::Io(std::io::Error::other(
+                    "uploader: a verified put asked for verification again",
+                )))
+            }
+            Landing::Recorded(cleaned) => {
+                if let Some(sz) = cleaned {
+                    blocking(vfs, move |v| {
+                        v.after_clean(row.ino, row.data_version, sz);
+                        Ok(())
+                    })
+                    .await?;
+                }
+                return Ok(Outcome::Done);
+            }
+            Landing::Superseded => return Ok(Outcome::Done),
+            Landing::Overwritten => return Ok(Outcome::Defer(Duration::from_millis(200))),
+        }
+    }
+}
+
+/// The transaction of [`record_upload`]: records `row` (and marks its inode clean with
+/// `clean`) when nothing raced with its put or `verified` says its object is in place;
+/// see [`Landing`] for the rest.
+fn record_checked(
+    t: &mut dyn deskfs_meta::MetaTxn,
+    row: &ObjectRow,
+    before: &Option<ObjectRow>,
+    verified: Option<bool>,
+    clean: bool,
+) -> Result<Landing> {
+    let now = t.get_object(&row.path)?;
+    let inode = t.get_inode(row.ino)?;
+    let named = t.paths_of(row.ino)?.contains(&row.path);
+    let current = named
+        && inode
+            .as_ref()
+            .is_some_and(|i| i.data_version == row.data_version);
+    match verified {
+        None if now != *before || !current => return Ok(Landing::Unverified),
+        Some(false) if current => {
+            t.mark_pending(&row.path, false, now_ns())?;
+            return Ok(Landing::Overwritten);
+        }
+        Some(false) => return Ok(Landing::Superseded),
+        _ => {}
+    }
+    record_in(t, row)?;
+    if !current {
+        // Our object replaced the path's newest content (or is about to be replaced by
+        // it): the record says what the bucket holds, and the holder of the newest
+        // content uploads it again — dirty until then, so its copy is never evicted.
+        t.mark_pending(&row.path, false, now_ns())?;
+        if let Some(ino) = resolve(t, &row.path)? {
+            if let Some(mut i) = t.get_inode(ino)? {
+                if i.kind == Kind::File && !i.dirty && matches!(i.local, Local::At(_)) {
+                    i.dirty = true;
+                    t.update_inode(&i)?;
+                }
+            }
+        }
+        return Ok(Landing::Superseded);
+    }
+    match inode {
+        Some(mut i) if clean && i.dirty && i.size == row.size => {
+            i.dirty = false;
+            t.update_inode(&i)?;
+            Ok(Landing::Recorded(Some(i.size)))
+        }
+        _ => Ok(Landing::Recorded(None)),
+    }
+}
+
 /// If another mount waits for `ino`'s content, tell it the upload is done.
 async fn served(vfs: &Arc<Vfs>, ino: Ino) {
     let was = vfs
@@ -1003,17 +1211,7 @@ async fn mark_clean(vfs: &Arc<Vfs>, ino: Ino, version: u64, size: Option<u64>) -
             Ok(None)
         })?;
         if let Some(sz) = clean {
-            if !v.is_open(ino) {
-                v.cache.staging_clean(ino, sz);
-            } else {
-                // Evictable once closed.
-                let st = v.inodes.lock().ok().and_then(|m| m.get(&ino).cloned());
-                if let Some(st) = st {
-                    if let Ok(mut s) = st.lock() {
-                        s.clean_at_close = Some(version);
-                    }
-                }
-            }
+            v.after_clean(ino, version, sz);
         }
         Ok(())
     })
@@ -1021,6 +1219,21 @@ async fn mark_clean(vfs: &Arc<Vfs>, ino: Ino, version: u64, size: Option<u64>) -
 }
 
 impl Vfs {
+    /// After `ino` was marked clean at content `version` (`size` bytes): its staging file
+    /// becomes evictable (once closed, if open).
+    fn after_clean(&self, ino: Ino, version: u64, size: u64) {
+        if !self.is_open(ino) {
+            self.cache.staging_clean(ino, size);
+        } else {
+            let st = self.inodes.lock().ok().and_then(|m| m.get(&ino).cloned());
+            if let Some(st) = st {
+                if let Ok(mut s) = st.lock() {
+                    s.clean_at_close = Some(version);
+                }
+            }
+        }
+    }
+
     /// Evicts clean staging files when the cache is over its cap (never dirty or open ones).
     pub(crate) fn evict(&self) {
         for ino in self.cache.over_capacity() {

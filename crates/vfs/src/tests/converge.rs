@@ -5,7 +5,10 @@
 use deskfs_meta::{read, txn, ObjectRow};
 
 use super::*;
-use crate::uploader::{forget_removed, record_in};
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::SeqCst;
+
+use crate::uploader::{forget_removed, record_in, GatePoint, PutGate};
 
 /// The record an upload of `ino`'s content at `path` would write (its object is written
 /// into the bucket directory by the test, as the PUT would).
@@ -138,4 +141,169 @@ fn leftovers_under_a_renamed_directory_are_deleted() {
     h.sync(Duration::from_secs(5)).expect("sync after rename");
     assert!(!h.bucket_dir().join("d").exists(), "{:?}", h.bucket_files());
     assert_eq!(h.bucket_files(), ["e/a"]);
+}
+
+/// Holds `v`'s upload of `path` at `point` until the returned gate is released.
+fn hold(v: &Vfs, path: &str, point: GatePoint) -> Arc<PutGate> {
+    let g = Arc::new(PutGate {
+        path: path.as_bytes().to_vec(),
+        point,
+        reached: AtomicBool::new(false),
+        released: AtomicBool::new(false),
+    });
+    v.uploader.gates.lock().unwrap().push(g.clone());
+    g
+}
+
+/// Mount `v` creates `name` in the root holding `data` (create, write, close).
+fn create_on(v: &Vfs, name: &str, data: &[u8]) -> Ino {
+    let (a, o) = v
+        .create(&CTX, ROOT_INO, name.as_bytes(), 0o666, 0o022, libc::O_RDWR)
+        .expect("create");
+    assert_eq!(
+        v.write(a.ino, o.fh, 0, data).expect("write") as usize,
+        data.len()
+    );
+    v.flush(a.ino, o.fh).expect("flush");
+    v.release(a.ino, o.fh).expect("release");
+    a.ino
+}
+
+/// Mount `h` rewrites `ino` from scratch (`O_TRUNC`: no download of the old content).
+fn rewrite_on(h: &Harness, ino: Ino, data: &[u8]) {
+    let fh = h.op(ino, libc::O_WRONLY | libc::O_TRUNC);
+    h.put(ino, fh, 0, data);
+    h.flush(ino, fh).unwrap();
+    h.release(ino, fh).unwrap();
+}
+
+/// Whether the bucket holds `want` at `path` and the records tell the truth about it: the
+/// object row names the inode's current version with the ETag the bucket has, and the
+/// inode is clean.
+fn settled(h: &Harness, path: &str, ino: Ino, want: &[u8]) -> bool {
+    let row = h.row(ino).expect("inode row");
+    let obj = read(&*h.meta, |t| t.get_object(path.as_bytes())).unwrap();
+    let rt = h.rt.as_ref().expect("runtime");
+    let held = rt
+        .block_on(h.bucket().head(path))
+        .unwrap()
+        .and_then(|x| x.etag);
+    h.bucket_file(path).as_deref() == Some(want)
+        && !row.dirty
+        && obj.is_some_and(|o| o.data_version == row.data_version && o.etag == held)
+}
+
+/// Two mounts with their own caches put one key at once: mount A's upload of the version
+/// it wrote began (its PUT held back), then mount B rewrote the file (`O_TRUNC`, so it
+/// needed nothing from A) and uploaded, recorded and cleaned the newer version; then A's
+/// older PUT landed over it. A finds at its record that its version is no longer the
+/// inode's, asks the bucket, records what the bucket really holds, and makes B upload the
+/// newest content again — B's staging file counts as dirty (never evicted) until then.
+/// Without that, the bucket kept A's older bytes for ever while the inode was clean and
+/// its only copy of the newest content evictable (91-bucket-convergence, seed 55).
+#[test]
+fn an_older_version_landing_over_a_newer_one_is_uploaded_again() {
+    let h = Harness::new();
+    let a = h.second_mount("cache-a");
+    let gate = hold(&a, "f", GatePoint::BeforePut);
+    let ino = create_on(&a, "f", b"older, from mount A");
+    assert!(
+        wait_until(Duration::from_secs(10), || gate.reached.load(SeqCst)),
+        "A's upload never started"
+    );
+    rewrite_on(&h, ino, b"NEWEST, from mount B");
+    assert!(
+        wait_until(Duration::from_secs(10), || settled(
+            &h,
+            "f",
+            ino,
+            b"NEWEST, from mount B"
+        )),
+        "B's upload of the newest version was not recorded"
+    );
+    // Now A's older PUT lands, and is recorded.
+    gate.released.store(true, SeqCst);
+    assert!(
+        wait_until(Duration::from_secs(10), || h.bucket_file("f").as_deref()
+            == Some(&b"older, from mount A"[..])),
+        "A's older PUT never landed"
+    );
+    assert!(
+        wait_until(Duration::from_secs(10), || settled(
+            &h,
+            "f",
+            ino,
+            b"NEWEST, from mount B"
+        )),
+        "the bucket kept the older version (or the records name what it does not hold): \
+         bucket {:?}, inode {:?}, record {:?}",
+        h.bucket_file("f")
+            .map(|b| String::from_utf8_lossy(&b).into_owned()),
+        h.row(ino),
+        read(&*h.meta, |t| t.get_object(b"f")).unwrap()
+    );
+    assert!(h.staging_exists(ino), "B's copy of the newest version went");
+    assert_eq!(read_on(&a, ino), b"NEWEST, from mount B");
+}
+
+/// The same race, recorded in the other order (the seed-55 symptom): B's PUT of the
+/// newest version landed first, A's older one over it, A recorded, then B. B's record
+/// used to name its own ETag, an object the bucket no longer held: every read elsewhere
+/// failed "object changed in the bucket" for `remote_wait`, then with `EIO`, and the
+/// inode was clean. B finds at its record that another put was recorded since its
+/// snapshot, asks the bucket, and uploads again instead.
+#[test]
+fn a_newer_put_recorded_after_an_older_one_landed_over_it_is_done_again() {
+    let h = Harness::new();
+    let a = h.second_mount("cache-a");
+    let gate_a = hold(&a, "f", GatePoint::BeforePut);
+    let gate_b = hold(&h, "f", GatePoint::BeforeRecord);
+    let ino = create_on(&a, "f", b"older, from mount A");
+    let older = h.row(ino).expect("row").data_version;
+    assert!(wait_until(Duration::from_secs(10), || gate_a
+        .reached
+        .load(SeqCst)));
+    rewrite_on(&h, ino, b"NEWEST, from mount B");
+    assert!(
+        wait_until(Duration::from_secs(10), || gate_b.reached.load(SeqCst)),
+        "B's upload never landed"
+    );
+    assert_eq!(
+        h.bucket_file("f").as_deref(),
+        Some(&b"NEWEST, from mount B"[..])
+    );
+    // A's older PUT lands over B's, and A records it.
+    gate_a.released.store(true, SeqCst);
+    assert!(
+        wait_until(Duration::from_secs(10), || read(&*h.meta, |t| t
+            .get_object(b"f"))
+        .unwrap()
+        .is_some_and(|o| o.data_version == older)),
+        "A's older PUT was not recorded"
+    );
+    gate_b.released.store(true, SeqCst);
+    assert!(
+        wait_until(Duration::from_secs(10), || settled(
+            &h,
+            "f",
+            ino,
+            b"NEWEST, from mount B"
+        )),
+        "the records name an object the bucket does not hold: bucket {:?}, inode {:?}, \
+         record {:?}",
+        h.bucket_file("f")
+            .map(|b| String::from_utf8_lossy(&b).into_owned()),
+        h.row(ino),
+        read(&*h.meta, |t| t.get_object(b"f")).unwrap()
+    );
+    assert!(h.staging_exists(ino), "B's copy of the newest version went");
+    assert_eq!(read_on(&a, ino), b"NEWEST, from mount B");
+}
+
+/// The whole content of `ino` read through mount `v`.
+fn read_on(v: &Vfs, ino: Ino) -> Vec<u8> {
+    let o = v.open(&CTX, ino, libc::O_RDONLY).expect("open");
+    let d = v.read(ino, o.fh, 0, 1 << 20).expect("read");
+    v.release(ino, o.fh).expect("release");
+    d
 }

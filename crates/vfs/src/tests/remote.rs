@@ -135,7 +135,10 @@ fn a_write_downloading_content_whose_object_moved_reads_the_new_object() {
     std::fs::copy(h.bucket_dir().join("a"), h.bucket_dir().join("b")).unwrap();
     std::fs::remove_file(h.bucket_dir().join("a")).unwrap();
     let rt = h.rt.as_ref().expect("runtime");
-    let etag = rt.block_on(h.bucket().head("b")).unwrap().and_then(|x| x.etag);
+    let etag = rt
+        .block_on(h.bucket().head("b"))
+        .unwrap()
+        .and_then(|x| x.etag);
     let (other, _sid) = super::feed::other_mount(&h);
     let moved = deskfs_meta::ObjectRow {
         path: b"b".to_vec(),
