@@ -146,6 +146,9 @@ pub struct Vfs {
     pub(crate) free_inos: Mutex<std::ops::Range<u64>>,
     /// Content this mount waits for from other caches (see [`remote`]).
     pub(crate) remote: remote::RemoteWaits,
+    /// Process id this mount's session is registered under (a session of this host whose
+    /// process is gone, or this very process's earlier one, is expired at start).
+    pub(crate) pid: u32,
 }
 
 impl std::fmt::Debug for Vfs {
@@ -197,6 +200,19 @@ impl Vfs {
         cfg: VfsConfig,
         rt: tokio::runtime::Handle,
     ) -> Result<Arc<Vfs>> {
+        Self::new_as(meta, bucket, cache, cfg, rt, std::process::id())
+    }
+
+    /// [`Vfs::new`] with the session registered under process id `pid` (tests run a
+    /// second mount in one process under another live pid, as a second daemon would).
+    pub(crate) fn new_as(
+        meta: Arc<dyn MetaEngine>,
+        bucket: Bucket,
+        cache: Arc<Cache>,
+        cfg: VfsConfig,
+        rt: tokio::runtime::Handle,
+        pid: u32,
+    ) -> Result<Arc<Vfs>> {
         let vfs = Arc::new(Vfs {
             meta,
             bucket,
@@ -223,6 +239,7 @@ impl Vfs {
             hints: hints::Hints::default(),
             free_inos: Mutex::new(0..0),
             remote: remote::RemoteWaits::default(),
+            pid,
         });
         vfs.start_session()?;
         vfs.await_peer_acks(feed::JOIN_WAIT);

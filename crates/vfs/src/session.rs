@@ -43,7 +43,7 @@ impl Vfs {
     /// change feed from its current end.
     pub(crate) fn start_session(&self) -> Result<()> {
         let host = hostname();
-        let me = std::process::id();
+        let me = self.pid;
         let (id, dead) = deskfs_meta::txn(&*self.meta, |t| {
             let now = t.db_now_ns()?;
             let dead = self.dead_sessions(&t.sessions()?, now, None);
@@ -70,7 +70,7 @@ impl Vfs {
         me: Option<u64>,
     ) -> Vec<(SessionRow, i64)> {
         let host = hostname();
-        let pid = std::process::id();
+        let pid = self.pid;
         let lease = self.lease_ns();
         sessions
             .iter()

@@ -220,14 +220,10 @@ impl Harness {
         let cache = Cache::open(&self.tmp.path().join(cache_dir), 64 << 20, 1 << 20)
             .expect("open second cache");
         let rt = self.rt.as_ref().expect("runtime").handle();
-        let vfs = Vfs::new(
-            self.db.open(),
-            bucket,
-            Arc::new(cache),
-            self.cfg.clone(),
-            rt.clone(),
-        )
-        .expect("second Vfs::new");
+        // Registered as another daemon would be: a live process of this host (init).
+        let cfg = self.cfg.clone();
+        let vfs = Vfs::new_as(self.db.open(), bucket, Arc::new(cache), cfg, rt.clone(), 1)
+            .expect("second Vfs::new");
         OtherMount(vfs)
     }
 
