@@ -211,13 +211,18 @@ impl Harness {
     }
 
     /// A second mount of this workspace with a cache dir of its own (`cache_dir` under
-    /// the temp dir): same metadata database (a connection of its own), same bucket,
+    /// the temp dir, 64 MiB): same metadata database (a connection of its own), same bucket,
     /// its own uploader on this runtime. Stopped when the returned guard drops.
     pub(crate) fn second_mount(&self, cache_dir: &str) -> OtherMount {
+        self.second_mount_with(cache_dir, 64 << 20)
+    }
+
+    /// [`Harness::second_mount`] with a cache of `capacity` bytes.
+    pub(crate) fn second_mount_with(&self, cache_dir: &str, capacity: u64) -> OtherMount {
         let url = format!("file://{}", self.bucket_dir().display());
         let spec = BucketSpec::parse(&url).expect("bucket url");
         let bucket = Bucket::open(&spec, true).expect("open bucket");
-        let cache = Cache::open(&self.tmp.path().join(cache_dir), 64 << 20, 1 << 20)
+        let cache = Cache::open(&self.tmp.path().join(cache_dir), capacity, 1 << 20)
             .expect("open second cache");
         let rt = self.rt.as_ref().expect("runtime").handle();
         // Registered as another daemon would be: a live process of this host (init).

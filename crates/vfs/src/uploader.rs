@@ -1219,6 +1219,105 @@ async fn mark_clean(vfs: &Arc<Vfs>, ino: Ino, version: u64, size: Option<u64>) -
 }
 
 impl Vfs {
+    /// Of the inodes `inos` (clean staging files about to be evicted), those whose
+    /// current content the bucket verifiably holds: a HEAD of the object recorded for it
+    /// answers its recorded ETag (up to 16 at once; empty files need none). A staging
+    /// file may be the last copy of its content, and an object can be replaced by another
+    /// mount's put of an older version after the record (see [`record_upload`]; its
+    /// uploader normally repairs that at once, but it may have died first). One found
+    /// not held is made dirty again, its record made to name no version and its paths
+    /// pending: this cache uploads it again.
+    /// Costs one HEAD per evicted file, only when the cache is over its cap.
+    fn held_in_bucket(&self, inos: &[Ino]) -> HashSet<Ino> {
+        let here = self.here();
+        let mut held = HashSet::new();
+        let mut lost = Vec::new();
+        let mut ask = Vec::new();
+        let looked = deskfs_meta::read(&*self.meta, |t| {
+            let mut out = Vec::new();
+            for &ino in inos {
+                let Some(r) = t.get_inode(ino)? else { continue };
+                if r.local != here || r.dirty || r.kind != Kind::File {
+                    continue; // not evicted anyway
+                }
+                out.push((r.clone(), t.object_with_content(ino, r.data_version)?));
+            }
+            Ok::<_, crate::VfsError>(out)
+        });
+        match looked {
+            Ok(rows) => {
+                for (r, o) in rows {
+                    match o {
+                        _ if r.size == 0 => {
+                            held.insert(r.ino);
+                        }
+                        Some(o) => ask.push((r, o)),
+                        None => lost.push((r, None)),
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "eviction cannot read records");
+                return held;
+            }
+        }
+        let answers: Vec<(InodeRow, ObjectRow, bool)> = self.rt.block_on(
+            futures::stream::iter(ask)
+                .map(|(r, o)| async move {
+                    match self.bucket.head(&o.key).await {
+                        Ok(h) => {
+                            let ok = h.and_then(|h| h.etag) == o.etag;
+                            Some((r, o, ok))
+                        }
+                        Err(e) => {
+                            tracing::debug!(key = %o.key, error = %e, "no eviction: the bucket did not answer");
+                            None
+                        }
+                    }
+                })
+                .buffer_unordered(16)
+                .filter_map(|x| async move { x })
+                .collect(),
+        );
+        for (r, o, ok) in answers {
+            if ok {
+                held.insert(r.ino);
+            } else {
+                lost.push((r, Some(o)));
+            }
+        }
+        for (r, o) in lost {
+            tracing::warn!(ino = r.ino, version = r.data_version, "the bucket does not hold this clean file's content (another put replaced it): kept and uploaded again");
+            let res = deskfs_meta::txn(&*self.meta, |t| {
+                if let Some(mut cur) = t.get_inode(r.ino)? {
+                    if cur.data_version == r.data_version && cur.local == here && !cur.dirty {
+                        cur.dirty = true;
+                        t.update_inode(&cur)?;
+                        // The record names no version any more (no reader or uploader
+                        // takes it for this content); its ETag stays, so the bytes found
+                        // in its place are kept beside the file before the upload.
+                        if let Some(o) = &o {
+                            if t.get_object(&o.path)?.as_ref() == Some(o) {
+                                t.put_object(&ObjectRow {
+                                    data_version: 0,
+                                    ..o.clone()
+                                })?;
+                            }
+                        }
+                        for p in t.paths_of(r.ino)? {
+                            t.mark_pending(&p, false, now_ns())?;
+                        }
+                    }
+                }
+                Ok::<_, crate::VfsError>(())
+            });
+            if let Err(e) = res {
+                tracing::warn!(ino = r.ino, error = %e, "cannot queue the upload again");
+            }
+        }
+        held
+    }
+
     /// After `ino` was marked clean at content `version` (`size` bytes): its staging file
     /// becomes evictable (once closed, if open).
     fn after_clean(&self, ino: Ino, version: u64, size: u64) {
@@ -1234,9 +1333,19 @@ impl Vfs {
         }
     }
 
-    /// Evicts clean staging files when the cache is over its cap (never dirty or open ones).
+    /// Evicts clean staging files when the cache is over its cap (never dirty or open ones,
+    /// nor one whose content the bucket is not found to hold: [`Vfs::held_in_bucket`]).
     pub(crate) fn evict(&self) {
-        for ino in self.cache.over_capacity() {
+        let candidates = self.cache.over_capacity();
+        if candidates.is_empty() {
+            return;
+        }
+        let held = self.held_in_bucket(&candidates);
+        for ino in candidates {
+            if !held.contains(&ino) {
+                self.cache.staging_dirty(ino);
+                continue;
+            }
             let evicted = deskfs_meta::txn(&*self.meta, |t| {
                 if let Some(mut r) = t.get_inode(ino)? {
                     // Not while open here or through another mount sharing this cache

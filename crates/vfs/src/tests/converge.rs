@@ -307,3 +307,41 @@ fn read_on(v: &Vfs, ino: Ino) -> Vec<u8> {
     v.release(ino, o.fh).expect("release");
     d
 }
+
+/// An older put that lands over a recorded, clean version and is never recorded (its
+/// mount died between its PUT and its record): the record names an object the bucket no
+/// longer holds. Before the holder's staging file — the last copy — is evicted, the
+/// bucket is asked; it is kept, made dirty and uploaded again (the bytes found in its
+/// place are kept beside it, as any unrecorded write is). Without the check the cache
+/// (here 1 byte: every clean file is over its cap) evicted it and the content was gone.
+#[test]
+fn a_clean_file_is_not_evicted_when_the_bucket_lost_its_content() {
+    let h = Harness::new();
+    let a = h.second_mount_with("cache-a", 1);
+    let gate = hold(&a, "f", GatePoint::BeforeRecord);
+    let ino = create_on(&a, "f", b"the only copy is in cache A");
+    assert!(wait_until(Duration::from_secs(10), || gate
+        .reached
+        .load(SeqCst)));
+    // The dead mount's older PUT lands now, over A's.
+    std::fs::write(h.bucket_dir().join("f"), b"older bytes").unwrap();
+    gate.released.store(true, SeqCst);
+    assert!(
+        wait_until(Duration::from_secs(20), || settled(
+            &h,
+            "f",
+            ino,
+            b"the only copy is in cache A"
+        )),
+        "the content was not uploaded again: bucket {:?}, inode {:?}",
+        h.bucket_file("f")
+            .map(|b| String::from_utf8_lossy(&b).into_owned()),
+        h.row(ino)
+    );
+    assert_eq!(h.cat(ino), b"the only copy is in cache A");
+    let kept = h.ls(ROOT_INO);
+    assert!(
+        kept.iter().any(|n| n.starts_with("f.deskfs-conflict-")),
+        "the bytes found in the bucket were not kept: {kept:?}"
+    );
+}
