@@ -8,7 +8,10 @@
 //! needed. Failures are retried with exponential backoff (0.5 s doubling, capped at
 //! 60 s); `deskfs status` shows them. Before the last bucket copy of a live file's content
 //! is overwritten or deleted, that content is first made local, so no interleaving of
-//! renames can lose it.
+//! renames can lose it. Two mounts may put one key at once (no conditional PUT to rely
+//! on): an upload is recorded, and its inode marked clean, only for an object the bucket
+//! holds (`record_upload`), and a clean staging file is evicted only once the bucket is
+//! found to hold its content (`Vfs::held_in_bucket`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
