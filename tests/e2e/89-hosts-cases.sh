@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # 89-hosts-cases: the real-world cases of shared/cases/*.sh on a workspace shared by two
 # hosts through PostgreSQL. Two hosts h1, h2 (network namespaces, tests/hosts.sh); a fresh
-# PostgreSQL database reached from them at the bridge address (hosts_pg_url), Garage
+# database of a private PostgreSQL server listening on the bridge (hosts_pg_private: no
+# forwarder hop on metadata round trips), reached at the bridge address (hosts_pg_url), Garage
 # forwarded to the bridge (hosts_s3_endpoint). Inside h1 (own DESKFS_HOME): `deskfs format
 # NAME --meta postgres://deskfs@BRIDGE:PORT/DB?schema=S --bucket s3://… --endpoint
 # http://BRIDGE:PORT --region …`; inside h2 (own DESKFS_HOME): `deskfs attach NAME --meta
@@ -49,6 +50,9 @@ log "${#TWO[@]} two-mount cases ($(for c in "${TWO[@]}"; do printf '%s ' "$(base
 
 # ---------------------------------------------------------------- hosts, PostgreSQL, S3
 hosts_up 2
+# A private server on the bridge: the hosts reach it directly, without a user-space
+# forwarder's extra hop on every metadata round trip (the cases have time limits).
+hosts_pg_private
 EP=$(hosts_s3_endpoint)
 META_LOCAL=$(pg_meta_url hosts_cases)   # postgres://deskfs@127.0.0.1:PORT/DB?schema=S
 META=$(hosts_pg_url "$META_LOCAL")      # the same database at the bridge address

@@ -91,6 +91,8 @@ queries! {
     SetSession = "SELECT set_config('deskfs.session', $1, false)";
     // Whether this transaction logged change-feed rows (set by the feed triggers).
     Logged = "SELECT coalesce(current_setting('deskfs.logged', true) = '1', false)";
+    // This transaction's commit does not wait for the WAL flush (see `batch::relaxable`).
+    RelaxedCommit = "SELECT set_config('synchronous_commit', 'off', true)";
 
     // ---- batch steps (Op) ----
     CheckSession = "SELECT deskfs_fence(count(*) = 1, $1) FROM
