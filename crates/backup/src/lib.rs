@@ -72,8 +72,8 @@ impl deskfs_meta::TxnError for BackupError {
     }
 }
 
-/// Current time, ns since the Unix epoch.
-pub(crate) fn now_ns() -> i64 {
+/// Current time, ns since the Unix epoch (0 before 1970).
+pub fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos() as i64)

@@ -17,7 +17,6 @@ use deskfs_bucket::{Bucket, ObjectInfo};
 use deskfs_meta::{Ino, Kind, MetaEngine, ObjectRow, ROOT_INO};
 use tokio::runtime::Handle;
 
-use crate::codec::Record;
 use crate::file::{decode, FileKind};
 use crate::layout::{generations, snapshot_key};
 use crate::model::Model;
@@ -409,11 +408,4 @@ pub(crate) fn write_model(
         t.trim_backup_marks(end)
     })?;
     Ok(())
-}
-
-/// Applies `records` to `model` (tests and tools).
-pub fn apply_all(model: &mut Model, records: Vec<Record>) {
-    for r in records {
-        model.apply(r);
-    }
 }

@@ -4,9 +4,10 @@
 //! unless `--take-over`.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
+use deskfs_backup::now_ns;
 use deskfs_backup::restore::{self, RestoreReport};
 use deskfs_backup::{lease, BackupError};
 use deskfs_bucket::BucketSpec;
@@ -151,7 +152,7 @@ pub(crate) fn fill_from_bucket(
     let gid = nix::unistd::getgid().as_raw();
     let meta: Arc<dyn MetaEngine> = meta_url.create(uid, gid, now_ns())?;
     record.write(&*meta)?;
-    let pb = progress("reading the metadata backup");
+    let pb = crate::daemon::spinner("reading the metadata backup");
     let mut report = RestoreReport::default();
     let loaded = if ignore_backup {
         Err(BackupError::NoBackup(
@@ -234,18 +235,4 @@ fn shown(v: &[String]) -> String {
         s.push_str(&format!(", … ({} more)", v.len() - SHOWN));
     }
     s
-}
-
-fn progress(msg: &str) -> indicatif::ProgressBar {
-    let pb = indicatif::ProgressBar::new_spinner();
-    pb.set_message(msg.to_string());
-    pb.enable_steady_tick(Duration::from_millis(120));
-    pb
-}
-
-fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
 }

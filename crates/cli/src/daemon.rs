@@ -562,7 +562,7 @@ fn fusermount_u(mnt: &Path, lazy: bool) -> Result<()> {
     Ok(())
 }
 
-fn spinner(msg: &str) -> indicatif::ProgressBar {
+pub(crate) fn spinner(msg: &str) -> indicatif::ProgressBar {
     let pb = indicatif::ProgressBar::new_spinner();
     // One line, cut at the terminal's width (the message names paths and errors).
     if let Ok(style) = indicatif::ProgressStyle::with_template("{spinner} {wide_msg}") {

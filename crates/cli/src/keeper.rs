@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Result};
 use deskfs_backup::lease::{self, Held, LeaseState};
+use deskfs_backup::now_ns;
 use deskfs_backup::writer::{BackupWriter, FlushOutcome};
 use deskfs_bucket::Bucket;
 use deskfs_meta::MetaEngine;
@@ -256,13 +257,6 @@ impl Keeper {
             );
         }
     }
-}
-
-fn now_ns() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
 }
 
 /// The keeper of an opened workspace: `Some` for SQLite workspaces (lease taken), `None`

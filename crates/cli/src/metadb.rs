@@ -228,18 +228,7 @@ impl Record {
 
 /// A fresh random id (hex, 128 bits).
 pub fn new_id() -> String {
-    let mut b = [0u8; 16];
-    let ok = std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))
-        .is_ok();
-    if !ok {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        b = (t ^ ((std::process::id() as u128) << 64)).to_le_bytes();
-    }
-    b.iter().map(|x| format!("{x:02x}")).collect()
+    deskfs_backup::lease::random_id()
 }
 
 #[cfg(test)]
