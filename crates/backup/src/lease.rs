@@ -32,6 +32,9 @@ pub const LEASE_KEY: &str = ".deskfs/lease.json";
 pub const TTL: Duration = Duration::from_secs(90);
 /// How often a mount renews its lease.
 pub const RENEW_EVERY: Duration = Duration::from_secs(15);
+/// How many lost races for the record a renewal retries while it still names this
+/// database (several mounts of one database renew the same record).
+pub const RENEW_RACES: usize = 8;
 /// `kv` key of the database's own id.
 const DB_ID_KEY: &str = "db_id";
 
@@ -248,47 +251,62 @@ pub async fn take_for_attach(
 }
 
 impl Held {
-    /// Renews the lease. When another mount of the same database rewrote it (two mounts
-    /// on this host), its record is adopted. Errors: [`BackupError::Leased`] when another
-    /// database took the workspace over (this mount must stop writing to the bucket).
+    /// Renews the lease. Several mounts of one database (on this host) renew the same
+    /// record and race for it: a lost race where the record still names this database is
+    /// retried against the record now there, at most [`RENEW_RACES`] times, and a
+    /// `mounted` record another mount of this database renewed within [`RENEW_EVERY`]
+    /// is adopted as is. Errors: [`BackupError::Leased`] when another database took the
+    /// workspace over (this mount must stop writing to the bucket), or when the record
+    /// kept changing under every retry.
     pub async fn renew(&mut self, bucket: &Bucket, state: LeaseState) -> Result<(), BackupError> {
-        let mut rec = self.record.clone();
-        rec.state = state;
-        rec.renewed_ns = now_ns();
-        rec.pid = std::process::id();
-        let prev = ReadLease {
+        let mut prev = Some(ReadLease {
             record: self.record.clone(),
             etag: self.etag.clone(),
-        };
-        match write(bucket, Some(&prev), &rec).await {
-            Ok(etag) => {
-                self.record = rec;
-                self.etag = etag;
-                Ok(())
+        });
+        let mut last = None;
+        for _ in 0..RENEW_RACES {
+            let mut rec = self.record.clone();
+            rec.state = state;
+            rec.renewed_ns = now_ns();
+            rec.pid = std::process::id();
+            match write(bucket, prev.as_ref(), &rec).await {
+                Ok(etag) => {
+                    self.record = rec;
+                    self.etag = etag;
+                    return Ok(());
+                }
+                Err(e @ BackupError::Leased(_)) => last = Some(e),
+                Err(e) => return Err(e),
             }
-            Err(BackupError::Leased(_)) => {
-                let cur = read(bucket).await?;
-                match cur {
-                    Some(c) if c.record.db == self.record.db => {
-                        let etag = write(bucket, Some(&c), &rec).await?;
-                        self.record = rec;
-                        self.etag = etag;
-                        Ok(())
-                    }
-                    Some(c) => Err(BackupError::Leased(format!(
+            // Someone else wrote the record: who?
+            let cur = read(bucket).await?;
+            match &cur {
+                Some(c) if c.record.db != self.record.db => {
+                    return Err(BackupError::Leased(format!(
                         "the workspace was taken over by {}; this mount no longer owns it",
                         c.record.holder(now_ns())
-                    ))),
-                    None => {
-                        let etag = write(bucket, None, &rec).await?;
-                        self.record = rec;
-                        self.etag = etag;
-                        Ok(())
-                    }
+                    )));
                 }
+                Some(c)
+                    if state == LeaseState::Mounted
+                        && c.record.live(now_ns())
+                        && now_ns().saturating_sub(c.record.renewed_ns)
+                            < RENEW_EVERY.as_nanos() as i64 =>
+                {
+                    // Another mount of this database just renewed it: held all the same.
+                    self.record = c.record.clone();
+                    self.etag = c.etag.clone();
+                    return Ok(());
+                }
+                _ => {}
             }
-            Err(e) => Err(e),
+            prev = cur;
+            let jitter = u64::from(std::process::id() % 50) + 10;
+            tokio::time::sleep(Duration::from_millis(jitter)).await;
         }
+        Err(last.unwrap_or_else(|| {
+            BackupError::Leased("the workspace lease kept changing; retry".into())
+        }))
     }
 
     /// The record as last written.

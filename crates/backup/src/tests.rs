@@ -318,3 +318,57 @@ fn a_repeated_delta_is_harmless() {
     let (fresh, _report, _d) = w.restore();
     assert_same_namespace(&*w.meta, &*fresh);
 }
+
+/// Three mounts of one database renew the same lease record at once (the 86 failure):
+/// none of them may take the lost race for a takeover. A renewal after another database
+/// attached must fail.
+#[test]
+fn mounts_of_one_database_renew_the_lease_together() {
+    use crate::lease::{self, LeaseState};
+    let w = world();
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            w.rt.block_on(lease::take_for_mount(&w.bucket, "ws", "db-a"))
+                .expect("take")
+        })
+        .collect();
+    let bucket = w.bucket.clone();
+    let results = w.rt.block_on(async move {
+        let mut tasks = Vec::new();
+        for mut h in held {
+            let b = bucket.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut r = Vec::new();
+                for _ in 0..20 {
+                    r.push(
+                        h.renew(&b, LeaseState::Mounted)
+                            .await
+                            .map_err(|e| e.to_string()),
+                    );
+                }
+                (h, r)
+            }));
+        }
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.expect("join"));
+        }
+        out
+    });
+    let mut held = Vec::new();
+    for (h, r) in results {
+        for x in &r {
+            assert!(
+                x.is_ok(),
+                "a renewal by a mount of the owning database failed: {x:?}"
+            );
+        }
+        held.push(h);
+    }
+    w.rt.block_on(lease::take_for_attach(&w.bucket, "ws", "db-b", true))
+        .expect("take over");
+    let err =
+        w.rt.block_on(held[0].renew(&w.bucket, LeaseState::Mounted))
+            .expect_err("a stale database must lose the lease");
+    assert!(err.to_string().contains("taken over"), "{err}");
+}

@@ -50,16 +50,19 @@ fn handle(conn: UnixStream, vfs: &Vfs, keeper: Option<&Keeper>) -> Result<()> {
             // Uploads first, then the metadata backup that names them: after `sync`
             // returns, a new machine rebuilds exactly this state from the bucket.
             let backup = |()| match keeper {
-                Some(k) => k.flush().map(|_| ()).map_err(|e| e.to_string()),
+                Some(k) => k
+                    .flush()
+                    .map(|_| ())
+                    .map_err(|e| (e.to_string(), Stage::Backup)),
                 None => Ok(()),
             };
             match vfs
                 .sync(Duration::from_secs(secs))
-                .map_err(|e| e.to_string())
+                .map_err(|e| (e.to_string(), Stage::Uploads))
                 .and_then(backup)
             {
                 Ok(()) => json!({"ok": true}),
-                Err(e) => json!({"ok": false, "error": e}),
+                Err((e, stage)) => json!({"ok": false, "error": e, "stage": stage}),
             }
         }
         Some("status") => match vfs.status().map(serde_json::to_value) {
@@ -96,11 +99,35 @@ pub fn request(socket: &Path, req: Value, timeout: Option<Duration>) -> Result<V
     let v: Value = serde_json::from_str(&line)
         .map_err(|_| anyhow!("the mount daemon closed the connection"))?;
     if v.get("ok").and_then(Value::as_bool) != Some(true) {
-        let e = v
+        let msg = v
             .get("error")
             .and_then(Value::as_str)
-            .unwrap_or("unknown error");
-        return Err(anyhow!("{e}"));
+            .unwrap_or("unknown error")
+            .to_string();
+        let stage = v
+            .get("stage")
+            .and_then(|s| serde_json::from_value(s.clone()).ok());
+        return Err(DaemonError { msg, stage }.into());
     }
     Ok(v)
+}
+
+/// Which step of a `sync` request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Uploads did not all reach the bucket in time (or failed).
+    Uploads,
+    /// Every upload landed, but the metadata backup naming them was not written.
+    Backup,
+}
+
+/// A request the daemon answered with an error.
+#[derive(Debug, thiserror::Error)]
+#[error("{msg}")]
+pub struct DaemonError {
+    /// The daemon's one-line message.
+    pub msg: String,
+    /// For `sync`: the step that failed.
+    pub stage: Option<Stage>,
 }

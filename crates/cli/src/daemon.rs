@@ -657,7 +657,19 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         );
         pb.finish_and_clear();
         let _ = w.join();
-        if let Err(e) = r {
+        let backup_only = r.as_ref().err().and_then(|e| {
+            e.downcast_ref::<crate::control::DaemonError>()
+                .filter(|d| d.stage == Some(crate::control::Stage::Backup))
+        });
+        if let Some(d) = backup_only {
+            // Every upload landed; only the record of the namespace did not. The change
+            // marks stay in the database: the next mount or `deskfs sync` writes them.
+            eprintln!(
+                "deskfs: every upload reached the bucket, but the metadata backup did not: {}",
+                d.msg
+            );
+            left = Some("the metadata backup of the latest changes".to_string());
+        } else if let Err(e) = r {
             // Commit what is open (the sync did, unless the daemon did not answer).
             let _ = crate::control::request(
                 &rec.socket,

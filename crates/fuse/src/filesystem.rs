@@ -102,6 +102,17 @@ impl DeskFs {
         }
     }
 
+    /// How long the kernel may remember that a name does not exist now: shared, no
+    /// longer than a positive entry (another mount's create of that name reaches the
+    /// kernel through the change feed as an `inval_entry`, as its unlink would).
+    fn negative_ttl(&self) -> Duration {
+        if self.vfs.shared() {
+            self.ttls.negative.min(self.ttls.entry)
+        } else {
+            self.ttls.negative
+        }
+    }
+
     /// The TTL for replies that carry one lifetime for both the entry and its attributes
     /// (`create`, `readdirplus`): the shorter of the two.
     fn single_ttl(&self) -> Duration {
@@ -119,16 +130,13 @@ impl DeskFs {
                 &file_attr(&attr),
                 GENERATION,
             ),
-            Err(VfsError::NotFound)
-                if op == "lookup" && !self.ttls.negative.is_zero() && !self.vfs.shared() =>
-            {
-                reply.entry_with_ttls(
+            Err(VfsError::NotFound) if op == "lookup" && !self.negative_ttl().is_zero() => reply
+                .entry_with_ttls(
                     &Duration::ZERO,
-                    &self.ttls.negative,
+                    &self.negative_ttl(),
                     &negative_attr(),
                     GENERATION,
-                )
-            }
+                ),
             Err(e) => reply.error(errno(op, &e)),
         }
     }

@@ -320,6 +320,24 @@ pub trait MetaTxn {
     fn has_children(&mut self, parent: Ino) -> Result<bool>;
     /// Every `(parent, name)` that names `ino` (several for hard links).
     fn names_of(&mut self, ino: Ino) -> Result<Vec<(Ino, Vec<u8>)>>;
+    /// The inode at workspace path `path` (`/`-joined names from the root; the empty
+    /// path is the root), or `None` when a name on the way is missing. The default walks
+    /// the names with [`MetaTxn::lookup`] (one statement each); engines where a statement
+    /// is a network round trip resolve the whole path in one.
+    fn resolve(&mut self, path: &[u8]) -> Result<Option<Ino>> {
+        let mut cur = ROOT_INO;
+        if path.is_empty() {
+            return Ok(Some(cur));
+        }
+        for seg in path.split(|b| *b == b'/') {
+            match self.lookup(cur, seg)? {
+                Some(d) => cur = d.ino,
+                None => return Ok(None),
+            }
+        }
+        Ok(Some(cur))
+    }
+
     /// Every workspace path of `ino` (`/`-joined names from the root, one per hard link,
     /// in the order of their entries' cookies; the root is the empty path). Names under
     /// an unlinked directory have no path and are left out. One statement.

@@ -9,8 +9,14 @@
 //! * [`MetaEngine::get_inode`] / [`MetaEngine::lookup`] are single statements.
 //! * The change feed is kept by triggers; its cursor never skips a transaction that
 //!   commits late (see `feed.rs`). Signals travel by `LISTEN`/`NOTIFY` (`signals.rs`).
-//! * Commits are durable when they return (`synchronous_commit` on), so
-//!   [`MetaEngine::make_durable`] has nothing to do.
+//! * Commits return before their WAL flush (`synchronous_commit` off): visible to every
+//!   host at once, durable within the WAL writer's delay (3 × `wal_writer_delay`, 600 ms
+//!   by default) — what a kill -9 of any daemon cannot undo, and what only a crash of
+//!   the database server's machine can lose, as a power loss loses ext4's last journal
+//!   commits. [`MetaEngine::make_durable`] (fsync, fsyncdir, and before the uploader
+//!   deletes from the bucket or evicts on the strength of a commit) commits one
+//!   transaction that waits for the flush, which covers every earlier commit of every
+//!   host (the WAL is one sequence).
 //! * A few pooled connections (`pool.rs`), every statement prepared once per connection;
 //!   each wait is bounded ([`PgOptions::op_timeout`], plus TCP keepalives), so a host cut
 //!   off from the database gets [`MetaError::Unreachable`] instead of hanging.
@@ -513,11 +519,23 @@ impl MetaEngine for PgEngine {
         Ok(start..start + n)
     }
 
-    /// A no-op: PostgreSQL commits are durable when they return with
-    /// `synchronous_commit` on, which every connection of the engine has (it turns a
-    /// server default of `off` back on and never turns it off).
+    /// One round trip: a transaction whose commit waits for the WAL flush (see the
+    /// module docs), so every commit before it, from any host, is durable.
     fn make_durable(&self) -> Result<()> {
-        Ok(())
+        self.inner.single(Q::Durable, &[], |rows| {
+            // The commit waits for the flush only with the setting on and an xid taken.
+            let ok = rows.first().is_some_and(|r| {
+                r.try_get::<_, String>(0).is_ok_and(|v| v == "on")
+                    && r.try_get::<_, String>(1).is_ok_and(|x| !x.is_empty())
+            });
+            if ok {
+                Ok(())
+            } else {
+                Err(MetaError::Internal(
+                    "the durable commit did not run with synchronous_commit on".into(),
+                ))
+            }
+        })
     }
 
     fn describe(&self) -> String {

@@ -188,6 +188,15 @@ pub(crate) fn batch_create_and_lookup(f: &dyn Fixture) {
     assert!(pend.contains(&want), "{pend:?}");
     assert!(pend.contains(&b"a/b".to_vec()));
     assert_eq!(read(&*e, |t| t.paths_of(ROOT_INO)).unwrap(), vec![vec![]]);
+    // A whole path resolves in one call; a missing or non-directory step is None.
+    assert_eq!(read(&*e, |t| t.resolve(&want)).unwrap(), Some(fino));
+    assert_eq!(read(&*e, |t| t.resolve(b"a/b")).unwrap(), Some(b));
+    assert_eq!(read(&*e, |t| t.resolve(b"")).unwrap(), Some(ROOT_INO));
+    assert_eq!(read(&*e, |t| t.resolve(b"a/x/b")).unwrap(), None);
+    assert_eq!(read(&*e, |t| t.resolve(b"a/b/")).unwrap(), None);
+    let mut below = want.clone();
+    below.extend_from_slice(b"/child");
+    assert_eq!(read(&*e, |t| t.resolve(&below)).unwrap(), None);
     // TouchDir never moves times backwards.
     e.apply(&[Op::TouchDir {
         ino: b,

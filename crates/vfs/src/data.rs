@@ -1208,6 +1208,18 @@ impl Vfs {
             // is the last handle and the inode may have lost its names (always possible
             // while other mounts are live; alone, only through this mount).
             let get = last && (self.shared() || self.refs.is_kept_orphan(ino));
+            if self.shared() && !s.uncommitted && (unrecord.is_some() || get) {
+                // Nothing to commit: the record and the orphan check go off the request
+                // path (see `release`).
+                self.releases.push(crate::release::QueuedRelease {
+                    ino,
+                    unrecord,
+                    last: get,
+                    version: s.version,
+                    size: s.size,
+                });
+                return Ok((false, s.size, None, false));
+            }
             let row = match self.commit_with(ino, s, false, unrecord, get) {
                 Ok(r) => r,
                 Err(e) => {

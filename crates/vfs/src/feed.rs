@@ -193,6 +193,7 @@ impl Vfs {
         for inv in &queued {
             self.invalidate_now(inv);
         }
+        self.flush_releases();
         self.flush_purges();
         if sessions {
             if let Err(e) = self.observe_sessions() {

@@ -24,6 +24,7 @@ mod kernel_refs;
 pub mod locks;
 mod namespace;
 pub mod paths;
+mod release;
 pub mod remote;
 mod session;
 mod status;
@@ -127,6 +128,8 @@ pub struct Vfs {
     pub(crate) namespace_barrier: std::sync::OnceLock<durability::NamespaceBarrier>,
     /// Invalidations queued for the feed thread (see [`feed`]).
     pub(crate) deferred: Mutex<Vec<Invalidation>>,
+    /// Releases whose database work is still to do (see [`release`]).
+    pub(crate) releases: release::ReleaseQueue,
     /// When the request path last queued work for the uploader or served a request, ns
     /// (burst detection: uploads wait for a quiet moment).
     pub(crate) last_mark_ns: std::sync::atomic::AtomicI64,
@@ -230,6 +233,7 @@ impl Vfs {
             invalidator: std::sync::OnceLock::new(),
             namespace_barrier: std::sync::OnceLock::new(),
             deferred: Mutex::new(Vec::new()),
+            releases: release::ReleaseQueue::default(),
             last_mark_ns: std::sync::atomic::AtomicI64::new(0),
             locks: locks::LocalLocks::default(),
             kernel_pages: feed::KernelPages::default(),
@@ -419,6 +423,7 @@ impl Vfs {
         let res = if wait { self.sync(timeout) } else { Ok(()) };
         self.uploader.stop();
         self.coherence.stop();
+        self.flush_releases();
         self.flush_purges_after(Duration::ZERO);
         self.end_session();
         res

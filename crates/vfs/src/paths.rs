@@ -7,7 +7,7 @@
 //! goes to an escaped key `.deskfs/escaped/<sha256 of the path>` — deskfs never refuses a
 //! name ext4 accepts. The metadata engine records the key of every object.
 
-use deskfs_meta::{Ino, MetaTxn, ROOT_INO};
+use deskfs_meta::{Ino, MetaTxn};
 use sha2::{Digest, Sha256};
 
 use crate::Result;
@@ -73,19 +73,9 @@ pub fn paths_of(t: &mut dyn MetaTxn, ino: Ino) -> Result<Vec<Vec<u8>>> {
     Ok(t.paths_of(ino)?)
 }
 
-/// Resolves a path to its inode by walking dentries from the root.
+/// Resolves a path to its inode (see [`MetaTxn::resolve`]).
 pub fn resolve(t: &mut dyn MetaTxn, path: &[u8]) -> Result<Option<Ino>> {
-    let mut cur = ROOT_INO;
-    if path.is_empty() {
-        return Ok(Some(cur));
-    }
-    for seg in path.split(|b| *b == b'/') {
-        match t.lookup(cur, seg)? {
-            Some(d) => cur = d.ino,
-            None => return Ok(None),
-        }
-    }
-    Ok(Some(cur))
+    Ok(t.resolve(path)?)
 }
 
 #[cfg(test)]

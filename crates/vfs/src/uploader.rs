@@ -176,7 +176,53 @@ fn backoff(attempts: u32) -> i64 {
     ms as i64 * 1_000_000
 }
 
+/// Due rows read ahead of the workers, so that the pending table is not read again for
+/// every finished upload and every commit's wake-up: read again when the window ran dry
+/// (at most every [`DueWindow::MIN_GAP`]), when it is older than [`DueWindow::MAX_AGE`],
+/// when the horizon moved past what it was read for, and at once when a wait is urgent
+/// (`sync`, `--durability bucket`). A row taken from it is reconciled against the
+/// database as any row is, so an old one costs a no-op at worst.
+#[derive(Default)]
+struct DueWindow {
+    rows: std::collections::VecDeque<PendingRow>,
+    read_at: Option<std::time::Instant>,
+    horizon: i64,
+}
+
+impl DueWindow {
+    /// Shortest time between two reads of an empty window (commits wake the uploader
+    /// hundreds of times a second during a burst).
+    const MIN_GAP: Duration = Duration::from_millis(50);
+    /// Longest a read row waits here.
+    const MAX_AGE: Duration = Duration::from_millis(500);
+
+    fn wants_read(&self, urgent: bool, horizon: i64) -> bool {
+        let Some(at) = self.read_at else { return true };
+        let age = at.elapsed();
+        if urgent || age >= Self::MAX_AGE {
+            return true;
+        }
+        if self.rows.is_empty()
+            || horizon > self.horizon.saturating_add(Self::MAX_AGE.as_nanos() as i64)
+        {
+            return age >= Self::MIN_GAP;
+        }
+        false
+    }
+
+    fn fill(&mut self, rows: Vec<PendingRow>, horizon: i64) {
+        self.rows = rows.into();
+        self.read_at = Some(std::time::Instant::now());
+        self.horizon = horizon;
+    }
+
+    fn next(&mut self) -> Option<PendingRow> {
+        self.rows.pop_front()
+    }
+}
+
 async fn run(vfs: Arc<Vfs>) {
+    let mut window = DueWindow::default();
     let mut inflight: HashSet<Vec<u8>> = HashSet::new();
     let mut tasks = FuturesUnordered::new();
     let mut last_evict = std::time::Instant::now();
@@ -211,29 +257,32 @@ async fn run(vfs: Arc<Vfs>) {
             } else {
                 now
             };
-            // A wider window than the workers need: rows other mounts must do are skipped.
+            // A wider window than the workers need: rows other mounts must do are skipped,
+            // and the rest wait here for the next free worker (see `DueWindow`).
             let want = vfs.cfg.upload_workers * 32;
-            match deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want)) {
-                Ok(rows) => {
-                    for row in rows {
-                        if tasks.len() >= vfs.cfg.upload_workers {
-                            break;
-                        }
-                        if row.attempts > 0 && row.due_ns > now {
-                            continue; // failing: keep its backoff even under a barrier
-                        }
-                        if vfs.uploader.skips(&row.path) || !inflight.insert(row.path.clone()) {
-                            continue;
-                        }
-                        let v = vfs.clone();
-                        tasks.push(async move {
-                            let taken = row.clone();
-                            let mine = process(&v, row).await;
-                            (taken, mine)
-                        });
+            if window.wants_read(urgent, horizon) {
+                match deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want)) {
+                    Ok(rows) => window.fill(rows, horizon),
+                    Err(e) => {
+                        window.fill(Vec::new(), horizon);
+                        tracing::error!(error = %e, "uploader cannot read pending work")
                     }
                 }
-                Err(e) => tracing::error!(error = %e, "uploader cannot read pending work"),
+            }
+            while tasks.len() < vfs.cfg.upload_workers {
+                let Some(row) = window.next() else { break };
+                if row.attempts > 0 && row.due_ns > now {
+                    continue; // failing: keep its backoff even under a barrier
+                }
+                if vfs.uploader.skips(&row.path) || !inflight.insert(row.path.clone()) {
+                    continue;
+                }
+                let v = vfs.clone();
+                tasks.push(async move {
+                    let taken = row.clone();
+                    let mine = process(&v, row).await;
+                    (taken, mine)
+                });
             }
         }
         let wanted_due = !vfs.coherence.notified()
@@ -417,6 +466,7 @@ async fn sweep_removed_dir(vfs: &Arc<Vfs>, path: &[u8]) -> Result<()> {
             continue;
         }
         tracing::info!(key = %o.key, "removing an object left under a removed directory");
+        durable_before_delete(vfs).await?;
         vfs.bucket.delete(&o.key).await?;
         if o.size == 0 && !vfs.bucket.is_local() {
             // A `dir/` marker lists as `dir`.
@@ -930,8 +980,16 @@ async fn preserve_content(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     .await
 }
 
+/// Makes every commit so far durable before the bucket loses something on their
+/// strength (a delete after an unlink or rename): after a power loss the database must
+/// not come back naming an object already deleted.
+async fn durable_before_delete(vfs: &Arc<Vfs>) -> Result<()> {
+    blocking(vfs, |v| Ok(v.meta.make_durable()?)).await
+}
+
 async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     preserve_content(vfs, o).await?;
+    durable_before_delete(vfs).await?;
     if o.kind == Kind::Dir {
         vfs.bucket.delete_dir_marker(&o.key).await?;
     } else {
@@ -1344,6 +1402,7 @@ impl Vfs {
             return;
         }
         let held = self.held_in_bucket(&candidates);
+        let mut evicted_inos = Vec::new();
         for ino in candidates {
             if !held.contains(&ino) {
                 self.cache.staging_dirty(ino);
@@ -1366,12 +1425,23 @@ impl Vfs {
                 Ok::<_, crate::VfsError>(false)
             });
             match evicted {
-                Ok(true) => {
-                    let _ = self.cache.remove_staging(ino);
-                }
+                Ok(true) => evicted_inos.push(ino),
                 Ok(false) => self.cache.staging_dirty(ino),
                 Err(e) => tracing::warn!(ino, error = %e, "eviction failed"),
             }
+        }
+        if evicted_inos.is_empty() {
+            return;
+        }
+        // The only local copy goes on the strength of commits (the upload's record, the
+        // eviction's): they must survive a power loss first (engines commit without a
+        // device flush; see `MetaEngine::make_durable`).
+        if let Err(e) = self.meta.make_durable() {
+            tracing::warn!(error = %e, "cannot make the evictions durable; keeping the files");
+            return;
+        }
+        for ino in evicted_inos {
+            let _ = self.cache.remove_staging(ino);
         }
     }
 }

@@ -542,22 +542,6 @@ fn outputs(ops: &[Op], stmts: &[Stmt<'_>], rows: Vec<Vec<Row>>) -> Result<Vec<Op
     Ok(out)
 }
 
-/// Whether a batch may commit without waiting for the WAL flush: it only forgets
-/// open-file records (a `release`), reading rows and checking its session. A database
-/// crash may then bring such a record back, which only over-states that a file is open
-/// (an orphan is kept until the record's session ends): never a lost change. Every other
-/// batch commits durably (`synchronous_commit` on).
-fn relaxable(ops: &[Op]) -> bool {
-    ops.iter()
-        .any(|o| matches!(o, Op::AddOpen { delta, .. } if *delta < 0))
-        && ops.iter().all(|o| {
-            matches!(
-                o,
-                Op::CheckSession(_) | Op::GetInode(_) | Op::AddOpen { delta: ..0, .. }
-            )
-        })
-}
-
 /// Applies `ops` atomically in one round trip per attempt; retried on serialization
 /// failures and deadlocks (with backoff) and on a connection found dead before the batch
 /// could commit.
@@ -566,17 +550,6 @@ pub(super) fn apply(inner: &Inner, ops: &[Op]) -> Result<Vec<OpOut>> {
         return Ok(Vec::new());
     }
     let mut stmts = plan(ops);
-    if relaxable(ops) {
-        stmts.insert(
-            0,
-            Stmt {
-                q: Q::RelaxedCommit,
-                params: Vec::new(),
-                step: 0,
-                out: Out::Done,
-            },
-        );
-    }
     let logging = inner.session.load(std::sync::atomic::Ordering::Relaxed) != 0;
     if logging && ops.iter().any(feeds) {
         stmts.push(Stmt {
@@ -636,41 +609,5 @@ pub(super) fn apply(inner: &Inner, ops: &[Op]) -> Result<Vec<OpOut>> {
                 return Err(inner.count_err(err));
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod relax_tests {
-    use super::*;
-
-    /// Only a batch that forgets open-file records (with session checks and row reads)
-    /// commits without waiting for the WAL flush; anything that changes the namespace,
-    /// content or records an open stays durable.
-    #[test]
-    fn only_forgetting_open_records_is_relaxed() {
-        let close = Op::AddOpen {
-            ino: 5,
-            session: 1,
-            delta: -1,
-        };
-        let open = Op::AddOpen {
-            ino: 5,
-            session: 1,
-            delta: 1,
-        };
-        assert!(relaxable(&[
-            Op::CheckSession(1),
-            close.clone(),
-            Op::GetInode(5)
-        ]));
-        assert!(!relaxable(&[Op::CheckSession(1), open]));
-        assert!(!relaxable(&[Op::CheckSession(1), Op::GetInode(5)]));
-        assert!(!relaxable(&[
-            close,
-            Op::MarkInode {
-                ino: 5,
-                not_before_ns: 0
-            }
-        ]));
     }
 }

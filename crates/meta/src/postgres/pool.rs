@@ -174,17 +174,17 @@ pub(super) async fn connect_raw(
             tracing::debug!(target = %target, error = %e, "postgres connection ended");
         }
     });
-    // One round trip: the workspace schema; commits that are durable when they return
-    // (the engine never turns synchronous_commit off; it turns a server default of `off`
-    // back on, so `make_durable` can be a no-op); and the server's side of the time
-    // bounds: statements end after the call time bound, a session left idle inside a
-    // transaction (a client cut off mid-transaction) is ended so its locks go, a dead
-    // client is noticed by keepalives and, while a statement runs, by connection checks.
+    // One round trip: the workspace schema; commits that return before their WAL flush
+    // (durable within the WAL writer's delay; `make_durable` flushes on demand for
+    // fsync, as SQLite's synchronous=NORMAL and a later WAL sync do), and the server's
+    // side of the time bounds: statements end after the call time bound, a session left
+    // idle inside a transaction (a client cut off mid-transaction) is ended so its locks
+    // go, a dead client is noticed by keepalives and, while a statement runs, by
+    // connection checks.
     let op_ms = spec.opts.op_timeout.as_millis().max(1);
     let setup = format!(
         "SET search_path TO {schema}; \
-         SELECT set_config('synchronous_commit', 'on', false) \
-           WHERE current_setting('synchronous_commit') = 'off'; \
+         SET synchronous_commit = off; \
          SET statement_timeout = {op_ms}; \
          SET idle_in_transaction_session_timeout = {idle_ms}; \
          SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; \

@@ -91,8 +91,11 @@ queries! {
     SetSession = "SELECT set_config('deskfs.session', $1, false)";
     // Whether this transaction logged change-feed rows (set by the feed triggers).
     Logged = "SELECT coalesce(current_setting('deskfs.logged', true) = '1', false)";
-    // This transaction's commit does not wait for the WAL flush (see `batch::relaxable`).
-    RelaxedCommit = "SELECT set_config('synchronous_commit', 'off', true)";
+    // A transaction of its own whose commit waits for the WAL flush, which makes every
+    // commit before it durable (the WAL is one sequence); see `make_durable`.
+    Durable = "SELECT set_config('synchronous_commit', 'on', true), pg_current_xact_id()::text";
+    // The connection's commit mode (`off`: see the engine's module docs).
+    SyncCommit = "SELECT current_setting('synchronous_commit')";
 
     // ---- batch steps (Op) ----
     CheckSession = "SELECT deskfs_fence(count(*) = 1, $1) FROM
@@ -213,6 +216,11 @@ queries! {
         paths_cte!("SELECT cookie, parent, name, 0 FROM dentries WHERE ino = $1"),
         " SELECT path FROM up WHERE ino = 1 ORDER BY seed"
     );
+    ResolvePath = "WITH RECURSIVE w(depth, ino) AS (SELECT 0, $1::bigint
+        UNION ALL SELECT w.depth + 1, d.ino FROM w JOIN dentries d
+          ON d.parent = w.ino AND d.name = ($2::bytea[])[w.depth + 1]
+        WHERE w.depth < $3::int)
+        SELECT ino FROM w WHERE depth = $3::int";
     GetXattr = "SELECT value FROM xattrs WHERE ino = $1 AND name = $2";
     RemoveXattr = "DELETE FROM xattrs WHERE ino = $1 AND name = $2";
     ListXattrs = "SELECT name FROM xattrs WHERE ino = $1 ORDER BY name";

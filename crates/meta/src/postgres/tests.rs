@@ -700,3 +700,27 @@ fn crossing_directory_renames_cannot_form_a_loop() {
         assert!(first || second, "round {round}: neither rename succeeded");
     }
 }
+
+/// Batches commit without waiting for the WAL flush (the connection's setting is off),
+/// and `make_durable` commits a transaction that does wait (setting on, an xid taken).
+#[test]
+fn commits_are_flushed_on_demand() {
+    let Some(f) = pg("commits_are_flushed_on_demand") else {
+        return;
+    };
+    let e = &*f.engine;
+    create(e, ROOT_INO, "a", false).unwrap();
+    let mode = e
+        .inner
+        .single(super::sql::Q::SyncCommit, &[], |rows| {
+            Ok(rows
+                .first()
+                .and_then(|r| r.try_get::<_, String>(0).ok())
+                .unwrap_or_default())
+        })
+        .unwrap();
+    assert_eq!(mode, "off", "batches must not wait for the WAL flush");
+    let before = e.counters().round_trips;
+    e.make_durable().unwrap();
+    assert_eq!(e.counters().round_trips, before + 1, "one round trip");
+}

@@ -419,6 +419,20 @@ impl MetaTxn for PgTxn<'_> {
             .collect()
     }
 
+    fn resolve(&mut self, path: &[u8]) -> Result<Option<Ino>> {
+        if path.is_empty() {
+            return Ok(Some(ROOT_INO));
+        }
+        // One statement for the whole walk (a round trip per name cost the uploader
+        // ten statements per deep path).
+        let segs: Vec<&[u8]> = path.split(|b| *b == b'/').collect();
+        let n = i32::try_from(segs.len()).unwrap_or(i32::MAX);
+        match self.opt(Q::ResolvePath, &[&i(ROOT_INO), &segs, &n])? {
+            Some(r) => Ok(Some(col_u64(&r, 0)?)),
+            None => Ok(None),
+        }
+    }
+
     fn get_xattr(&mut self, ino: Ino, name: &[u8]) -> Result<Option<Vec<u8>>> {
         match self.opt(Q::GetXattr, &[&i(ino), &name])? {
             Some(r) => Ok(Some(col(&r, 0)?)),

@@ -162,11 +162,18 @@ fn opens_are_recorded_for_other_mounts_only_while_they_are_live() {
     assert_eq!(ack.as_deref(), Some(sid.to_string().as_str()));
     // The other mount's unlink sees the inode open and keeps it.
     h.release(f.ino, fh).unwrap();
+    // Off the request path: the record goes at the feed thread's next round.
+    assert!(
+        recorded(),
+        "a release with nothing to commit defers its record"
+    );
+    h.feed_round();
     assert!(!recorded(), "release takes the record back");
     // While shared, a new open is recorded at once.
     let fh = h.op(f.ino, libc::O_RDONLY);
     assert!(recorded());
     h.release(f.ino, fh).unwrap();
+    h.feed_round();
     assert!(!recorded());
     // The other mount leaves: opens are not recorded any more.
     txn(&*other, |t| t.delete_session(sid)).unwrap();
