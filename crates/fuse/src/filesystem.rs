@@ -102,12 +102,13 @@ impl DeskFs {
         }
     }
 
-    /// How long the kernel may remember that a name does not exist now: shared, no
-    /// longer than a positive entry (another mount's create of that name reaches the
-    /// kernel through the change feed as an `inval_entry`, as its unlink would).
+    /// How long the kernel may remember that a name does not exist now: only while
+    /// alone. Shared, never: close-to-open across mounts means a name another mount
+    /// created and closed is found by the next `open` here at once, and the change feed
+    /// that would drop a negative entry arrives up to ~50 ms later.
     fn negative_ttl(&self) -> Duration {
         if self.vfs.shared() {
-            self.ttls.negative.min(self.ttls.entry)
+            Duration::ZERO
         } else {
             self.ttls.negative
         }
@@ -210,10 +211,17 @@ impl Filesystem for DeskFs {
         // killpriv v2: the VFS clears setuid/setgid/capabilities on write, truncate and
         // chown, so the kernel sets SB_NOSEC and stops asking getxattr("security.capability")
         // before every write (one round trip per write(2) otherwise).
+        // parallel dirops: lookups and readdirs of one directory run at once (the kernel
+        // otherwise serialises them on the directory's lock; the VFS needs no such lock:
+        // every namespace change is one metadata transaction).
+        // cache symlinks: readlink answered from the kernel's page cache (a symlink's
+        // target never changes; inode numbers are never reused).
         for flag in [
             InitFlags::FUSE_DO_READDIRPLUS,
             InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_HANDLE_KILLPRIV_V2,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
         ] {
             let _ = config.add_capabilities(flag);
         }

@@ -110,13 +110,61 @@ impl Vfs {
 
     /// [`Vfs::locked_fresh_as`] for a new `open`: unless `orphan_ok`, an orphan is served
     /// only when this mount made it and keeps it (see `read_row` 3 of `locked_inner`).
+    /// `record`: also count an open of this mount's session in the open-file table, in
+    /// the same round trip as the row's read (while other mounts are live). When this
+    /// returns an error after the count was made, the count is already queued to be
+    /// taken back; when `f` fails, the caller takes it back.
     fn locked_for_open<T>(
         &self,
         ino: Ino,
         orphan_ok: bool,
+        record: bool,
         f: impl FnOnce(&mut InodeState, &InodeRow) -> Result<T>,
     ) -> Result<T> {
-        self.locked_row(ino, if orphan_ok { 2 } else { 3 }, f)
+        let mode = match (orphan_ok, record) {
+            (true, false) => 2,
+            (false, false) => 3,
+            (false, true) => 4,
+            (true, true) => 5,
+        };
+        self.locked_row(ino, mode, f)
+    }
+
+    /// The row of `ino` read in one batch with a +1 on this session's open count of it;
+    /// as [`Vfs::current_held`] otherwise (the count is queued to be taken back when the
+    /// row is not servable).
+    fn current_recording_open(&self, ino: Ino, held: bool) -> Result<InodeRow> {
+        let session = self.coherence.session();
+        let out = self.meta.apply(&[
+            Op::AddOpen {
+                ino,
+                session,
+                delta: 1,
+            },
+            Op::GetInode(ino),
+        ])?;
+        let res = match out.get(1).and_then(OpOut::row) {
+            Some(r) => self.servable(r, held).map(|()| {
+                self.hints.note_row(r);
+                r.clone()
+            }),
+            None => Err(self.gone(ino)),
+        };
+        if res.is_err() {
+            self.unrecord_later(ino, session);
+        }
+        res
+    }
+
+    /// Takes back an open count of `session` on `ino` off the request path.
+    fn unrecord_later(&self, ino: Ino, session: u64) {
+        self.releases.push(crate::release::QueuedRelease {
+            ino,
+            unrecord: Some(session),
+            last: false,
+            version: 0,
+            size: 0,
+        });
     }
 
     fn locked_row<T>(
@@ -139,7 +187,8 @@ impl Vfs {
     /// `read_row`: 0 = no row, 1 = the row (servable here), 2 = the row (orphans too),
     /// 3 = the row as a new `open` may use it (of orphans, only those this mount made and
     /// keeps: an orphan another mount made is reached through a stale dentry, even while
-    /// this mount has it open — on ext4 that open of the path fails).
+    /// this mount has it open — on ext4 that open of the path fails); 4 and 5 = as 3 and
+    /// 2, read in one round trip with an open count (see [`Vfs::locked_for_open`]).
     ///
     /// The third matters because FUSE sends `release` after `close(2)` returned: a
     /// process that closed a file, saw another mount delete it and opens the path again
@@ -160,11 +209,16 @@ impl Vfs {
             }
             let row = if read_row > 0 {
                 let held = match read_row {
-                    2 => true,
-                    3 => false,
+                    2 | 5 => true,
+                    3 | 4 => false,
                     _ => s.open_count > 0 || s.uncommitted,
                 };
-                match self.current_held(ino, Some(held)) {
+                let read = if read_row >= 4 {
+                    self.current_recording_open(ino, held)
+                } else {
+                    self.current_held(ino, Some(held))
+                };
+                match read {
                     Ok(r) => Some(r),
                     Err(e) => {
                         self.maybe_detach(ino, &st, &mut s);
@@ -346,45 +400,42 @@ impl Vfs {
         // inode is served even if it lost its name since (see `kernel_refs`).
         let retry = self.retries.is_retry(ctx.pid, ino);
         let mut waited = false;
+        // While other mounts are live the open is counted in the open-file table, in the
+        // round trip that reads the row (once, whatever the loop below repeats).
+        let mut recorded = false;
         loop {
             // One round trip: the committed row, read under the state's lock. After a
             // wait for remote content, the inode is served even if it lost its name
             // during the wait: this open began while it had it.
-            let step = self.locked_for_open(ino, retry || waited, |s, row| {
-                if row.kind == Kind::Dir && acc != libc::O_RDONLY {
-                    return Err(VfsError::IsDir);
+            let record = !recorded && self.shared();
+            let session = self.coherence.session();
+            let step = self.locked_for_open(ino, retry || waited, record, |s, row| {
+                let step = self.open_step(ino, s, row, acc, trunc, waited);
+                if step.is_err() && record {
+                    self.unrecord_later(ino, session);
                 }
-                let file = row.kind == Kind::File;
-                let (changed, version) = if file {
-                    Self::adopt_row(s, row)
-                } else {
-                    (false, s.version)
-                };
-                // Close-to-open across caches: content only another mount's journal
-                // holds is uploaded by it first (waited for outside this lock).
-                if file && !trunc && !waited && row.dirty && row.local != self.here() {
-                    return Ok(OpenStep::Remote(row.clone()));
+                step
+            });
+            let step = match step {
+                Ok(step) => {
+                    recorded |= record;
+                    step
                 }
-                // The kernel's cached size and pages are another version's when the
-                // content changed, or (shared) when it was last given another one.
-                let stale = changed || (self.shared() && !self.kernel_pages.holds(ino, version));
-                if trunc && file {
-                    self.truncate_locked(ino, s, 0)?;
+                Err(e) => {
+                    if recorded {
+                        self.unrecord_later(ino, session);
+                    }
+                    return Err(e);
                 }
-                s.open_count += 1;
-                // The kernel's pages stay when they hold the current content (every
-                // change since came through this kernel, or was invalidated).
-                let keep = file && !trunc && !stale && self.kernel_pages.opened(ino, s.version);
-                Ok(OpenStep::Opened {
-                    file,
-                    stale,
-                    version: s.version,
-                    keep,
-                })
-            })?;
+            };
             match step {
                 OpenStep::Remote(row) => {
-                    self.await_remote_content(&row)?;
+                    if let Err(e) = self.await_remote_content(&row) {
+                        if recorded {
+                            self.unrecord_later(ino, session);
+                        }
+                        return Err(e);
+                    }
                     // The first block now, before the object can be replaced.
                     self.prefetch_first_block(&row);
                     waited = true;
@@ -402,7 +453,10 @@ impl Vfs {
                         self.invalidate_now(&crate::Invalidation::Inode(ino));
                         self.kernel_pages.opened(ino, version);
                     }
-                    let fh = self.new_handle(ino, flags, false).inspect_err(|_| {
+                    let fh = self.new_handle(ino, flags, recorded).inspect_err(|_| {
+                        if recorded {
+                            self.unrecord_later(ino, session);
+                        }
                         let _ = self.with_state(ino, |s| {
                             s.open_count = s.open_count.saturating_sub(1);
                         });
@@ -414,6 +468,48 @@ impl Vfs {
                 }
             }
         }
+    }
+
+    /// One step of `open` under the inode's lock, from its committed `row`.
+    fn open_step(
+        &self,
+        ino: Ino,
+        s: &mut InodeState,
+        row: &InodeRow,
+        acc: i32,
+        trunc: bool,
+        waited: bool,
+    ) -> Result<OpenStep> {
+        if row.kind == Kind::Dir && acc != libc::O_RDONLY {
+            return Err(VfsError::IsDir);
+        }
+        let file = row.kind == Kind::File;
+        let (changed, version) = if file {
+            Self::adopt_row(s, row)
+        } else {
+            (false, s.version)
+        };
+        // Close-to-open across caches: content only another mount's journal
+        // holds is uploaded by it first (waited for outside this lock).
+        if file && !trunc && !waited && row.dirty && row.local != self.here() {
+            return Ok(OpenStep::Remote(row.clone()));
+        }
+        // The kernel's cached size and pages are another version's when the
+        // content changed, or (shared) when it was last given another one.
+        let stale = changed || (self.shared() && !self.kernel_pages.holds(ino, version));
+        if trunc && file {
+            self.truncate_locked(ino, s, 0)?;
+        }
+        s.open_count += 1;
+        // The kernel's pages stay when they hold the current content (every
+        // change since came through this kernel, or was invalidated).
+        let keep = file && !trunc && !stale && self.kernel_pages.opened(ino, s.version);
+        Ok(OpenStep::Opened {
+            file,
+            stale,
+            version: s.version,
+            keep,
+        })
     }
 
     /// Starts fetching the first block of `row`'s content into the block cache (content
