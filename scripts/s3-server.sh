@@ -121,7 +121,10 @@ garage_start() {
   garage_install
   garage_cfg
   mkdir -p "$S3DIR/garage-meta" "$S3DIR/garage-data"
-  setsid garage -c "$S3DIR/garage.toml" server >>"$LOG" 2>&1 < /dev/null &
+  # At a lower CPU priority: the server stands in for a remote object store, whose
+  # CPU a real deployment does not share with the filesystem and its workload (on a
+  # 2-core machine it otherwise competes with the requests it is not part of).
+  setsid nice -n 10 garage -c "$S3DIR/garage.toml" server >>"$LOG" 2>&1 < /dev/null &
   echo $! > "$PIDFILE"
   wait_port
   # single-node layout (only once)

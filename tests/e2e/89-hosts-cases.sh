@@ -146,8 +146,11 @@ run_case() { # CASE_FILE WHERE MOUNT...
   shift 2
   cname=$(basename "$c" .sh)
   t0=$SECONDS
+  hdfs h1 status "$NAME" --json > "$T/req-before.json" 2> /dev/null || true
   run_shared_case "$T/case.out" "$c" "$@"
   res=$CASE_RESULT
+  # where the case spent its time on h1 (the daemon's request counters)
+  hdfs h1 status "$NAME" --json > "$T/req-after.json" 2> /dev/null || true
   # a case must not take either mount down with it
   for m in "$MNT" "$MNT2"; do is_alive "$m" || dead="$dead $m"; done
   if [[ -n $dead ]]; then
@@ -164,6 +167,7 @@ run_case() { # CASE_FILE WHERE MOUNT...
   esac
   SUMMARY+=("$cname [$where]: $res ($((SECONDS - t0))s)")
   echo "  case $cname [$where]: $res ($((SECONDS - t0))s)" >&2
+  echo "      h1 $(python3 "$ROOT/tests/tools/reqdelta.py" "$T/req-before.json" "$T/req-after.json" 2> /dev/null)" >&2
 }
 
 for c in "${TWO[@]}"; do run_case "$c" "A=h1 B=h2" "$MNT" "$MNT2"; done

@@ -161,6 +161,9 @@ const ELSEWHERE_FORGET: Duration = Duration::from_secs(10);
 /// Longest a burst of request-path changes postpones an upload that is due.
 pub const BURST_DEFER: Duration = Duration::from_secs(10);
 
+/// Uploads in flight at once while a burst goes on (the uploads past [`BURST_DEFER`]).
+pub const BURST_WORKERS: usize = 2;
+
 pub(crate) fn start(vfs: &Arc<Vfs>) {
     let v = vfs.clone();
     vfs.uploader.running.store(true, Ordering::SeqCst);
@@ -261,7 +264,19 @@ async fn run(vfs: Arc<Vfs>) {
             // and the rest wait here for the next free worker (see `DueWindow`).
             let want = vfs.cfg.upload_workers * 32;
             if window.wants_read(urgent, horizon) {
-                match deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want)) {
+                // Every change a row read here stands for committed before the read: one
+                // device flush of the metadata log now makes them all durable before any
+                // of them deletes from the bucket (after a power loss the database must
+                // not come back naming an object already deleted; engines commit without
+                // a flush, see `MetaEngine::make_durable`).
+                let read = deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want))
+                    .and_then(|rows| {
+                        if !rows.is_empty() {
+                            vfs.meta.make_durable()?;
+                        }
+                        Ok(rows)
+                    });
+                match read {
                     Ok(rows) => window.fill(rows, horizon),
                     Err(e) => {
                         window.fill(Vec::new(), horizon);
@@ -269,7 +284,14 @@ async fn run(vfs: Arc<Vfs>) {
                     }
                 }
             }
-            while tasks.len() < vfs.cfg.upload_workers {
+            // During a burst, uploads that are due anyway (postponed BURST_DEFER) trickle
+            // through a few workers instead of all of them.
+            let workers = if busy && !urgent {
+                BURST_WORKERS.min(vfs.cfg.upload_workers)
+            } else {
+                vfs.cfg.upload_workers
+            };
+            while tasks.len() < workers {
                 let Some(row) = window.next() else { break };
                 if row.attempts > 0 && row.due_ns > now {
                     continue; // failing: keep its backoff even under a barrier
@@ -466,7 +488,6 @@ async fn sweep_removed_dir(vfs: &Arc<Vfs>, path: &[u8]) -> Result<()> {
             continue;
         }
         tracing::info!(key = %o.key, "removing an object left under a removed directory");
-        durable_before_delete(vfs).await?;
         vfs.bucket.delete(&o.key).await?;
         if o.size == 0 && !vfs.bucket.is_local() {
             // A `dir/` marker lists as `dir`.
@@ -980,16 +1001,8 @@ async fn preserve_content(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     .await
 }
 
-/// Makes every commit so far durable before the bucket loses something on their
-/// strength (a delete after an unlink or rename): after a power loss the database must
-/// not come back naming an object already deleted.
-async fn durable_before_delete(vfs: &Arc<Vfs>) -> Result<()> {
-    blocking(vfs, |v| Ok(v.meta.make_durable()?)).await
-}
-
 async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     preserve_content(vfs, o).await?;
-    durable_before_delete(vfs).await?;
     if o.kind == Kind::Dir {
         vfs.bucket.delete_dir_marker(&o.key).await?;
     } else {
