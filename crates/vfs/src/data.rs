@@ -45,6 +45,45 @@ impl From<FetchError> for VfsError {
     }
 }
 
+/// What [`Vfs::locked_inner`] reads under the inode's lock before its body runs.
+#[derive(Clone, Copy, Debug)]
+enum RowRead {
+    /// Nothing (the state alone).
+    No,
+    /// The committed row, servable here: an orphan only while this mount holds the inode
+    /// (open or uncommitted).
+    Servable,
+    /// The committed row, orphans too (the request began while the inode had its name).
+    Any,
+    /// The row as a new `open` may use it: of orphans, only those this mount made and
+    /// keeps. An orphan another mount made is reached through a stale dentry, even while
+    /// this mount has it open — on ext4 that open of the path fails. This matters because
+    /// FUSE sends `release` after `close(2)` returned: a process that closed a file, saw
+    /// another mount delete it and opens the path again must not be served the deleted
+    /// file because the `release` is still on its way.
+    ForOpen,
+    /// As `Any` (`orphan_ok`) or `ForOpen`, read in the same round trip as a +1 on
+    /// `session`'s open count of the inode (see [`Vfs::locked_for_open`]).
+    Counted { orphan_ok: bool, session: u64 },
+}
+
+/// An open's count in the open-file table that no handle owns yet: taken back (off the
+/// request path) when the open fails.
+struct UnownedCount<'a> {
+    vfs: &'a Vfs,
+    ino: Ino,
+    /// The session it was made under, if it was made.
+    session: Option<u64>,
+}
+
+impl Drop for UnownedCount<'_> {
+    fn drop(&mut self) {
+        if let Some(session) = self.session.take() {
+            self.vfs.unrecord_later(self.ino, session);
+        }
+    }
+}
+
 /// What the locked part of an `open` decided.
 enum OpenStep {
     /// Wait for content another cache holds, then try again.
@@ -82,7 +121,7 @@ impl Vfs {
         ino: Ino,
         f: impl FnOnce(&mut InodeState) -> Result<T>,
     ) -> Result<T> {
-        self.locked_inner(ino, 0, |s, _| f(s), None)
+        self.locked_inner(ino, RowRead::No, |s, _| f(s), None)
     }
 
     /// [`Vfs::locked`] that also reads the inode's committed row under the state's lock
@@ -105,36 +144,44 @@ impl Vfs {
         orphan_ok: bool,
         f: impl FnOnce(&mut InodeState, &InodeRow) -> Result<T>,
     ) -> Result<T> {
-        self.locked_row(ino, if orphan_ok { 2 } else { 1 }, f)
+        let read = if orphan_ok {
+            RowRead::Any
+        } else {
+            RowRead::Servable
+        };
+        self.locked_row(ino, read, f)
     }
 
     /// [`Vfs::locked_fresh_as`] for a new `open`: unless `orphan_ok`, an orphan is served
-    /// only when this mount made it and keeps it (see `read_row` 3 of `locked_inner`).
-    /// `record`: also count an open of this mount's session in the open-file table, in
-    /// the same round trip as the row's read (while other mounts are live). When this
-    /// returns an error after the count was made, the count is already queued to be
-    /// taken back; when `f` fails, the caller takes it back.
+    /// only when this mount made it and keeps it (see [`RowRead::ForOpen`]).
+    /// `count`: also count an open of that session in the open-file table, in the same
+    /// round trip as the row's read (while other mounts are live). `Ok`: the count was
+    /// made and is the caller's; `Err`: none is left (it is queued to be taken back).
     fn locked_for_open<T>(
         &self,
         ino: Ino,
         orphan_ok: bool,
-        record: bool,
+        count: Option<u64>,
         f: impl FnOnce(&mut InodeState, &InodeRow) -> Result<T>,
     ) -> Result<T> {
-        let mode = match (orphan_ok, record) {
-            (true, false) => 2,
-            (false, false) => 3,
-            (false, true) => 4,
-            (true, true) => 5,
+        let read = match (count, orphan_ok) {
+            (Some(session), _) => RowRead::Counted { orphan_ok, session },
+            (None, true) => RowRead::Any,
+            (None, false) => RowRead::ForOpen,
         };
-        self.locked_row(ino, mode, f)
+        self.locked_row(ino, read, |s, row| {
+            let out = f(s, row);
+            if let (Err(_), Some(session)) = (&out, count) {
+                self.unrecord_later(ino, session);
+            }
+            out
+        })
     }
 
-    /// The row of `ino` read in one batch with a +1 on this session's open count of it;
-    /// as [`Vfs::current_held`] otherwise (the count is queued to be taken back when the
+    /// The row of `ino` read in one batch with a +1 on `session`'s open count of it; as
+    /// [`Vfs::current_held`] otherwise (the count is queued to be taken back when the
     /// row is not servable).
-    fn current_recording_open(&self, ino: Ino, held: bool) -> Result<InodeRow> {
-        let session = self.coherence.session();
+    fn current_counting_open(&self, ino: Ino, held: bool, session: u64) -> Result<InodeRow> {
         let out = self.meta.apply(&[
             Op::AddOpen {
                 ino,
@@ -161,21 +208,19 @@ impl Vfs {
         self.releases.push(crate::release::QueuedRelease {
             ino,
             unrecord: Some(session),
-            last: false,
-            version: 0,
-            size: 0,
+            last: None,
         });
     }
 
     fn locked_row<T>(
         &self,
         ino: Ino,
-        read_row: u8,
+        read: RowRead,
         f: impl FnOnce(&mut InodeState, &InodeRow) -> Result<T>,
     ) -> Result<T> {
         self.locked_inner(
             ino,
-            read_row,
+            read,
             |s, r| match r {
                 Some(r) => f(s, r),
                 None => Err(VfsError::Stale),
@@ -184,20 +229,12 @@ impl Vfs {
         )
     }
 
-    /// `read_row`: 0 = no row, 1 = the row (servable here), 2 = the row (orphans too),
-    /// 3 = the row as a new `open` may use it (of orphans, only those this mount made and
-    /// keeps: an orphan another mount made is reached through a stale dentry, even while
-    /// this mount has it open — on ext4 that open of the path fails); 4 and 5 = as 3 and
-    /// 2, read in one round trip with an open count (see [`Vfs::locked_for_open`]).
-    ///
-    /// The third matters because FUSE sends `release` after `close(2)` returned: a
-    /// process that closed a file, saw another mount delete it and opens the path again
-    /// must not be served the deleted file because the `release` is still on its way.
-    /// `known`: a row just written by this mount, to load a fresh state from.
+    /// `read`: what is read under the lock first (see [`RowRead`]). `known`: a row just
+    /// written by this mount, to load a fresh state from.
     fn locked_inner<T>(
         &self,
         ino: Ino,
-        read_row: u8,
+        read: RowRead,
         f: impl FnOnce(&mut InodeState, Option<&InodeRow>) -> Result<T>,
         known: Option<&InodeRow>,
     ) -> Result<T> {
@@ -207,26 +244,23 @@ impl Vfs {
             if s.detached {
                 continue;
             }
-            let row = if read_row > 0 {
-                let held = match read_row {
-                    2 | 5 => true,
-                    3 | 4 => false,
-                    _ => s.open_count > 0 || s.uncommitted,
-                };
-                let read = if read_row >= 4 {
-                    self.current_recording_open(ino, held)
-                } else {
-                    self.current_held(ino, Some(held))
-                };
-                match read {
-                    Ok(r) => Some(r),
-                    Err(e) => {
-                        self.maybe_detach(ino, &st, &mut s);
-                        return Err(e);
-                    }
+            let fetched = match read {
+                RowRead::No => None,
+                RowRead::Servable => {
+                    Some(self.current_held(ino, Some(s.open_count > 0 || s.uncommitted)))
                 }
-            } else {
-                None
+                RowRead::Any => Some(self.current_held(ino, Some(true))),
+                RowRead::ForOpen => Some(self.current_held(ino, Some(false))),
+                RowRead::Counted { orphan_ok, session } => {
+                    Some(self.current_counting_open(ino, orphan_ok, session))
+                }
+            };
+            let row = match fetched.transpose() {
+                Ok(r) => r,
+                Err(e) => {
+                    self.maybe_detach(ino, &st, &mut s);
+                    return Err(e);
+                }
             };
             if !s.loaded {
                 let loaded = match row.as_ref().or(known) {
@@ -402,40 +436,23 @@ impl Vfs {
         let mut waited = false;
         // While other mounts are live the open is counted in the open-file table, in the
         // round trip that reads the row (once, whatever the loop below repeats).
-        let mut recorded = false;
+        let mut count = UnownedCount {
+            vfs: self,
+            ino,
+            session: None,
+        };
         loop {
             // One round trip: the committed row, read under the state's lock. After a
             // wait for remote content, the inode is served even if it lost its name
             // during the wait: this open began while it had it.
-            let record = !recorded && self.shared();
-            let session = self.coherence.session();
-            let step = self.locked_for_open(ino, retry || waited, record, |s, row| {
-                let step = self.open_step(ino, s, row, acc, trunc, waited);
-                if step.is_err() && record {
-                    self.unrecord_later(ino, session);
-                }
-                step
-            });
-            let step = match step {
-                Ok(step) => {
-                    recorded |= record;
-                    step
-                }
-                Err(e) => {
-                    if recorded {
-                        self.unrecord_later(ino, session);
-                    }
-                    return Err(e);
-                }
-            };
+            let ask = (count.session.is_none() && self.shared()).then(|| self.coherence.session());
+            let step = self.locked_for_open(ino, retry || waited, ask, |s, row| {
+                self.open_step(ino, s, row, acc, trunc, waited)
+            })?;
+            count.session = count.session.or(ask);
             match step {
                 OpenStep::Remote(row) => {
-                    if let Err(e) = self.await_remote_content(&row) {
-                        if recorded {
-                            self.unrecord_later(ino, session);
-                        }
-                        return Err(e);
-                    }
+                    self.await_remote_content(&row)?;
                     // The first block now, before the object can be replaced.
                     self.prefetch_first_block(&row);
                     waited = true;
@@ -453,14 +470,15 @@ impl Vfs {
                         self.invalidate_now(&crate::Invalidation::Inode(ino));
                         self.kernel_pages.opened(ino, version);
                     }
-                    let fh = self.new_handle(ino, flags, recorded).inspect_err(|_| {
-                        if recorded {
-                            self.unrecord_later(ino, session);
-                        }
-                        let _ = self.with_state(ino, |s| {
-                            s.open_count = s.open_count.saturating_sub(1);
-                        });
-                    })?;
+                    let fh = self
+                        .new_handle(ino, flags, count.session.is_some())
+                        .inspect_err(|_| {
+                            let _ = self.with_state(ino, |s| {
+                                s.open_count = s.open_count.saturating_sub(1);
+                            });
+                        })?;
+                    // The handle owns the count now (its release takes it back).
+                    count.session = None;
                     return Ok(Opened {
                         fh,
                         keep_cache: keep,
@@ -558,7 +576,7 @@ impl Vfs {
         // The state starts from the row just created (no read needed).
         self.locked_inner(
             row.ino,
-            0,
+            RowRead::No,
             |s, _| {
                 s.open_count += 1;
                 self.kernel_pages.opened(row.ino, s.version);
@@ -1310,9 +1328,10 @@ impl Vfs {
                 self.releases.push(crate::release::QueuedRelease {
                     ino,
                     unrecord,
-                    last: get,
-                    version: s.version,
-                    size: s.size,
+                    last: get.then_some(crate::release::LastHandle {
+                        version: s.version,
+                        size: s.size,
+                    }),
                 });
                 return Ok((false, s.size, None, false));
             }

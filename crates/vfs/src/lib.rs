@@ -22,6 +22,7 @@ mod hints;
 mod importer;
 mod kernel_refs;
 pub mod locks;
+mod meta_flush;
 mod namespace;
 pub mod paths;
 mod release;
@@ -130,6 +131,8 @@ pub struct Vfs {
     pub(crate) deferred: Mutex<Vec<Invalidation>>,
     /// Releases whose database work is still to do (see [`release`]).
     pub(crate) releases: release::ReleaseQueue,
+    /// Shared device flushes of the metadata log (see [`meta_flush`]).
+    pub(crate) meta_flush: meta_flush::MetaFlush,
     /// When the request path last queued work for the uploader or served a request, ns
     /// (burst detection: uploads wait for a quiet moment).
     pub(crate) last_mark_ns: std::sync::atomic::AtomicI64,
@@ -234,6 +237,7 @@ impl Vfs {
             namespace_barrier: std::sync::OnceLock::new(),
             deferred: Mutex::new(Vec::new()),
             releases: release::ReleaseQueue::default(),
+            meta_flush: meta_flush::MetaFlush::default(),
             last_mark_ns: std::sync::atomic::AtomicI64::new(0),
             locks: locks::LocalLocks::default(),
             kernel_pages: feed::KernelPages::default(),

@@ -32,11 +32,17 @@ pub(crate) struct QueuedRelease {
     pub(crate) ino: Ino,
     /// Session whose open record goes (`None`: the open was never recorded).
     pub(crate) unrecord: Option<u64>,
-    /// Whether this was the inode's last handle here: read its row afterwards (purge an
-    /// orphan, let a clean staging file be evicted).
-    pub(crate) last: bool,
-    /// Content version and size when the handle went (a later write changes them).
+    /// Set when this was the inode's last handle here: its row is read afterwards (purge
+    /// an orphan, let a clean staging file be evicted).
+    pub(crate) last: Option<LastHandle>,
+}
+
+/// The inode as its last handle here left it (a later open or write changes it).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LastHandle {
+    /// Content version.
     pub(crate) version: u64,
+    /// Size, bytes.
     pub(crate) size: u64,
 }
 
@@ -82,16 +88,16 @@ impl Vfs {
                         delta: -1,
                     });
                 }
-                if r.last {
-                    reads.push((ops.len(), *r));
+                if let Some(last) = r.last {
+                    reads.push((ops.len(), r.ino, last));
                     ops.push(Op::GetInode(r.ino));
                 }
             }
             match self.meta.apply(&ops) {
                 Ok(out) => {
-                    for (i, r) in reads {
+                    for (i, ino, last) in reads {
                         if let Some(row) = out.get(i).and_then(OpOut::row) {
-                            self.settle_released(&r, row);
+                            self.settle_released(ino, last, row);
                         }
                     }
                 }
@@ -108,28 +114,28 @@ impl Vfs {
 
     /// After a queued last release: purge the inode if it lost its last name, or let its
     /// clean staging file be evicted — unless it was opened or written again since.
-    fn settle_released(&self, r: &QueuedRelease, row: &deskfs_meta::InodeRow) {
+    fn settle_released(&self, ino: Ino, last: LastHandle, row: &deskfs_meta::InodeRow) {
         // Checked without loading a state (no state: nothing here holds the inode).
         let st = self
             .inodes
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&r.ino)
+            .get(&ino)
             .cloned();
         let untouched = match st {
             None => true,
             Some(st) => st
                 .lock()
-                .map(|s| s.open_count == 0 && !s.uncommitted && s.version == r.version)
+                .map(|s| s.open_count == 0 && !s.uncommitted && s.version == last.version)
                 .unwrap_or(false),
         };
         if !untouched {
             return;
         }
         if row.nlink == 0 {
-            self.release_orphan(r.ino);
+            self.release_orphan(ino);
         } else if row.local == self.here() && !row.dirty {
-            self.cache.staging_clean(r.ino, r.size);
+            self.cache.staging_clean(ino, last.size);
         }
     }
 }

@@ -264,19 +264,7 @@ async fn run(vfs: Arc<Vfs>) {
             // and the rest wait here for the next free worker (see `DueWindow`).
             let want = vfs.cfg.upload_workers * 32;
             if window.wants_read(urgent, horizon) {
-                // Every change a row read here stands for committed before the read: one
-                // device flush of the metadata log now makes them all durable before any
-                // of them deletes from the bucket (after a power loss the database must
-                // not come back naming an object already deleted; engines commit without
-                // a flush, see `MetaEngine::make_durable`).
-                let read = deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want))
-                    .and_then(|rows| {
-                        if !rows.is_empty() {
-                            vfs.meta.make_durable()?;
-                        }
-                        Ok(rows)
-                    });
-                match read {
+                match deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want)) {
                     Ok(rows) => window.fill(rows, horizon),
                     Err(e) => {
                         window.fill(Vec::new(), horizon);
@@ -483,6 +471,9 @@ async fn sweep_removed_dir(vfs: &Arc<Vfs>, path: &[u8]) -> Result<()> {
         })
     })
     .await?;
+    if !leftovers.is_empty() {
+        durable_before_delete(vfs).await?;
+    }
     for o in &leftovers {
         if keep.contains(o.key.as_bytes()) {
             continue;
@@ -1001,8 +992,17 @@ async fn preserve_content(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     .await
 }
 
+/// Makes the commits that led to a delete (an unlink, a rename: all before now) durable
+/// before the bucket loses the object: after a power loss the database must not come
+/// back naming it. Concurrent deletes share one flush (see `meta_flush`).
+async fn durable_before_delete(vfs: &Arc<Vfs>) -> Result<()> {
+    let since = std::time::Instant::now();
+    blocking(vfs, move |v| v.durable_since(since)).await
+}
+
 async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     preserve_content(vfs, o).await?;
+    durable_before_delete(vfs).await?;
     if o.kind == Kind::Dir {
         vfs.bucket.delete_dir_marker(&o.key).await?;
     } else {
@@ -1449,7 +1449,7 @@ impl Vfs {
         // The only local copy goes on the strength of commits (the upload's record, the
         // eviction's): they must survive a power loss first (engines commit without a
         // device flush; see `MetaEngine::make_durable`).
-        if let Err(e) = self.meta.make_durable() {
+        if let Err(e) = self.durable_since(std::time::Instant::now()) {
             tracing::warn!(error = %e, "cannot make the evictions durable; keeping the files");
             return;
         }

@@ -228,22 +228,12 @@ fn an_older_version_landing_over_a_newer_one_is_uploaded_again() {
             == Some(&b"older, from mount A"[..])),
         "A's older PUT never landed"
     );
-    assert!(
-        wait_until(Duration::from_secs(10), || settled(
-            &h,
-            "f",
-            ino,
-            b"NEWEST, from mount B"
-        )),
-        "the bucket kept the older version (or the records name what it does not hold): \
-         bucket {:?}, inode {:?}, record {:?}",
-        h.bucket_file("f")
-            .map(|b| String::from_utf8_lossy(&b).into_owned()),
-        h.row(ino),
-        read(&*h.meta, |t| t.get_object(b"f")).unwrap()
+    newest_from_b_settles(
+        &h,
+        &a,
+        ino,
+        "the bucket kept the older version (or the records name what it does not hold)",
     );
-    assert!(h.staging_exists(ino), "B's copy of the newest version went");
-    assert_eq!(read_on(&a, ino), b"NEWEST, from mount B");
 }
 
 /// The same race, recorded in the other order (the seed-55 symptom): B's PUT of the
@@ -282,22 +272,33 @@ fn a_newer_put_recorded_after_an_older_one_landed_over_it_is_done_again() {
         "A's older PUT was not recorded"
     );
     gate_b.released.store(true, SeqCst);
+    newest_from_b_settles(
+        &h,
+        &a,
+        ino,
+        "the records name an object the bucket does not hold",
+    );
+}
+
+/// The end of both racing-puts tests: `f` settles on B's newest content (bucket, record
+/// and inode agree), B keeps its copy, and mount `a` reads the newest bytes. `what`
+/// names the failure.
+fn newest_from_b_settles(h: &Harness, a: &Vfs, ino: Ino, what: &str) {
     assert!(
         wait_until(Duration::from_secs(10), || settled(
-            &h,
+            h,
             "f",
             ino,
             b"NEWEST, from mount B"
         )),
-        "the records name an object the bucket does not hold: bucket {:?}, inode {:?}, \
-         record {:?}",
+        "{what}: bucket {:?}, inode {:?}, record {:?}",
         h.bucket_file("f")
             .map(|b| String::from_utf8_lossy(&b).into_owned()),
         h.row(ino),
         read(&*h.meta, |t| t.get_object(b"f")).unwrap()
     );
     assert!(h.staging_exists(ino), "B's copy of the newest version went");
-    assert_eq!(read_on(&a, ino), b"NEWEST, from mount B");
+    assert_eq!(read_on(a, ino), b"NEWEST, from mount B");
 }
 
 /// The whole content of `ino` read through mount `v`.
