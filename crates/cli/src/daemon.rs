@@ -68,6 +68,10 @@ pub struct MountArgs {
     /// tools add, replace or delete show up at the next `readdir` after this.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86400))]
     pub list_ttl: u64,
+    /// Never use FUSE passthrough (by default, files whose content is in the local cache
+    /// are read and written by the kernel straight from it, on Linux >= 6.9 as root).
+    #[arg(long)]
+    pub no_passthrough: bool,
 }
 
 /// Arguments of `deskfs umount`.
@@ -287,6 +291,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
         .arg(a.durability.to_string())
         .arg("--bucket-wait")
         .arg(a.bucket_wait.to_string())
+        .args(a.no_passthrough.then_some("--no-passthrough"))
         .env("DESKFS_DAEMON_LOG", &log_path)
         .env("DESKFS_DAEMON_READY", "1")
         .stdin(Stdio::null())
@@ -376,6 +381,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         list_ttl: Duration::from_secs(a.list_ttl),
         durability: a.durability,
         bucket_wait: Duration::from_secs(a.bucket_wait),
+        passthrough: !a.no_passthrough,
         ..VfsConfig::default()
     };
     let meta: Arc<dyn MetaEngine> = o.meta.clone();

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use deskfs_vfs::{Attr, Ctx, SetAttr, Vfs, VfsError};
+use deskfs_vfs::{Attr, Ctx, Opened, SetAttr, Vfs, VfsError};
 use fuser::{
     AccessFlags, BsdFileFlags, Errno, FileHandle, Filesystem, FopenFlags, Generation, INodeNo,
     InitFlags, KernelConfig, LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData,
@@ -16,6 +16,7 @@ use fuser::{
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 
+use crate::backing::Backings;
 use crate::convert::{
     file_attr, file_type, is_dot_or_dotdot, negative_attr, placeholder_attr, set_time,
     xattr_answer, XattrAnswer,
@@ -41,16 +42,64 @@ pub(crate) struct Ttls {
     pub(crate) negative: Duration,
 }
 
-/// A mounted deskfs as fuser sees it: the VFS plus the kernel cache lifetimes.
+/// A mounted deskfs as fuser sees it: the VFS, the kernel cache lifetimes and the
+/// passthrough backing ids in use.
 pub(crate) struct DeskFs {
     vfs: Arc<Vfs>,
     ttls: Ttls,
+    backings: std::sync::Mutex<Backings>,
+}
+
+/// How an open is answered: through the page cache, or through a backing file.
+enum OpenAnswer<'a> {
+    Cached(FopenFlags),
+    Passthrough(&'a fuser::BackingId),
 }
 
 impl DeskFs {
     /// Wraps `vfs` with the kernel cache lifetimes `ttls`.
     pub(crate) fn new(vfs: Arc<Vfs>, ttls: Ttls) -> DeskFs {
-        DeskFs { vfs, ttls }
+        DeskFs {
+            vfs,
+            ttls,
+            backings: Default::default(),
+        }
+    }
+
+    /// Answers the open `o` of `ino` by `send` (called with the backings table locked, so
+    /// answers for one inode reach the kernel in the order their modes were settled).
+    /// A passthrough open whose backing file the kernel refuses is turned into a cached
+    /// one, and passthrough is turned off for the mount: an inode must never see a cached
+    /// and a passthrough open at once.
+    fn answer_open(
+        &self,
+        ino: u64,
+        o: &Opened,
+        open_backing: impl FnOnce(&std::fs::File) -> io::Result<fuser::BackingId>,
+        send: impl FnOnce(OpenAnswer<'_>),
+    ) {
+        let mut backings = self.backings.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(file) = &o.backing {
+            let allowed = self.vfs.passthrough_on() || backings.has(ino);
+            let attached = if allowed {
+                backings.attach(ino, o.fh, || open_backing(file))
+            } else {
+                Err(io::Error::other("passthrough turned off"))
+            };
+            match attached {
+                Ok(id) => return send(OpenAnswer::Passthrough(id)),
+                Err(e) => {
+                    if self.vfs.passthrough_on() {
+                        tracing::warn!(error = %e, "the kernel refused a passthrough backing file; serving reads and writes through the daemon from now on");
+                        self.vfs.set_passthrough(false);
+                    }
+                    self.vfs.passthrough_refused(ino, o.fh);
+                }
+            }
+        }
+        send(OpenAnswer::Cached(fopen_flags(
+            o.keep_cache && o.backing.is_none(),
+        )))
     }
 
     /// Starts timing one request of kind `op`, and tells the VFS that the file system is
@@ -224,6 +273,17 @@ impl Filesystem for DeskFs {
             InitFlags::FUSE_CACHE_SYMLINKS,
         ] {
             let _ = config.add_capabilities(flag);
+        }
+        // passthrough: files whose content is in a local staging file are read, written
+        // and mmapped by the kernel straight from it (Linux >= 6.9). Backing files live
+        // on the cache dir's file system, which must not itself be stacked (depth 1).
+        if self.vfs.passthrough_wanted() {
+            let granted = config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+                && config.set_max_stack_depth(1).is_ok();
+            if !granted {
+                tracing::info!("the kernel does not offer FUSE passthrough; the daemon serves all reads and writes");
+            }
+            self.vfs.set_passthrough(granted);
         }
         for flag in [InitFlags::FUSE_POSIX_LOCKS, InitFlags::FUSE_FLOCK_LOCKS] {
             if let Err(missing) = config.add_capabilities(flag) {
@@ -402,7 +462,32 @@ impl Filesystem for DeskFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let _op = self.timed(crate::stats::Op::Open);
         match self.vfs.open(&ctx(req), ino.0, flags.0) {
-            Ok(o) => reply.opened(FileHandle(o.fh), fopen_flags(o.keep_cache)),
+            Ok(o) => {
+                let fh = FileHandle(o.fh);
+                let reply = std::cell::Cell::new(Some(reply));
+                self.answer_open(
+                    ino.0,
+                    &o,
+                    |file| match reply.take() {
+                        Some(r) => {
+                            let id = r.open_backing(file);
+                            reply.set(Some(r));
+                            id
+                        }
+                        None => Err(io::Error::other("reply already sent")),
+                    },
+                    |answer| {
+                        if let Some(r) = reply.take() {
+                            match answer {
+                                OpenAnswer::Passthrough(id) => {
+                                    r.opened_passthrough(fh, FopenFlags::empty(), id)
+                                }
+                                OpenAnswer::Cached(flags) => r.opened(fh, flags),
+                            }
+                        }
+                    },
+                );
+            }
             Err(e) => reply.error(errno("open", &e)),
         }
     }
@@ -609,6 +694,12 @@ impl Filesystem for DeskFs {
             }
             reply_empty("release", vfs.release(ino.0, fh.0), reply);
         };
+        // The kernel dropped this file before it sent RELEASE: its backing id (if it was a
+        // passthrough open) may go.
+        self.backings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .detach(fh.0);
         if flush {
             self.maybe_waiting(work);
         } else {
@@ -798,14 +889,45 @@ impl Filesystem for DeskFs {
             .vfs
             .create(&ctx(req), parent.0, name.as_bytes(), mode, umask, flags);
         match result {
-            Ok((attr, o)) => reply.created(
-                &self.single_ttl(),
-                &file_attr(&attr),
-                GENERATION,
-                FileHandle(o.fh),
-                fopen_flags(o.keep_cache),
-            ),
+            Ok((attr, o)) => {
+                let (ttl, attr, fh) = (self.single_ttl(), file_attr(&attr), FileHandle(o.fh));
+                let reply = std::cell::Cell::new(Some(reply));
+                self.answer_open(
+                    ino_of(&attr),
+                    &o,
+                    |file| match reply.take() {
+                        Some(r) => {
+                            let id = r.open_backing(file);
+                            reply.set(Some(r));
+                            id
+                        }
+                        None => Err(io::Error::other("reply already sent")),
+                    },
+                    |answer| {
+                        if let Some(r) = reply.take() {
+                            match answer {
+                                OpenAnswer::Passthrough(id) => r.created_passthrough(
+                                    &ttl,
+                                    &attr,
+                                    GENERATION,
+                                    fh,
+                                    FopenFlags::empty(),
+                                    id,
+                                ),
+                                OpenAnswer::Cached(flags) => {
+                                    r.created(&ttl, &attr, GENERATION, fh, flags)
+                                }
+                            }
+                        }
+                    },
+                );
+            }
             Err(e) => reply.error(errno("create", &e)),
         }
     }
+}
+
+/// The inode number of a reply's attributes.
+fn ino_of(attr: &fuser::FileAttr) -> u64 {
+    attr.ino.0
 }

@@ -22,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+mod backing;
 mod convert;
 mod filesystem;
 pub mod stats;

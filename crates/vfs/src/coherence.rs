@@ -133,6 +133,9 @@ pub(crate) struct Coherence {
     /// The engine delivers signals from other mounts (PostgreSQL `NOTIFY`): waits and
     /// followers are woken by them, and poll only as a fallback.
     notified: AtomicBool,
+    /// Times this mount began sharing (facts about rows known only while alone are
+    /// valid within one alone period: see `datasync`).
+    sharings: AtomicU64,
 }
 
 impl Default for Coherence {
@@ -146,6 +149,7 @@ impl Default for Coherence {
             fences: Mutex::new(FenceReport::default()),
             stopped: AtomicBool::new(false),
             notified: AtomicBool::new(false),
+            sharings: AtomicU64::new(0),
         }
     }
 }
@@ -172,10 +176,21 @@ impl Coherence {
         self.peers().shared()
     }
 
+    /// The current alone period: `Some(n)` while alone, a number that changes whenever
+    /// other mounts appear (so a fact learnt while alone is not trusted after a shared
+    /// spell); `None` while shared.
+    pub(crate) fn alone_period(&self) -> Option<u64> {
+        let n = self.sharings.load(Ordering::SeqCst);
+        (!self.shared() && self.sharings.load(Ordering::SeqCst) == n).then_some(n)
+    }
+
     /// Moves to the state the session table `sessions` implies for this mount on `host`.
     pub(crate) fn observe(&self, host: &str, sessions: &[SessionRow]) -> Transition {
         let (to, newest_peer) = Peers::of(self.session(), host, sessions);
         let from = Peers::from_code(self.peers.swap(to.code(), Ordering::SeqCst));
+        if to.shared() && !from.shared() {
+            self.sharings.fetch_add(1, Ordering::SeqCst);
+        }
         Transition {
             from,
             to,

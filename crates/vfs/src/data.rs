@@ -17,6 +17,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use crate::changes::{Batch, Plan};
 use crate::handles::{Handle, InodeState, OpenRecord};
 use crate::namespace::NodeSpec;
+use crate::passthrough::Absorb;
 use crate::types::{Attr, Ctx, Opened};
 use crate::{now_ns, poisoned, Result, Vfs, VfsError};
 
@@ -84,6 +85,17 @@ impl Drop for UnownedCount<'_> {
     }
 }
 
+/// How durable a commit must be when it returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CommitSync {
+    /// Committed: survives a crash of the daemon (`close`).
+    Commit,
+    /// `fdatasync`: the data, and what reading it back needs, survive a power loss.
+    Data,
+    /// `fsync`: the data and every attribute survive a power loss.
+    Full,
+}
+
 /// What the locked part of an `open` decided.
 enum OpenStep {
     /// Wait for content another cache holds, then try again.
@@ -94,6 +106,8 @@ enum OpenStep {
         stale: bool,
         version: u64,
         keep: bool,
+        /// The backing file of a passthrough open (counted in the state's `pt`).
+        backing: Option<Arc<File>>,
     },
 }
 
@@ -275,6 +289,13 @@ impl Vfs {
                     return Err(e);
                 }
             }
+            // Writes made through a passthrough backing file since the last request.
+            if s.pt.writers() > 0 {
+                if let Err(e) = self.absorb_backing(ino, &mut s, Absorb::Seen) {
+                    self.maybe_detach(ino, &st, &mut s);
+                    return Err(e);
+                }
+            }
             let out = f(&mut s, row.as_ref());
             self.maybe_detach(ino, &st, &mut s);
             return out;
@@ -316,8 +337,11 @@ impl Vfs {
 
     /// Moves a state that has no uncommitted writes to the committed content of `row`;
     /// returns whether it changed, and the version the state now holds.
+    /// While files are open here through passthrough, their backing file stays what they
+    /// read: the state keeps its content until their last close (their writes win at
+    /// their commit, as uncommitted writes do).
     fn adopt_row(s: &mut InodeState, row: &InodeRow) -> (bool, u64) {
-        if s.uncommitted || (row.data_version == s.version && row.size == s.size) {
+        if s.uncommitted || s.pt.active() || (row.data_version == s.version && row.size == s.size) {
             return (false, s.version);
         }
         s.size = row.size;
@@ -356,7 +380,7 @@ impl Vfs {
         }
     }
 
-    fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
+    pub(crate) fn handle(&self, fh: u64) -> Result<Arc<Handle>> {
         self.handles
             .lock()
             .map_err(|_| poisoned())?
@@ -367,8 +391,9 @@ impl Vfs {
 
     /// A new handle. `recorded`: its open is already in the open-file table (`create`
     /// records it in its own batch); otherwise it is recorded now when other mounts are
-    /// live (see [`Vfs::publish_opens`]).
-    fn new_handle(&self, ino: Ino, flags: i32, recorded: bool) -> Result<u64> {
+    /// live (see [`Vfs::publish_opens`]). `passthrough`: it was counted as a passthrough
+    /// open.
+    fn new_handle(&self, ino: Ino, flags: i32, recorded: bool, passthrough: bool) -> Result<u64> {
         let acc = flags & libc::O_ACCMODE;
         let h = Arc::new(Handle::new(
             ino,
@@ -382,6 +407,7 @@ impl Vfs {
                 OpenRecord::Unrecorded
             },
         ));
+        h.passthrough.store(passthrough, Ordering::SeqCst);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
         self.handles
             .lock()
@@ -462,6 +488,7 @@ impl Vfs {
                     stale,
                     version,
                     keep,
+                    backing,
                 } => {
                     if file && stale {
                         // Another mount's new content: the kernel's cached size and pages
@@ -471,10 +498,13 @@ impl Vfs {
                         self.kernel_pages.opened(ino, version);
                     }
                     let fh = self
-                        .new_handle(ino, flags, count.session.is_some())
+                        .new_handle(ino, flags, count.session.is_some(), backing.is_some())
                         .inspect_err(|_| {
                             let _ = self.with_state(ino, |s| {
                                 s.open_count = s.open_count.saturating_sub(1);
+                                if backing.is_some() {
+                                    Self::passthrough_closed(s, acc != libc::O_RDONLY);
+                                }
                             });
                         })?;
                     // The handle owns the count now (its release takes it back).
@@ -482,6 +512,7 @@ impl Vfs {
                     return Ok(Opened {
                         fh,
                         keep_cache: keep,
+                        backing,
                     });
                 }
             }
@@ -519,6 +550,17 @@ impl Vfs {
             self.truncate_locked(ino, s, 0)?;
         }
         s.open_count += 1;
+        let backing = if file {
+            match self.passthrough_grant(ino, s, row, acc != libc::O_RDONLY) {
+                Ok(b) => b,
+                Err(e) => {
+                    s.open_count -= 1;
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
         // The kernel's pages stay when they hold the current content (every
         // change since came through this kernel, or was invalidated).
         let keep = file && !trunc && !stale && self.kernel_pages.opened(ino, s.version);
@@ -527,6 +569,7 @@ impl Vfs {
             stale,
             version: s.version,
             keep,
+            backing,
         })
     }
 
@@ -574,11 +617,14 @@ impl Vfs {
             },
         )?;
         // The state starts from the row just created (no read needed).
-        self.locked_inner(
+        let write = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        let backing = self.locked_inner(
             row.ino,
             RowRead::No,
             |s, _| {
                 s.open_count += 1;
+                // Dirty from birth, committed just now.
+                s.dirty_mark.committed(self.coherence.alone_period());
                 self.kernel_pages.opened(row.ino, s.version);
                 // Its staging file was made by `create_node`: the first write needs no
                 // look at the row to find where the content is.
@@ -590,23 +636,39 @@ impl Vfs {
                 // Written next, most likely: the row is dirty from its create, and the
                 // writer lock taken now keeps every uploader from marking it clean
                 // before that write (see `InodeState::create_guard`).
-                if flags & libc::O_ACCMODE != libc::O_RDONLY && row.dirty {
+                if write && row.dirty {
                     if let Some(f) = s.staging.clone() {
                         if s.hold_writer_lock(&f).is_ok() {
                             s.create_guard = Some(now_ns());
                         }
                     }
                 }
-                Ok(())
+                match self.passthrough_grant(row.ino, s, &row, write) {
+                    Ok(b) => Ok(b),
+                    Err(e) => {
+                        s.open_count -= 1;
+                        Err(e)
+                    }
+                }
             },
             Some(&row),
         )?;
-        let fh = self.new_handle(row.ino, flags, tracked)?;
+        let fh = self
+            .new_handle(row.ino, flags, tracked, backing.is_some())
+            .inspect_err(|_| {
+                let _ = self.with_state(row.ino, |s| {
+                    s.open_count = s.open_count.saturating_sub(1);
+                    if backing.is_some() {
+                        Self::passthrough_closed(s, write);
+                    }
+                });
+            })?;
         Ok((
             crate::attr_of(&row),
             Opened {
                 fh,
                 keep_cache: false,
+                backing,
             },
         ))
     }
@@ -1033,6 +1095,13 @@ impl Vfs {
         if self.meta.get_inode(ino)?.is_some_and(|r| r.dirty) {
             return Ok(());
         }
+        self.mark_dirty(ino)?;
+        self.cache.staging_dirty(ino);
+        Ok(())
+    }
+
+    /// Marks the row of `ino` dirty (its content is to be uploaded) in one commit.
+    pub(crate) fn mark_dirty(&self, ino: Ino) -> Result<()> {
         self.change(|_| {
             let mut b = Batch::new(self);
             b.guard(Op::SetAttrs {
@@ -1044,7 +1113,6 @@ impl Vfs {
             });
             Ok(Plan::Apply(b, Box::new(|_| Ok(()))))
         })?;
-        self.cache.staging_dirty(ino);
         Ok(())
     }
 
@@ -1052,7 +1120,12 @@ impl Vfs {
     /// version go to the metadata engine in one batch that also marks every path of the
     /// inode pending. With `durable`, the staging file is fdatasync'ed and the commit is
     /// made durable (fsync semantics).
-    pub(crate) fn commit_locked(&self, ino: Ino, s: &mut InodeState, durable: bool) -> Result<()> {
+    pub(crate) fn commit_locked(
+        &self,
+        ino: Ino,
+        s: &mut InodeState,
+        durable: CommitSync,
+    ) -> Result<()> {
         self.commit_with(ino, s, durable, None, false).map(|_| ())
     }
 
@@ -1063,7 +1136,7 @@ impl Vfs {
         &self,
         ino: Ino,
         s: &mut InodeState,
-        durable: bool,
+        durable: CommitSync,
         unrecord: Option<u64>,
         get: bool,
     ) -> Result<Option<InodeRow>> {
@@ -1138,24 +1211,43 @@ impl Vfs {
                 self.uploader.kick();
             }
         }
-        if durable {
-            // Both device flushes at once: the staging file's data and the metadata log.
-            // (Order does not matter: until both are done, fsync has not returned, and
-            // recovery adopts whatever of the staging file a dirty inode has.)
-            let staging = s.staging.clone();
-            std::thread::scope(|sc| -> Result<()> {
-                let data = staging.map(|f| sc.spawn(move || f.sync_data()));
-                let meta = self.meta.make_durable();
-                if let Some(j) = data {
-                    j.join().map_err(|_| {
-                        VfsError::Io(std::io::Error::other("fdatasync thread panicked"))
-                    })??;
-                }
-                meta?;
-                Ok(())
-            })?;
+        if commit {
+            s.dirty_mark.committed(self.coherence.alone_period());
+        }
+        if durable != CommitSync::Commit {
+            self.flush_devices(s, durable)?;
         }
         Ok(row)
+    }
+
+    /// The device flushes of an `fsync` (`how` = [`CommitSync::Full`]) or `fdatasync`
+    /// ([`CommitSync::Data`]) after its commit: the staging file's data, and the metadata
+    /// log — which `fdatasync` skips when the row is known durably dirty (see
+    /// [`crate::datasync`]). Both at once when both are needed (order does not matter:
+    /// until both are done, fsync has not returned, and recovery adopts whatever of the
+    /// staging file a dirty inode has). Errors: either flush's (`EIO`); never swallowed.
+    fn flush_devices(&self, s: &mut InodeState, how: CommitSync) -> Result<()> {
+        let staging = s.staging.clone();
+        let period = self.coherence.alone_period();
+        let since = match (how, s.dirty_mark.needs_flush_after(period)) {
+            // Durably dirty already, or a flush since the dirty commit covers it.
+            (CommitSync::Data, Some(None)) => None,
+            (CommitSync::Data, Some(Some(at))) if self.meta_flush.covers(at) => None,
+            _ => Some(std::time::Instant::now()),
+        };
+        std::thread::scope(|sc| -> Result<()> {
+            let data = staging.map(|f| sc.spawn(move || f.sync_data()));
+            let meta = since.map(|t| self.durable_since(t)).transpose();
+            if let Some(j) = data {
+                j.join().map_err(|_| {
+                    VfsError::Io(std::io::Error::other("fdatasync thread panicked"))
+                })??;
+            }
+            meta?;
+            Ok(())
+        })?;
+        s.dirty_mark.flushed(period);
+        Ok(())
     }
 
     /// Commits writes made while this mount's session was lost (see `coherence`): when the
@@ -1168,7 +1260,7 @@ impl Vfs {
         &self,
         ino: Ino,
         s: &mut InodeState,
-        durable: bool,
+        durable: CommitSync,
         get: bool,
     ) -> Result<Option<InodeRow>> {
         let cur = self.meta.get_inode(ino)?;
@@ -1275,7 +1367,8 @@ impl Vfs {
     /// (`EIO` past the bound; see [`crate::durability`]).
     pub fn flush(&self, ino: Ino, fh: u64) -> Result<()> {
         let version = self.locked(ino, |s| {
-            self.commit_locked(ino, s, false)?;
+            self.absorb_backing(ino, s, Absorb::Commit)?;
+            self.commit_locked(ino, s, CommitSync::Commit)?;
             if s.create_guard.is_some() && !s.uncommitted {
                 // Closed without a write: the create's writer lock goes.
                 s.writes_settled();
@@ -1314,8 +1407,16 @@ impl Vfs {
             .then(|| self.coherence.session());
         let mut res = Ok(());
         let (last, size, row, clean) = self.locked(ino, |s| {
-            if h.is_some() {
+            self.absorb_backing(ino, s, Absorb::Commit)?;
+            if let Some(h) = &h {
                 s.open_count = s.open_count.saturating_sub(1);
+                if h.passthrough.swap(false, Ordering::SeqCst)
+                    && Self::passthrough_closed(s, h.write)
+                {
+                    if let Err(e) = self.passthrough_settle(ino) {
+                        tracing::warn!(ino, error = %e, "cannot queue a look at a file written through passthrough");
+                    }
+                }
             }
             let last = s.open_count == 0;
             // The row decides the purge of an orphan: read it in the same batch when this
@@ -1335,7 +1436,7 @@ impl Vfs {
                 });
                 return Ok((false, s.size, None, false));
             }
-            let row = match self.commit_with(ino, s, false, unrecord, get) {
+            let row = match self.commit_with(ino, s, CommitSync::Commit, unrecord, get) {
                 Ok(r) => r,
                 Err(e) => {
                     res = Err(e);
@@ -1373,7 +1474,8 @@ impl Vfs {
                 .map(|s| s.uncommitted && s.open_count == 0)
                 .unwrap_or(false);
             if pending {
-                if let Err(e) = self.locked(ino, |s| self.commit_locked(ino, s, false)) {
+                if let Err(e) = self.locked(ino, |s| self.commit_locked(ino, s, CommitSync::Commit))
+                {
                     tracing::warn!(ino, error = %e, "commit of a closed file still fails; retrying");
                 }
             }
@@ -1383,9 +1485,15 @@ impl Vfs {
     /// `fsync`/`fdatasync`: the file's data and metadata are on stable local storage when
     /// this returns (the upload follows in the background); under bucket durability, also
     /// in the bucket (`EIO` past the bound; see [`crate::durability`]).
-    pub fn fsync(&self, ino: Ino, _fh: u64, _datasync: bool) -> Result<()> {
+    pub fn fsync(&self, ino: Ino, _fh: u64, datasync: bool) -> Result<()> {
         let version = self.locked(ino, |s| {
-            self.commit_locked(ino, s, true)?;
+            self.absorb_backing(ino, s, Absorb::Commit)?;
+            let how = if datasync {
+                CommitSync::Data
+            } else {
+                CommitSync::Full
+            };
+            self.commit_locked(ino, s, how)?;
             Ok(s.version)
         })?;
         self.await_durable(ino, version)?;
@@ -1418,7 +1526,8 @@ impl Vfs {
         f.set_len(size)?;
         s.size = size;
         s.note_change(now_ns(), self.coherence.session());
-        self.commit_locked(ino, s, false)
+        Self::passthrough_own_change(s)?;
+        self.commit_locked(ino, s, CommitSync::Commit)
     }
 }
 
@@ -1460,7 +1569,7 @@ impl Vfs {
                 s.size = s.size.max(end);
             }
             s.note_change(now_ns(), self.coherence.session());
-            Ok(())
+            Self::passthrough_own_change(s)
         })
     }
 

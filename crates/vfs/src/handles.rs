@@ -30,6 +30,9 @@ pub(crate) struct Handle {
     /// so an open is counted once and uncounted once however recording, publishing and
     /// release race.
     pub(crate) record: AtomicU8,
+    /// Served by FUSE passthrough (see `passthrough`); cleared when the kernel was not
+    /// given the backing file after all.
+    pub(crate) passthrough: std::sync::atomic::AtomicBool,
 }
 
 /// The states of a handle's open-file record.
@@ -83,6 +86,7 @@ impl Handle {
             ra_blocks: AtomicU64::new(0),
             lock_owners: Default::default(),
             record: AtomicU8::new(record as u8),
+            passthrough: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -178,6 +182,11 @@ pub(crate) struct InodeState {
     /// mark it clean before the first write — which then needs no look at the row. Ends
     /// at the first commit or `flush`, or when this mount's uploader stops waiting.
     pub(crate) create_guard: Option<i64>,
+    /// Handles served by FUSE passthrough and their backing file (see `passthrough`).
+    pub(crate) pt: crate::passthrough::Passthrough,
+    /// Whether the row is known dirty in the durable metadata log (`fdatasync` then
+    /// needs no flush of it: see `datasync`).
+    pub(crate) dirty_mark: crate::datasync::DirtyMark,
 }
 
 /// Whether `f` could be locked exclusively right now (`flock(LOCK_EX | LOCK_NB)`, released

@@ -12,6 +12,7 @@
 mod changes;
 pub mod coherence;
 mod data;
+mod datasync;
 pub mod durability;
 pub mod error;
 pub mod external;
@@ -23,7 +24,9 @@ mod importer;
 mod kernel_refs;
 pub mod locks;
 mod meta_flush;
+mod mount_marker;
 mod namespace;
+mod passthrough;
 pub mod paths;
 mod release;
 pub mod remote;
@@ -83,6 +86,9 @@ pub struct VfsConfig {
     /// Under [`Durability::Bucket`]: how long a `close`/`fsync`/`fsyncdir` waits for the
     /// bucket before failing with `EIO` (the data stays in the local journal).
     pub bucket_wait: Duration,
+    /// Serve open files whose content is local through FUSE passthrough when the kernel
+    /// allows it (see [`Vfs::set_passthrough`]).
+    pub passthrough: bool,
 }
 
 impl Default for VfsConfig {
@@ -98,6 +104,7 @@ impl Default for VfsConfig {
             remote_wait: Duration::from_secs(30),
             durability: Durability::Local,
             bucket_wait: Duration::from_secs(30),
+            passthrough: true,
         }
     }
 }
@@ -140,6 +147,8 @@ pub struct Vfs {
     pub(crate) locks: locks::LocalLocks,
     /// Content versions the kernel's page cache holds (keep_cache decisions).
     pub(crate) kernel_pages: feed::KernelPages,
+    /// Opens may use FUSE passthrough now (see [`passthrough`]).
+    pub(crate) passthrough: std::sync::atomic::AtomicBool,
     /// Feed entries already turned into invalidations.
     pub(crate) feed_seen: feed::SeenChanges,
     /// Lookup counts of the kernel and the orphans kept for them.
@@ -152,6 +161,8 @@ pub struct Vfs {
     pub(crate) free_inos: Mutex<std::ops::Range<u64>>,
     /// Content this mount waits for from other caches (see [`remote`]).
     pub(crate) remote: remote::RemoteWaits,
+    /// This mount's clean-shutdown marker in the cache dir (see [`mount_marker`]).
+    pub(crate) marker: Mutex<Option<mount_marker::MountMarker>>,
     /// Process id this mount's session is registered under (a session of this host whose
     /// process is gone, or this very process's earlier one, is expired at start).
     pub(crate) pid: u32,
@@ -241,17 +252,22 @@ impl Vfs {
             last_mark_ns: std::sync::atomic::AtomicI64::new(0),
             locks: locks::LocalLocks::default(),
             kernel_pages: feed::KernelPages::default(),
+            passthrough: std::sync::atomic::AtomicBool::new(false),
             feed_seen: feed::SeenChanges::default(),
             refs: kernel_refs::KernelRefs::default(),
             retries: kernel_refs::StaleRetries::default(),
             hints: hints::Hints::default(),
             free_inos: Mutex::new(0..0),
             remote: remote::RemoteWaits::default(),
+            marker: Mutex::new(None),
             pid,
         });
+        let (marker, after_crash) = mount_marker::MountMarker::claim(vfs.cache.root())?;
+        *vfs.marker.lock().map_err(|_| poisoned())? = Some(marker);
         vfs.start_session()?;
         vfs.await_peer_acks(feed::JOIN_WAIT);
-        vfs.recover()?;
+        vfs.recover(after_crash)?;
+        index_staging_later(&vfs);
         vfs.cache.start_pool(STAGING_POOL);
         uploader::start(&vfs);
         feed::start(&vfs);
@@ -273,7 +289,12 @@ impl Vfs {
             .ok_or_else(|| VfsError::Io(std::io::Error::other("inode allocation returned nothing")))
     }
 
-    fn recover(&self) -> Result<()> {
+    /// Crash recovery at mount. Orphans of dead mounts are purged; with `after_crash` (a
+    /// mount of this cache dir ended without committing everything: see
+    /// [`mount_marker`]), dirty staging files are adopted as new content versions. The
+    /// staging files' index (clean ones evictable, stale ones removed) is built in the
+    /// background ([`Vfs::index_staging`]): serving needs none of it.
+    fn recover(&self, after_crash: bool) -> Result<()> {
         // Orphans: inodes whose last name went away while open, then the process died.
         // Still open through another live mount: that mount purges it at its last close.
         let orphans = deskfs_meta::read(&*self.meta, |t| t.orphan_inodes())?;
@@ -287,20 +308,10 @@ impl Vfs {
                 }
             }
         }
-        // Staging files: keep the ones holding their inode's current content here, drop
-        // stale copies (another cache holds a newer version) and partial downloads, index
-        // clean ones.
-        let here = self.here();
-        for ino in self.cache.staging_inodes()? {
-            match self.meta.get_inode(ino)? {
-                Some(r) if r.local == here => {
-                    if !r.dirty {
-                        self.cache.staging_clean(ino, r.size);
-                    }
-                }
-                _ => self.cache.remove_staging(ino)?,
-            }
+        if !after_crash {
+            return Ok(());
         }
+        let here = self.here();
         // Dirty inodes held here: their staging file is the truth. Writes that reached it
         // after the last commit (the daemon died before close) are adopted as a new
         // version, so the file is never left with local content that differs from what
@@ -415,7 +426,7 @@ impl Vfs {
             .collect();
         for (ino, st) in states {
             let mut st = st.lock().map_err(|_| poisoned())?;
-            self.commit_locked(ino, &mut st, false)?;
+            self.commit_locked(ino, &mut st, crate::data::CommitSync::Commit)?;
         }
         Ok(())
     }
@@ -430,7 +441,44 @@ impl Vfs {
         self.flush_releases();
         self.flush_purges_after(Duration::ZERO);
         self.end_session();
+        // Everything written is committed: the next mount needs no crash recovery.
+        let marker = self.marker.lock().ok().and_then(|mut m| m.take());
+        if let Some(m) = marker {
+            if let Err(e) = m.ended_cleanly() {
+                tracing::warn!(error = %e, "cannot remove the mount marker; the next mount recovers in full");
+            }
+        }
         res
+    }
+
+    /// Indexes the staging files of the cache dir: clean ones holding their inode's
+    /// current content become evictable; stale copies (another cache holds a newer
+    /// version, or the inode is gone) are removed — under the staging-area lock, with the
+    /// row read again, so a download adopted meanwhile is never removed. Runs in the
+    /// background at mount (a million files take seconds). Errors: the engine's or the
+    /// cache dir's; the index then stays partial (files are only not evicted).
+    pub(crate) fn index_staging(&self) -> Result<()> {
+        let here = self.here();
+        for ino in self.cache.staging_inodes()? {
+            if self.coherence.stopped() {
+                break;
+            }
+            match self.meta.get_inode(ino)? {
+                Some(r) if r.local == here => {
+                    if !r.dirty && !self.is_open(ino) {
+                        self.cache.staging_clean(ino, r.size);
+                    }
+                }
+                _ => {
+                    let _lock = self.cache.local_lock()?;
+                    let still_stale = self.meta.get_inode(ino)?.is_none_or(|r| r.local != here);
+                    if still_stale && !self.is_open(ino) {
+                        self.cache.remove_staging(ino)?;
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The object key of workspace path `path` in this workspace's bucket.
@@ -456,3 +504,19 @@ pub(crate) fn poisoned() -> VfsError {
 
 #[cfg(test)]
 mod tests;
+
+/// Starts [`Vfs::index_staging`] on a thread of its own (holding the VFS weakly).
+fn index_staging_later(vfs: &Arc<Vfs>) {
+    let weak = Arc::downgrade(vfs);
+    let spawned = std::thread::Builder::new()
+        .name("deskfs-staging-index".into())
+        .spawn(move || {
+            let Some(vfs) = weak.upgrade() else { return };
+            if let Err(e) = vfs.index_staging() {
+                tracing::warn!(error = %e, "indexing the staging files failed; some clean files will not be evicted");
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the staging index thread");
+    }
+}

@@ -335,7 +335,9 @@ impl Vfs {
             .get(&ino)
             .cloned();
         if st.is_some() {
-            self.locked(ino, |s| self.commit_locked(ino, s, false))?;
+            self.locked(ino, |s| {
+                self.commit_locked(ino, s, crate::data::CommitSync::Commit)
+            })?;
         }
         Ok(())
     }

@@ -17,9 +17,25 @@ use crate::{Result, Vfs};
 #[derive(Default)]
 pub(crate) struct MetaFlush {
     last_start: Mutex<Option<Instant>>,
+    /// Flushes run so far.
+    flushes: std::sync::atomic::AtomicU64,
 }
 
 impl MetaFlush {
+    /// Flushes of the metadata log run so far.
+    pub(crate) fn count(&self) -> u64 {
+        self.flushes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether a flush that began at or after `since` has completed (commits made before
+    /// `since` are durable).
+    pub(crate) fn covers(&self, since: Instant) -> bool {
+        self.last_start
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|t| t >= since)
+    }
+
     /// Runs `flush` unless a flush that began at or after `since` has completed; one
     /// flush at a time (later callers wait, then share it when it began late enough).
     /// A failed flush counts for nobody.
@@ -35,6 +51,8 @@ impl MetaFlush {
         let start = Instant::now();
         flush()?;
         *last = Some(start);
+        self.flushes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 }

@@ -183,7 +183,12 @@ impl Vfs {
             .ok()
             .and_then(|m| m.get(&row.ino).cloned());
         if let Some(st) = st {
-            if let Ok(s) = st.lock() {
+            if let Ok(mut s) = st.lock() {
+                // Writes through a passthrough backing file the kernel just told us of by
+                // asking (an fstat failure leaves the last known values).
+                if s.loaded && s.pt.writers() > 0 {
+                    let _ = self.absorb_backing(row.ino, &mut s, crate::passthrough::Absorb::Seen);
+                }
                 if s.loaded && s.uncommitted {
                     a.size = s.size;
                     a.blocks = s.size.div_ceil(512);
@@ -549,6 +554,17 @@ impl Vfs {
                 }
             })?;
         }
+        // While this mount still has content of the file to commit (open, written), its
+        // commit at close marks the inode for upload: this change rides on that mark.
+        // Decided under the state's lock, held through the transaction, so the close
+        // cannot commit in between.
+        let st = self.inodes.lock().ok().and_then(|m| m.get(&ino).cloned());
+        let held = st
+            .as_ref()
+            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()));
+        let marked_at_close = held
+            .as_ref()
+            .is_some_and(|s| !s.detached && s.loaded && s.uncommitted && s.open_count > 0);
         let row = self.change(|f| {
             let cur = f.inode(ino)?.ok_or(VfsError::Stale)?;
             let mut b = Batch::new(self);
@@ -584,16 +600,20 @@ impl Vfs {
                     ..Default::default()
                 },
             });
-            b.guard(Op::MarkInode {
-                ino,
-                not_before_ns: self.not_before(),
-            });
+            if !marked_at_close {
+                b.guard(Op::MarkInode {
+                    ino,
+                    not_before_ns: self.not_before(),
+                });
+            }
             let get = b.guard(Op::GetInode(ino));
             Ok(Plan::Apply(
                 b,
                 Box::new(move |out| out[get].row().cloned().ok_or(VfsError::Stale)),
             ))
-        })?;
+        });
+        drop(held);
+        let row = row?;
         self.hints.note_fresh(&row);
         self.with_state(ino, |st| {
             if st.loaded {

@@ -64,6 +64,11 @@ pub struct VfsStatus {
     pub waiting_for: Vec<crate::remote::RemoteWait>,
     /// The metadata engine's counters (round trips, commits, retries, refused batches).
     pub engine: deskfs_meta::EngineCounters,
+    /// Device flushes of the metadata log this mount ran (fsync, deletes, evictions;
+    /// `fdatasync` of a durably dirty file needs none).
+    pub meta_flushes: u64,
+    /// FUSE passthrough is used for opens now.
+    pub passthrough: bool,
 }
 
 impl Vfs {
@@ -103,6 +108,8 @@ impl Vfs {
             kept_orphans: self.refs.orphan_count(),
             waiting_for: self.remote.list(),
             engine: self.meta.counters(),
+            meta_flushes: self.meta_flush.count(),
+            passthrough: self.passthrough_on(),
         })
     }
 }

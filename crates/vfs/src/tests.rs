@@ -28,6 +28,7 @@ mod import;
 mod links;
 mod locks;
 mod namespace;
+mod passthrough;
 mod persist;
 mod readdir;
 mod remote;

@@ -126,14 +126,19 @@ pub struct StatFs {
     pub frsize: u32,
 }
 
-/// What `open`/`create` returned: the handle and whether the kernel may keep its page
-/// cache of the file (content unchanged since the last open).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// What `open`/`create` returned: the handle, whether the kernel may keep its page
+/// cache of the file (content unchanged since the last open), and the backing file when
+/// the open is served by FUSE passthrough.
+#[derive(Clone, Debug)]
 pub struct Opened {
     /// File handle.
     pub fh: u64,
     /// The content did not change since it was last cached: keep the kernel page cache.
     pub keep_cache: bool,
+    /// The staging file to hand the kernel as the backing file (`FOPEN_PASSTHROUGH`):
+    /// every open of the inode must name the same one while any is open. When the
+    /// kernel refuses it, call [`crate::Vfs::passthrough_refused`] before replying.
+    pub backing: Option<std::sync::Arc<std::fs::File>>,
 }
 
 /// `rename(2)`/`renameat2(2)` flags (Linux values).

@@ -230,6 +230,9 @@ async fn run(vfs: Arc<Vfs>) {
     let mut tasks = FuturesUnordered::new();
     let mut last_evict = std::time::Instant::now();
     let mut last_wanted = std::time::Instant::now();
+    // Work a previous mount left pending is due at once, whatever delays or backoff it
+    // was given (until a read of due work comes back short of a full window).
+    let mut resuming = true;
     loop {
         let stopping = vfs.uploader.stop.load(Ordering::SeqCst);
         if stopping && tasks.is_empty() {
@@ -257,6 +260,8 @@ async fn run(vfs: Arc<Vfs>) {
                 i64::MAX
             } else if busy {
                 now - BURST_DEFER.as_nanos() as i64
+            } else if resuming {
+                i64::MAX
             } else {
                 now
             };
@@ -265,7 +270,12 @@ async fn run(vfs: Arc<Vfs>) {
             let want = vfs.cfg.upload_workers * 32;
             if window.wants_read(urgent, horizon) {
                 match deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want)) {
-                    Ok(rows) => window.fill(rows, horizon),
+                    Ok(rows) => {
+                        if horizon == i64::MAX && !urgent && rows.len() < want {
+                            resuming = false;
+                        }
+                        window.fill(rows, horizon)
+                    }
                     Err(e) => {
                         window.fill(Vec::new(), horizon);
                         tracing::error!(error = %e, "uploader cannot read pending work")
@@ -675,8 +685,14 @@ async fn reconcile_file(
 ) -> Result<Outcome> {
     if let Some(o) = &obj {
         if o.ino == r.ino && o.data_version == r.data_version && o.meta_stamp == r.ctime_ns {
+            // Not while passthrough writers are open: the staging file may differ any
+            // moment (their last close asks again).
             if r.dirty {
-                mark_clean(vfs, r.ino, r.data_version, None).await?;
+                match vfs.passthrough_writers(r.ino) {
+                    Some(0) => mark_clean(vfs, r.ino, r.data_version, None).await?,
+                    Some(_) => {}
+                    None => return Ok(Outcome::Defer(Duration::from_millis(50))),
+                }
             }
             served(vfs, r.ino).await;
             return Ok(Outcome::Done);
@@ -718,7 +734,8 @@ async fn reconcile_file(
                 }
             }
             gen0 = Some(s.write_gen);
-            own_writes = s.uncommitted;
+            // This mount's passthrough backing file holds a writer `flock` of its own.
+            own_writes = s.uncommitted || s.pt.active();
         }
     }
     // Content only another mount's cache holds: its uploader does this path.
@@ -752,12 +769,17 @@ async fn reconcile_file(
         let put = vfs.bucket.put_file(key, &staging, Some(&meta)).await?;
         // The staging file may have changed while it was read: only a file whose version,
         // write generation and on-disk times held still is recorded as that version.
-        let gen1 = vfs
+        let (gen1, pt_writers) = vfs
             .inodes
             .lock()
             .ok()
             .and_then(|m| m.get(&r.ino).cloned())
-            .map(|st| st.try_lock().map(|s| s.write_gen).unwrap_or(u64::MAX));
+            .map(|st| {
+                st.try_lock()
+                    .map(|s| (Some(s.write_gen), s.pt.writers()))
+                    .unwrap_or((Some(u64::MAX), 1))
+            })
+            .unwrap_or((None, 0));
         let steady = (gen0.is_none() || gen0 == gen1) && probe.look()? == Some(before);
         // Truncated or extended since the snapshot: the commit re-marked the path.
         if !steady || put.size != r.size {
@@ -768,7 +790,11 @@ async fn reconcile_file(
         }
         #[cfg(test)]
         gate(vfs, path, GatePoint::BeforeRecord).await;
-        let out = record_upload(vfs, path, key, &r, prior, put.etag, put.size, true).await?;
+        // Open for writing through passthrough: the kernel may write the staging file at
+        // any moment without the daemon seeing it, so the row stays dirty (recorded, not
+        // clean) until those handles close; `after_clean` catches an open that raced.
+        let clean = pt_writers == 0;
+        let out = record_upload(vfs, path, key, &r, prior, put.etag, put.size, clean).await?;
         if matches!(out, Outcome::Done) {
             served(vfs, r.ino).await;
         }
@@ -1166,9 +1192,15 @@ async fn record_upload(
     loop {
         let (rw, before) = (row.clone(), before.clone());
         let landing = blocking(vfs, move |v| {
-            deskfs_meta::txn(&*v.meta, |t| {
-                record_checked(t, &rw, &before, verified, clean)
-            })
+            v.clean_locked(
+                rw.ino,
+                || {
+                    deskfs_meta::txn(&*v.meta, |t| {
+                        record_checked(t, &rw, &before, verified, clean)
+                    })
+                },
+                |l| matches!(l, Landing::Recorded(Some(_))),
+            )
         })
         .await?;
         match landing {
@@ -1274,16 +1306,22 @@ async fn served(vfs: &Arc<Vfs>, ino: Ino) {
 
 async fn mark_clean(vfs: &Arc<Vfs>, ino: Ino, version: u64, size: Option<u64>) -> Result<()> {
     blocking(vfs, move |v| {
-        let clean = deskfs_meta::txn(&*v.meta, |t| {
-            if let Some(mut cur) = t.get_inode(ino)? {
-                if cur.data_version == version && cur.dirty && size.is_none_or(|s| s == cur.size) {
-                    cur.dirty = false;
-                    t.update_inode(&cur)?;
-                    return Ok::<_, crate::VfsError>(Some(cur.size));
+        let txn = || {
+            deskfs_meta::txn(&*v.meta, |t| {
+                if let Some(mut cur) = t.get_inode(ino)? {
+                    if cur.data_version == version
+                        && cur.dirty
+                        && size.is_none_or(|s| s == cur.size)
+                    {
+                        cur.dirty = false;
+                        t.update_inode(&cur)?;
+                        return Ok::<_, crate::VfsError>(Some(cur.size));
+                    }
                 }
-            }
-            Ok(None)
-        })?;
+                Ok(None)
+            })
+        };
+        let clean = v.clean_locked(ino, txn, |c| c.is_some())?;
         if let Some(sz) = clean {
             v.after_clean(ino, version, sz);
         }
@@ -1394,6 +1432,8 @@ impl Vfs {
 
     /// After `ino` was marked clean at content `version` (`size` bytes): its staging file
     /// becomes evictable (once closed, if open).
+    /// A passthrough writer opened meanwhile (it saw the row still dirty and did not mark
+    /// it): the row is marked dirty again.
     fn after_clean(&self, ino: Ino, version: u64, size: u64) {
         if !self.is_open(ino) {
             self.cache.staging_clean(ino, size);
@@ -1401,6 +1441,16 @@ impl Vfs {
             let st = self.inodes.lock().ok().and_then(|m| m.get(&ino).cloned());
             if let Some(st) = st {
                 if let Ok(mut s) = st.lock() {
+                    if s.pt.writers() > 0 {
+                        s.pt.marked_dirty = true;
+                        match self.mark_dirty(ino) {
+                            Ok(()) => s.dirty_mark.committed(self.coherence.alone_period()),
+                            Err(e) => {
+                                tracing::warn!(ino, error = %e, "cannot mark a file open for passthrough writes dirty again");
+                            }
+                        }
+                        return;
+                    }
                     s.clean_at_close = Some(version);
                 }
             }

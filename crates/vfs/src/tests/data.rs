@@ -451,3 +451,36 @@ fn a_new_file_is_created_written_and_closed_in_two_round_trips() {
     let row = h.row(a.ino).unwrap();
     assert!(row.dirty && row.size == 5, "{row:?}");
 }
+
+#[test]
+fn fdatasync_of_a_durably_dirty_file_flushes_only_its_data() {
+    let h = Harness::new();
+    let (a, fh) = h.create_rw(ROOT_INO, "db");
+    h.put(a.ino, fh, 0, &pattern(8192, 1));
+    let flushes = || h.meta_flush.count();
+    let n0 = flushes();
+    h.fsync(a.ino, fh, false).unwrap();
+    assert_eq!(
+        flushes(),
+        n0 + 1,
+        "the first fsync flushes the metadata log"
+    );
+    // Only data changed since, and the row is durably dirty: the data flush alone.
+    h.put(a.ino, fh, 4096, &pattern(4096, 2));
+    h.fsync(a.ino, fh, true).unwrap();
+    h.put(a.ino, fh, 0, &pattern(100, 3));
+    h.fsync(a.ino, fh, true).unwrap();
+    assert_eq!(flushes(), n0 + 1, "fdatasync: one device flush");
+    // fsync (times too) flushes the log.
+    h.fsync(a.ino, fh, false).unwrap();
+    assert_eq!(flushes(), n0 + 2);
+    h.release(a.ino, fh).unwrap();
+    // Uploaded and marked clean: the next fdatasync must make the new dirty mark durable.
+    h.sync_all();
+    assert!(!h.row(a.ino).unwrap().dirty);
+    let fh = h.op(a.ino, libc::O_RDWR);
+    h.put(a.ino, fh, 0, &pattern(100, 4));
+    h.fsync(a.ino, fh, true).unwrap();
+    assert_eq!(flushes(), n0 + 3, "a clean row made dirty again is flushed");
+    h.release(a.ino, fh).unwrap();
+}

@@ -1,0 +1,396 @@
+//! FUSE passthrough: open files whose content is in the local staging file are served by
+//! the kernel straight from that file (read, write, splice and mmap never reach the
+//! daemon; Linux ≥ 6.9, `FUSE_PASSTHROUGH`, `FOPEN_PASSTHROUGH` with a backing id).
+//!
+//! The kernel's rule (fs/fuse/iomode.c): while an inode has a file open through a backing
+//! file, every open of it must be a passthrough open *of that same backing file*, and a
+//! passthrough open is refused while it has files open through the page cache; a wrong
+//! answer fails the user's `open(2)` with `EIO`. So the decision is per inode, under its
+//! state lock, from this mount's counts of its open handles (which the kernel's counts
+//! never exceed: the kernel forgets a file at its last `fput`, before it sends RELEASE):
+//!
+//! ```text
+//!   no handle ──open (content local, alone, ...)──▶ Passthrough{handles ≥ 1, file}
+//!       ▲   └──open (otherwise)──▶ Cached{handles ≥ 1}
+//!       └──────── last release of either ◀───────┘
+//!   Passthrough: every further open is passthrough on the same file, whatever the
+//!   conditions now (another mount appeared, ...).
+//! ```
+//!
+//! Writes through the backing file are not seen by the daemon; their effects are
+//! *absorbed* from the staging file's own size and times ([`Vfs::absorb_backing`]) before
+//! any request of the inode is served under its lock (getattr, setattr, flush, fsync,
+//! release, ...). A writable passthrough open marks the row dirty first (as the first
+//! write of a clean file does), and the uploader never marks an inode clean while
+//! passthrough writers are open (see `uploader`), so what reaches the staging file is
+//! always uploaded, even after a `kill -9`.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use deskfs_meta::{InodeRow, Kind};
+
+use crate::handles::InodeState;
+use crate::{now_ns, Ino, Result, Vfs};
+
+/// Within this long after a staging file's mtime, a later write may leave size and times
+/// unchanged (file systems stamp times at the clock tick, 1–10 ms): a look taken that
+/// soon proves nothing about writes that came after it, ns.
+const AMBIGUOUS_NS: i64 = 20_000_000;
+
+/// Whether the staging files' file system stamps a write after an `fstat` with a new time
+/// (probed once, when passthrough is turned on).
+static FINE_TIMES: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Probes `path` (a scratch file, removed again): 200 one-byte overwrites, each followed
+/// by an `fstat`, all change the file's times.
+fn probe_fine_times(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::FileExt;
+    let probe = || -> std::io::Result<bool> {
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        f.write_all_at(b"0", 0)?;
+        let mut last = BackingLook::of(&f)?;
+        for _ in 0..200 {
+            f.write_all_at(b"1", 0)?;
+            let now = BackingLook::of(&f)?;
+            if now.same_file_state(&last) {
+                return Ok(false);
+            }
+            last = now;
+        }
+        Ok(true)
+    };
+    let fine = probe().unwrap_or(false);
+    let _ = std::fs::remove_file(path);
+    fine
+}
+
+/// The staging file's size and times as last absorbed, and when they were read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BackingLook {
+    size: u64,
+    mtime_ns: i64,
+    ctime_ns: i64,
+    /// When this look was taken, ns since the epoch.
+    taken_ns: i64,
+}
+
+impl BackingLook {
+    /// Reads `f`'s size and times now. Errors: `fstat` failures (`EIO`).
+    fn of(f: &File) -> std::io::Result<BackingLook> {
+        let m = f.metadata()?;
+        Ok(BackingLook {
+            size: m.size(),
+            mtime_ns: m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+            ctime_ns: m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+            taken_ns: now_ns(),
+        })
+    }
+
+    /// Same size and times as `other` (when they were taken aside).
+    fn same_file_state(&self, other: &BackingLook) -> bool {
+        (self.size, self.mtime_ns, self.ctime_ns) == (other.size, other.mtime_ns, other.ctime_ns)
+    }
+
+    /// Taken so soon after the last change that a write after it may have left no trace
+    /// (never, on file systems whose times are fine-grained once looked at: Linux ≥ 6.13
+    /// multigrain timestamps on ext4, XFS, btrfs, tmpfs).
+    fn ambiguous(&self) -> bool {
+        !FINE_TIMES.get().copied().unwrap_or(false)
+            && self.taken_ns - self.mtime_ns.max(self.ctime_ns) < AMBIGUOUS_NS
+    }
+}
+
+/// How sure an absorb must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Absorb {
+    /// Changes seen in size or times only (getattr and ordinary requests).
+    Seen,
+    /// Before a commit point (flush, fsync, release): also count as changed when the last
+    /// look was ambiguous, so no write is ever left out of a committed version.
+    Commit,
+}
+
+/// Passthrough facts of one inode's open handles in this mount (part of its state).
+#[derive(Debug, Default)]
+pub(crate) struct Passthrough {
+    /// Handles opened through the backing file.
+    handles: u32,
+    /// Of those, opened for writing.
+    writers: u32,
+    /// The backing file: the staging file, opened for the kernel alone (its own open file
+    /// description, so the daemon's `flock`s never live on in the kernel's reference).
+    file: Option<Arc<File>>,
+    /// The backing file holds a shared `flock` (taken at the first writable open, kept
+    /// while the kernel may write through it — even after this daemon died, as long as a
+    /// process holds a file of its mount open): uploaders of later mounts then treat the
+    /// staging file as holding uncommitted writes.
+    writer_flock: bool,
+    /// The backing file's state as last absorbed.
+    seen: Option<BackingLook>,
+    /// The row was marked dirty for these writers (not by a write): when the last one
+    /// closes without having written, the uploader is asked to look again (and mark it
+    /// clean: the bucket already holds its content).
+    pub(crate) marked_dirty: bool,
+}
+
+impl Passthrough {
+    /// Passthrough handles are open.
+    pub(crate) fn active(&self) -> bool {
+        self.handles > 0
+    }
+
+    /// Passthrough handles open for writing.
+    pub(crate) fn writers(&self) -> u32 {
+        self.writers
+    }
+}
+
+/// Takes a shared `flock` on `f` (the mark of a staging file with possible uncommitted
+/// writes; see [`crate::handles::no_uncommitted_writers`]). Errors: `flock`'s (`EIO`).
+fn shared_flock(f: &File) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    loop {
+        // SAFETY: plain syscall on an open fd owned by `f`.
+        if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH) } == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+impl Vfs {
+    /// Passthrough was asked for in the configuration (the FUSE adapter then asks the
+    /// kernel for it).
+    pub fn passthrough_wanted(&self) -> bool {
+        self.cfg.passthrough
+    }
+
+    /// Passthrough is used by this mount (asked for and granted by the kernel).
+    pub fn passthrough_on(&self) -> bool {
+        self.passthrough.load(Ordering::Relaxed)
+    }
+
+    /// Passthrough handles open for writing on `ino` now; `None` while its state is locked
+    /// (never waited for: the uploader calls this on runtime threads).
+    pub(crate) fn passthrough_writers(&self, ino: Ino) -> Option<u32> {
+        let st = self.inodes.lock().ok().and_then(|m| m.get(&ino).cloned());
+        match st {
+            Some(st) => st.try_lock().ok().map(|s| s.pt.writers()),
+            None => Some(0),
+        }
+    }
+
+    /// Turns passthrough on or off for opens from now on: the FUSE adapter turns it on
+    /// when the kernel granted `FUSE_PASSTHROUGH`, and off when a backing file is refused
+    /// (no `CAP_SYS_ADMIN`, a cache dir on a stacked file system).
+    pub fn set_passthrough(&self, on: bool) {
+        let on = on && self.cfg.passthrough;
+        if on {
+            FINE_TIMES.get_or_init(|| {
+                probe_fine_times(&self.cache.staging_path(0).with_extension("timeprobe"))
+            });
+        }
+        if self.passthrough.swap(on, Ordering::Relaxed) != on {
+            tracing::info!(on, "FUSE passthrough");
+        }
+    }
+
+    /// Decides whether the open being counted in `s` (its `open_count` already includes
+    /// it) is a passthrough open; if so counts it and returns the backing file. `row` is
+    /// the inode's committed row, read under the same lock. A writable passthrough open
+    /// marks a clean row dirty first. Errors: the metadata engine's (the open fails).
+    pub(crate) fn passthrough_grant(
+        &self,
+        ino: Ino,
+        s: &mut InodeState,
+        row: &InodeRow,
+        write: bool,
+    ) -> Result<Option<Arc<File>>> {
+        if row.kind != Kind::File {
+            return Ok(None);
+        }
+        if s.pt.active() {
+            // The kernel requires it: the same backing file for every open while any is.
+            let Some(f) = s.pt.file.clone() else {
+                return Ok(None);
+            };
+            if write {
+                if self.passthrough_begin_write(ino, s, row)? {
+                    s.pt.marked_dirty = true;
+                }
+                if !s.pt.writer_flock {
+                    shared_flock(&f)?;
+                    s.pt.writer_flock = true;
+                }
+            }
+            s.pt.handles += 1;
+            s.pt.writers += u32::from(write);
+            return Ok(Some(f));
+        }
+        let cached_handles = s.open_count.saturating_sub(1);
+        let eligible = self.passthrough_on()
+            && cached_handles == 0
+            && !self.shared()
+            && row.local == self.here()
+            && !(write && self.durability() == crate::Durability::Bucket)
+            // A write by a non-owner must drop setuid/setgid (killpriv): only the daemon
+            // sees writes that can do that.
+            && !(write && row.perm & 0o6000 != 0);
+        if !eligible {
+            return Ok(None);
+        }
+        let f = match self.cache.open_staging(ino, false) {
+            Ok(f) => Arc::new(f),
+            Err(_) => return Ok(None),
+        };
+        if s.staging.is_none() {
+            // The daemon's own descriptor (fsync, truncate, fallocate use it).
+            s.staging = Some(Arc::new(self.cache.open_staging(ino, false)?));
+        }
+        let look = BackingLook::of(&f)?;
+        if look.size != s.size {
+            // Staging file and state disagree (an interrupted download, a crash being
+            // recovered): served by the daemon, which knows the size.
+            return Ok(None);
+        }
+        let marked_dirty = write && self.passthrough_begin_write(ino, s, row)?;
+        if write {
+            shared_flock(&f)?;
+        }
+        s.pt = Passthrough {
+            handles: 1,
+            writers: u32::from(write),
+            file: Some(f.clone()),
+            seen: Some(look),
+            marked_dirty,
+            writer_flock: write,
+        };
+        self.cache.touch_staging(ino);
+        Ok(Some(f))
+    }
+
+    /// A writable passthrough open of `ino`: the row is marked dirty before the kernel can
+    /// write (as [`Vfs::write`]'s first write does), so a crash of the daemon leaves the
+    /// staging file's content to be uploaded rather than a clean row that no longer
+    /// matches it. Returns whether the row was marked here.
+    fn passthrough_begin_write(
+        &self,
+        ino: Ino,
+        s: &mut InodeState,
+        row: &InodeRow,
+    ) -> Result<bool> {
+        if s.uncommitted || s.create_guard.is_some() {
+            return Ok(false);
+        }
+        let marked = !row.dirty;
+        if marked {
+            self.mark_dirty(ino)?;
+            s.dirty_mark.committed(self.coherence.alone_period());
+        }
+        self.cache.staging_dirty(ino);
+        Ok(marked)
+    }
+
+    /// Takes back a passthrough open the kernel was not given (the backing file was
+    /// refused): the handle `fh` of `ino` is served by the daemon instead.
+    pub fn passthrough_refused(&self, ino: Ino, fh: u64) {
+        let Ok(h) = self.handle(fh) else { return };
+        if !h.passthrough.swap(false, Ordering::SeqCst) {
+            return;
+        }
+        let _ = self.with_state(ino, |s| Self::passthrough_closed(s, h.write));
+    }
+
+    /// A passthrough handle (opened for writing: `write`) of the inode in `s` is gone.
+    /// Returns true when it was the last writer, the row was marked dirty for the
+    /// writers, and nothing they wrote is uncommitted: then the caller asks the uploader
+    /// to look at the inode again ([`Vfs::passthrough_settle`]).
+    pub(crate) fn passthrough_closed(s: &mut InodeState, write: bool) -> bool {
+        s.pt.handles = s.pt.handles.saturating_sub(1);
+        let mut settle = false;
+        if write {
+            s.pt.writers = s.pt.writers.saturating_sub(1);
+            if s.pt.writers == 0 {
+                settle = std::mem::take(&mut s.pt.marked_dirty) && !s.uncommitted;
+            }
+        }
+        if s.pt.handles == 0 {
+            let marked = s.pt.marked_dirty;
+            s.pt = Passthrough::default();
+            s.pt.marked_dirty = marked;
+        }
+        settle
+    }
+
+    /// The last passthrough writer of `ino` closed without writing: its row, marked dirty
+    /// for it, goes back to the uploader, which finds its content in the bucket already
+    /// and marks it clean. Errors: the metadata engine's.
+    pub(crate) fn passthrough_settle(&self, ino: Ino) -> Result<()> {
+        self.change(|_| {
+            let mut b = crate::changes::Batch::new(self);
+            b.guard(deskfs_meta::Op::MarkInode {
+                ino,
+                not_before_ns: self.not_before(),
+            });
+            Ok(crate::changes::Plan::Apply(b, Box::new(|_| Ok(()))))
+        })?;
+        self.uploader.kick();
+        Ok(())
+    }
+
+    /// Brings `s` up to date with writes made through the backing file since the last
+    /// look: a change in the staging file's size or times becomes the state's size, mtime
+    /// and ctime and an uncommitted change (committed at the next flush, fsync or
+    /// release, as the daemon's own writes are). With [`Absorb::Commit`], an ambiguous
+    /// last look counts as a change. Nothing to do without passthrough writers.
+    /// Errors: `fstat` of the staging file (`EIO`).
+    pub(crate) fn absorb_backing(&self, ino: Ino, s: &mut InodeState, how: Absorb) -> Result<()> {
+        if s.pt.writers == 0 {
+            return Ok(());
+        }
+        let Some(f) = s.pt.file.clone() else {
+            return Ok(());
+        };
+        let now = BackingLook::of(&f)?;
+        let changed = match s.pt.seen {
+            Some(seen) => {
+                !seen.same_file_state(&now) || (how == Absorb::Commit && seen.ambiguous())
+            }
+            None => true,
+        };
+        s.pt.seen = Some(now);
+        if !changed {
+            return Ok(());
+        }
+        if !s.uncommitted {
+            // (The backing file's own writer flock marks the uncommitted writes.)
+            self.cache.staging_dirty(ino);
+        }
+        s.size = now.size;
+        s.note_change(now.mtime_ns, self.coherence.session());
+        s.ctime_ns = now.ctime_ns.max(s.ctime_ns);
+        // The kernel's page cache of this inode did not see these writes.
+        self.kernel_pages.forget(ino);
+        Ok(())
+    }
+
+    /// After the daemon itself changed the backing file (truncate, fallocate): its new
+    /// state is no write of the kernel's.
+    pub(crate) fn passthrough_own_change(s: &mut InodeState) -> Result<()> {
+        if let Some(f) = s.pt.file.clone() {
+            s.pt.seen = Some(BackingLook::of(&f)?);
+        }
+        Ok(())
+    }
+}

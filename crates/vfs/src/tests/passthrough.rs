@@ -1,0 +1,225 @@
+//! FUSE passthrough as the VFS sees it: which opens get the backing file, and how writes
+//! the kernel makes straight to it (simulated here by writing the backing file) are
+//! absorbed, committed, uploaded, and never lost to a clean mark or a crash.
+
+use std::os::unix::fs::FileExt;
+
+use super::*;
+use crate::{Opened, SetAttr, SetTime};
+
+/// A workspace with passthrough turned on, as the FUSE adapter does when the kernel
+/// grants it.
+fn pt_harness() -> Harness {
+    let h = Harness::new();
+    h.set_passthrough(true);
+    h
+}
+
+/// `create` of `name` in the root for reading and writing: attributes and the open.
+fn create_pt(h: &Harness, name: &str) -> (Attr, Opened) {
+    h.create(&CTX, ROOT_INO, name.as_bytes(), 0o644, 0o022, libc::O_RDWR)
+        .expect("create")
+}
+
+/// Writes `data` at `off` of the backing file, as the kernel does for a passthrough write.
+fn kernel_write(o: &Opened, off: u64, data: &[u8]) {
+    o.backing
+        .as_ref()
+        .expect("a passthrough open")
+        .write_all_at(data, off)
+        .expect("write to the backing file");
+}
+
+#[test]
+fn writes_through_the_backing_file_are_seen_committed_at_close_and_uploaded() {
+    let h = pt_harness();
+    let (a, o) = create_pt(&h, "f");
+    assert!(
+        o.backing.is_some(),
+        "a new local file is opened through passthrough"
+    );
+    kernel_write(&o, 0, b"hello world");
+    assert_eq!(
+        h.getattr(a.ino).unwrap().size,
+        11,
+        "getattr reads the backing file"
+    );
+    assert_eq!(
+        h.row(a.ino).unwrap().size,
+        0,
+        "not committed before the close"
+    );
+    h.flush(a.ino, o.fh).unwrap();
+    assert_eq!(h.row(a.ino).unwrap().size, 11, "flush commits the size");
+    kernel_write(&o, 11, b"!");
+    h.release(a.ino, o.fh).unwrap();
+    drop(o); // the kernel closes the backing file after the release
+    assert_eq!(
+        h.row(a.ino).unwrap().size,
+        12,
+        "release commits what came after the flush"
+    );
+    h.sync_all();
+    assert_eq!(h.bucket_file("f").as_deref(), Some(&b"hello world!"[..]));
+    assert!(
+        !h.row(a.ino).unwrap().dirty,
+        "clean once uploaded and closed"
+    );
+}
+
+#[test]
+fn a_clean_file_opened_for_writing_is_marked_dirty_before_the_kernel_can_write() {
+    let mut h = pt_harness();
+    let a = h.file(ROOT_INO, "f", b"old content");
+    h.sync_all();
+    assert!(!h.row(a.ino).unwrap().dirty);
+    let o = h.open(&CTX, a.ino, libc::O_RDWR).unwrap();
+    assert!(o.backing.is_some());
+    assert!(h.row(a.ino).unwrap().dirty, "marked dirty at the open");
+    // The kernel writes; the daemon dies before any close.
+    kernel_write(&o, 0, b"NEW");
+    h.crash_and_remount();
+    // While a process still holds a file of the dead mount, the kernel may still write
+    // through the backing file: its content is not taken as final.
+    assert!(
+        h.sync(Duration::from_millis(1500)).is_err(),
+        "not uploaded as final while the dead mount's backing file is held"
+    );
+    kernel_write(&o, 3, b" late");
+    drop(o); // that process closed it
+    h.sync_all();
+    assert_eq!(
+        h.bucket_file("f").as_deref(),
+        Some(&b"NEW lateent"[..]),
+        "what reached the staging file is uploaded after the crash"
+    );
+}
+
+#[test]
+fn the_uploader_never_marks_a_file_clean_while_passthrough_writers_are_open() {
+    let mut h = pt_harness();
+    let (a, o) = create_pt(&h, "f");
+    kernel_write(&o, 0, b"version one");
+    h.flush(a.ino, o.fh).unwrap();
+    h.sync_all();
+    assert_eq!(h.bucket_file("f").as_deref(), Some(&b"version one"[..]));
+    assert!(
+        h.row(a.ino).unwrap().dirty,
+        "uploaded, but the kernel may write any moment: still dirty"
+    );
+    // A write never flushed, then a crash: the row was dirty, so it is uploaded.
+    kernel_write(&o, 0, b"VERSION");
+    drop(o);
+    h.crash_and_remount();
+    h.sync_all();
+    assert_eq!(h.bucket_file("f").as_deref(), Some(&b"VERSION one"[..]));
+}
+
+#[test]
+fn a_writer_closing_without_writing_leaves_the_file_clean() {
+    let h = pt_harness();
+    let a = h.file(ROOT_INO, "f", b"content");
+    h.sync_all();
+    let o = h.open(&CTX, a.ino, libc::O_RDWR).unwrap();
+    assert!(o.backing.is_some());
+    assert!(h.row(a.ino).unwrap().dirty);
+    h.flush(a.ino, o.fh).unwrap();
+    h.release(a.ino, o.fh).unwrap();
+    drop(o);
+    let version = h.row(a.ino).unwrap().data_version;
+    assert!(
+        wait_until(SYNC_TIMEOUT, || !h.row(a.ino).unwrap().dirty),
+        "the uploader marks it clean again"
+    );
+    assert_eq!(
+        h.row(a.ino).unwrap().data_version,
+        version,
+        "no new version"
+    );
+    assert_eq!(h.bucket_file("f").as_deref(), Some(&b"content"[..]));
+}
+
+#[test]
+fn an_inode_is_never_open_through_the_page_cache_and_passthrough_at_once() {
+    let h = Harness::new();
+    let a = h.file(ROOT_INO, "f", b"abc");
+    let cached = h.open(&CTX, a.ino, libc::O_RDONLY).unwrap();
+    assert!(
+        cached.backing.is_none(),
+        "passthrough is off until the kernel grants it"
+    );
+    h.set_passthrough(true);
+    let second = h.open(&CTX, a.ino, libc::O_RDONLY).unwrap();
+    assert!(
+        second.backing.is_none(),
+        "a file open through the page cache keeps every open there"
+    );
+    h.release(a.ino, cached.fh).unwrap();
+    h.release(a.ino, second.fh).unwrap();
+    let p1 = h.open(&CTX, a.ino, libc::O_RDONLY).unwrap();
+    assert!(p1.backing.is_some());
+    // Passthrough turned off (a refused backing file elsewhere): opens of an inode that
+    // is open through passthrough still must be, on the same file.
+    h.set_passthrough(false);
+    let p2 = h.open(&CTX, a.ino, libc::O_RDWR).unwrap();
+    let (f1, f2) = (p1.backing.clone().unwrap(), p2.backing.clone().unwrap());
+    assert!(Arc::ptr_eq(&f1, &f2), "one backing file per inode");
+    h.release(a.ino, p1.fh).unwrap();
+    h.release(a.ino, p2.fh).unwrap();
+    let after = h.open(&CTX, a.ino, libc::O_RDONLY).unwrap();
+    assert!(
+        after.backing.is_none(),
+        "off for new opens once the last one closed"
+    );
+    h.release(a.ino, after.fh).unwrap();
+}
+
+#[test]
+fn a_refused_backing_file_turns_the_open_into_a_cached_one() {
+    let h = pt_harness();
+    let a = h.file(ROOT_INO, "f", b"abc");
+    let o = h.open(&CTX, a.ino, libc::O_RDWR).unwrap();
+    assert!(o.backing.is_some());
+    h.set_passthrough(false);
+    h.passthrough_refused(a.ino, o.fh);
+    // Served by the daemon now: its writes are the daemon's.
+    h.put(a.ino, o.fh, 0, b"X");
+    let second = h.open(&CTX, a.ino, libc::O_RDONLY).unwrap();
+    assert!(second.backing.is_none());
+    assert_eq!(h.read(a.ino, second.fh, 0, 10).unwrap(), b"Xbc");
+    h.release(a.ino, o.fh).unwrap();
+    h.release(a.ino, second.fh).unwrap();
+    assert_eq!(h.row(a.ino).unwrap().size, 3);
+}
+
+#[test]
+fn the_daemons_own_changes_and_explicit_times_are_not_taken_for_kernel_writes() {
+    let h = pt_harness();
+    let (a, o) = create_pt(&h, "f");
+    kernel_write(&o, 0, b"0123456789");
+    // truncate through setattr while the passthrough writer is open
+    let set = SetAttr {
+        size: Some(4),
+        ..Default::default()
+    };
+    assert_eq!(h.setattr(&CTX, a.ino, &set).unwrap().size, 4);
+    assert_eq!(h.getattr(a.ino).unwrap().size, 4);
+    // utimensat after the writes: the explicit mtime stays until the next write
+    let when = 1_000_000_000_123;
+    let set = SetAttr {
+        mtime: Some(SetTime::At(when)),
+        ..Default::default()
+    };
+    h.setattr(&CTX, a.ino, &set).unwrap();
+    assert_eq!(h.getattr(a.ino).unwrap().mtime_ns, when);
+    h.flush(a.ino, o.fh).unwrap();
+    assert_eq!(h.getattr(a.ino).unwrap().mtime_ns, when, "no write since");
+    kernel_write(&o, 4, b"45");
+    let attr = h.getattr(a.ino).unwrap();
+    assert_eq!(attr.size, 6);
+    assert!(attr.mtime_ns > when, "a kernel write stamps a new mtime");
+    h.release(a.ino, o.fh).unwrap();
+    drop(o);
+    h.sync_all();
+    assert_eq!(h.bucket_file("f").as_deref(), Some(&b"012345"[..]));
+}
