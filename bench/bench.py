@@ -681,7 +681,7 @@ def w_scale(c):
     tree = ScaleTree(root)
     marks = [m for m in (1000, 100000) if m < n] + [n]
     tags = {1000: "1k", 100000: "100k"}
-    deadline = time.monotonic() + size("SCALE_CREATE_LIMIT")
+    budget = size("SCALE_CREATE_LIMIT")   # seconds of creating (the measurements do not count)
     rng = random.Random(7)
     peak = [c.t.hwm_mib()]
     pool = multiprocessing.get_context("fork").Pool(workers)
@@ -693,9 +693,11 @@ def w_scale(c):
             tag = tags.get(mark, "n")
             last = mark == n
             segs = tree.plan(mark - prev, big=ls_n if last else 0)
-            got, bad, dt, capped = tree.grow(pool, segs, deadline)
+            got, bad, dt, capped = tree.grow(pool, segs, time.monotonic() + budget - c_dt)
             prev = mark
             c_got, c_bad, c_dt = c_got + got, c_bad + bad, c_dt + dt
+            if not got:
+                break
             c.emit(f"create_{tag}", round(got / dt, 1) if dt else None, "ops/s", n=got, seconds=r2(dt),
                    files=tree.total, partial=capped, errors=bad, workers=workers)
             scale_point(c, tree, tag, mark, rng, peak)
@@ -710,11 +712,13 @@ def w_scale(c):
            partial=c_got < n, errors=c_bad, workers=workers,
            note=f"{workers} processes, open(O_CREAT|O_EXCL)+close of empty files, dirs of {SCALE_PER_DIR}")
     big = os.path.join(root, "big")
-    if os.path.isdir(big):
+    in_big = sum(done for d, _, done in tree.ranges if d == big)
+    if in_big:
         T.drop_caches()
         for label in ("ls_l_cold", "ls_l_warm"):
             dt, rc, out = run(["ls", "-l", big], 2 * PHASE)
-            c.emit(label, r2(dt), "s", rc=rc, entries=max(len(out.splitlines()) - 1, 0))
+            c.emit(label, r2(dt), "s", rc=rc, entries=max(len(out.splitlines()) - 1, 0),
+                   **({"short_of": ls_n, "files": in_big} if in_big < ls_n else {}))
     peak.append(c.t.hwm_mib())
     peak = [x for x in peak if x is not None]
     if peak:
@@ -757,7 +761,7 @@ def scale_point(c, tree, tag, mark, rng, peak):
         us, bad = latencies(sample, os.stat)
         c.emit(f"stat_{label}_p50_{tag}", r2(pct(us, 50)), "µs", n=len(us), files=files, **at, errors=bad,
                partial=len(us) < len(sample))
-        c.emit(f"stat_{label}_p99_{tag}", r2(pct(us, 99)), "µs", n=len(us), files=files)
+        c.emit(f"stat_{label}_p99_{tag}", r2(pct(us, 99)), "µs", n=len(us), files=files, **at)
     lat = os.path.join(tree.root, f"lat-{tag}")
     os.mkdir(lat)
     paths = [os.path.join(lat, f"x{i:05d}") for i in range(size("SCALE_OPS"))]
