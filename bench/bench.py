@@ -692,7 +692,7 @@ def w_scale(c):
         for mark in marks:
             tag = tags.get(mark, "n")
             last = mark == n
-            segs = tree.plan(mark - prev, big=ls_n if last else 0)
+            segs = tree.plan(mark - prev, big=min(ls_n, mark - prev) if last else 0)
             got, bad, dt, capped = tree.grow(pool, segs, time.monotonic() + budget - c_dt)
             prev = mark
             c_got, c_bad, c_dt = c_got + got, c_bad + bad, c_dt + dt
