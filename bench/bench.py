@@ -718,7 +718,7 @@ def w_scale(c):
         for label in ("ls_l_cold", "ls_l_warm"):
             dt, rc, out = run(["ls", "-l", big], 2 * PHASE)
             c.emit(label, r2(dt), "s", rc=rc, entries=max(len(out.splitlines()) - 1, 0),
-                   **({"short_of": ls_n, "files": in_big} if in_big < ls_n else {}))
+                   **({"short_of": size("SCALE_LS_N"), "files": in_big} if in_big < size("SCALE_LS_N") else {}))
     peak.append(c.t.hwm_mib())
     peak = [x for x in peak if x is not None]
     if peak:
