@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """deskfs benchmark driver (python3 stdlib; matplotlib only for the chart).
 
-    bench.py [--short] [--targets local,deskfs,rclone,s3fs] [--out DIR] [--workloads a,b]
+    bench.py [--short] [--targets local,deskfs,juicefs,rclone,s3fs] [--out DIR] [--workloads a,b]
     bench.py --child WORKLOAD TARGET RUN_ID      (internal: one workload, JSON lines on stdout)
 
 Runs the same agent-like workloads on every target, one target after the other, each
@@ -11,7 +11,9 @@ marked partial. S3 targets need BENCH_S3_* in the environment (scripts/bench.sh 
 Workload structure follows the project's shared fsbench harness (shared/bench/lib/bench.py).
 """
 import argparse
+import bisect
 import json
+import multiprocessing
 import os
 import platform
 import random
@@ -29,7 +31,7 @@ import report  # noqa: E402
 
 STATE = T.STATE
 SRC = os.path.join(STATE, "src")
-WORKLOADS = ["smallfiles", "untar", "git", "cargo", "npm", "lsdir", "sqlite", "seq", "fio", "durable"]
+WORKLOADS = ["smallfiles", "untar", "git", "cargo", "npm", "lsdir", "sqlite", "seq", "fio", "durable", "scale"]
 SHORT = os.environ.get("DESKFS_BENCH_SHORT") == "1"
 
 # sizes: (full, short)
@@ -40,6 +42,8 @@ SIZES = {
     "SQLITE_TX": (2000, 200), "SEQ_MB": (1024, 64),
     "FIO_MB": (256, 32), "FIO_SECONDS": (20, 5),
     "PHASE_LIMIT": (60, 30), "DURABLE_N": (1000, 100),
+    "SCALE_N": (1000000, 20000), "SCALE_LS_N": (100000, 5000), "SCALE_CREATE_LIMIT": (900, 40),
+    "SCALE_WORKERS": (4, 4), "SCALE_STATS": (2000, 2000), "SCALE_OPS": (1000, 1000),
 }
 
 
@@ -53,6 +57,8 @@ LIMITS = {  # hard wall limit of one workload child (s), setup + cleanup include
     "smallfiles": 5 * PHASE + 60, "untar": 4 * PHASE + 60, "git": 5 * PHASE + 60,
     "cargo": 4 * PHASE + 60, "npm": 3 * PHASE + 60, "lsdir": 4 * PHASE + 60,
     "sqlite": 2 * PHASE + 60, "seq": 3 * PHASE + 600, "durable": 4 * PHASE + 240, "fio": 2 * size("FIO_SECONDS") + 4 * PHASE + 300,
+    # creation cap + per point (1k, 100k, N): remount, stats, creates, unlinks + ls -l twice
+    "scale": size("SCALE_CREATE_LIMIT") + 3 * (4 * PHASE + 240) + 2 * PHASE + 300,
 }
 
 
@@ -229,6 +235,7 @@ class Ctx:
     def __init__(self, target, emit, meta):
         self.t, self.emit, self.meta = target, emit, meta
         self.mnt = target.mnt()
+        self.files = None   # files the workload made (for FUSE requests per file)
 
     def dir(self, name):
         p = os.path.join(self.mnt, f"w-{name}")
@@ -273,6 +280,7 @@ def w_smallfiles(c):
 
     k, dt, bad = timed_loop(paths, create)
     c.emit("create", round(k / dt, 1), "ops/s", n=k, seconds=r2(dt), partial=k < n, errors=bad)
+    c.files = k
     paths = paths[:k]
     T.drop_caches()
     for name, fn in (("stat", lambda p: os.stat(p).st_size == 4096), ("read", read),
@@ -288,6 +296,7 @@ def w_untar(c):
     base = c.dir("untar")
     dt, rc, _ = run(["tar", "xf", c.meta["tree_tar"], "-C", base], 2 * PHASE)
     c.emit("untar", r2(dt), "s", files=m["files"], bytes=m["bytes"], rc=rc)
+    c.files = m["files"]
     if rc != 0:
         rm_rf(base, PHASE)
         return
@@ -304,6 +313,7 @@ def w_git(c):
     g = ["git", "-C", dst, "-c", "user.name=bench", "-c", "user.email=bench@localhost"]
     dt, rc, _ = run(["git", "clone", "-q", f"file://{c.meta['repo']}", dst], 2 * PHASE)
     c.emit("clone", r2(dt), "s", files=c.meta["tree"]["files"], rc=rc)
+    c.files = c.meta["tree"]["files"]
     if rc == 0:
         T.drop_caches()
         dt, rc, out = run(g + ["status", "--porcelain"], PHASE)
@@ -399,6 +409,7 @@ def w_npm(c):
     os.rmdir(staging)
     dt = time.monotonic() - t0
     c.emit("install", r2(dt), "s", n=k, packages=n, files=nfiles, partial=k < n, errors=bad)
+    c.files = sum(len(f) for _, f, _ in pkgs[:k])
     T.drop_caches()
     # resolve every bin link and read every package.json, as `npm ls` / node's resolver would
     t0 = time.monotonic()
@@ -426,6 +437,7 @@ def w_lsdir(c):
 
     k, dt, bad = timed_loop(names, mk)
     c.emit("create_empty", round(k / dt, 1), "ops/s", n=k, partial=k < n, errors=bad)
+    c.files = k
     T.drop_caches()
     for label in ("ls_l_cold", "ls_l_warm"):
         dt, rc, out = run(["ls", "-l", base], PHASE)
@@ -466,6 +478,7 @@ def w_durable(c):
                 f.write(data)
 
         k1, dt1, bad1 = timed_loop(paths, create)
+        c.files = (c.files or 0) + k1
         fd = os.open(os.path.join(base, "fsynced"), os.O_WRONLY | os.O_CREAT, 0o644)
 
         def rewrite(_):
@@ -558,14 +571,225 @@ def w_fio(c):
     rm_rf(base, 120)
 
 
+# ---------------------------------------------------------------- scale
+SCALE_PER_DIR = 1000
+SCALE_CHUNK = 250   # files per job of a creating worker
+
+
+def _scale_create(job):
+    """In a worker process: create empty files d/f<j> for j in [j0, j1) (open O_CREAT|O_EXCL +
+    close) until the deadline; (dir, j0, attempted, errors, first error)."""
+    d, j0, j1, deadline = job
+    done = bad = 0
+    err = None
+    for j in range(j0, j1):
+        if time.monotonic() > deadline:
+            break
+        try:
+            os.close(os.open(f"{d}/f{j:06d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except OSError as e:
+            bad += 1
+            err = err or str(e)
+        done += 1
+    return d, j0, done, bad, err
+
+
+class ScaleTree:
+    """The scale workload's tree under `root`: directories of 1,000 empty files (d000000 is the
+    1k point), and in the last stage one directory `big` of SCALE_LS_N files (for ls -l)."""
+
+    def __init__(self, root):
+        self.root = root
+        self.ndirs = 0
+        self.ranges = []   # (dir, j0, attempted) in creation order
+        self.cum = []      # running totals of `ranges`
+        self.total = 0
+
+    def plan(self, count, big=0):
+        segs = []
+        if big:
+            segs.append((os.path.join(self.root, "big"), big))
+            count -= big
+        while count > 0:
+            k = min(SCALE_PER_DIR, count)
+            segs.append((os.path.join(self.root, f"d{self.ndirs:06d}"), k))
+            self.ndirs += 1
+            count -= k
+        return segs
+
+    def grow(self, pool, segs, deadline):
+        """Create `segs` with the pool's workers; (attempted, errors, seconds, capped)."""
+        t0 = time.monotonic()
+        for d, _ in segs:
+            os.makedirs(d, exist_ok=True)
+        jobs = [(d, j0, min(j0 + SCALE_CHUNK, k), deadline) for d, k in segs for j0 in range(0, k, SCALE_CHUNK)]
+        want = sum(k for _, k in segs)
+        got = bad = 0
+        for d, j0, done, b, err in pool.imap_unordered(_scale_create, jobs):
+            if done:
+                self.ranges.append((d, j0, done))
+                self.total += done
+                self.cum.append(self.total)
+            got += done
+            bad += b
+            if err and bad <= 3:
+                T.log(f"scale: create error: {err}")
+        return got, bad, time.monotonic() - t0, got < want
+
+    def sample(self, rng, k):
+        """k distinct files of the tree, at random."""
+        out = []
+        for x in rng.sample(range(self.total), min(k, self.total)):
+            i = bisect.bisect_right(self.cum, x)
+            d, j0, done = self.ranges[i]
+            out.append(f"{d}/f{j0 + x - (self.cum[i] - done):06d}")
+        return out
+
+
+def latencies(items, fn):
+    """fn(item) timed one by one until PHASE seconds pass; (µs list, errors)."""
+    t0, us, bad = time.monotonic(), [], 0
+    for it in items:
+        if time.monotonic() - t0 > PHASE:
+            break
+        a = time.perf_counter_ns()
+        try:
+            fn(it)
+        except OSError as e:
+            bad += 1
+            if bad <= 3:
+                T.log(f"error: {e}")
+        us.append((time.perf_counter_ns() - a) / 1000)
+    return us, bad
+
+
+def pct(v, p):
+    if not v:
+        return None
+    v = sorted(v)
+    return v[min(len(v) - 1, int(round(p / 100 * (len(v) - 1))))]
+
+
+def w_scale(c):
+    """A tree of SCALE_N empty files made through the mount by SCALE_WORKERS processes; at 1k,
+    100k and N files: unmount + mount, stat latency (cold, warm), create and unlink latency;
+    at the end ls -l of one SCALE_LS_N-entry directory, cold and warm. Runs last: the tree is
+    left for the target's teardown."""
+    n, ls_n, workers = size("SCALE_N"), size("SCALE_LS_N"), size("SCALE_WORKERS")
+    ls_n = min(ls_n, max(n - SCALE_PER_DIR, 0))
+    root = c.dir("scale")
+    tree = ScaleTree(root)
+    marks = [m for m in (1000, 100000) if m < n] + [n]
+    tags = {1000: "1k", 100000: "100k"}
+    budget = size("SCALE_CREATE_LIMIT")   # seconds of creating (the measurements do not count)
+    rng = random.Random(7)
+    peak = [c.t.hwm_mib()]
+    pool = multiprocessing.get_context("fork").Pool(workers)
+    c_got = c_bad = 0
+    c_dt = 0.0
+    prev = 0
+    try:
+        for mark in marks:
+            tag = tags.get(mark, "n")
+            last = mark == n
+            segs = tree.plan(mark - prev, big=min(ls_n, mark - prev) if last else 0)
+            got, bad, dt, capped = tree.grow(pool, segs, time.monotonic() + budget - c_dt)
+            prev = mark
+            c_got, c_bad, c_dt = c_got + got, c_bad + bad, c_dt + dt
+            if not got:
+                break
+            c.emit(f"create_{tag}", round(got / dt, 1) if dt else None, "ops/s", n=got, seconds=r2(dt),
+                   files=tree.total, partial=capped, errors=bad, workers=workers)
+            scale_point(c, tree, tag, mark, rng, peak)
+            if capped:
+                T.log(f"scale: creation cap of {size('SCALE_CREATE_LIMIT')} s reached at {tree.total} files")
+                break
+    finally:
+        pool.close()
+        pool.join()
+    c.files = tree.total
+    c.emit("create", round(c_got / c_dt, 1) if c_dt else None, "ops/s", n=c_got, seconds=r2(c_dt),
+           partial=c_got < n, errors=c_bad, workers=workers,
+           note=f"{workers} processes, open(O_CREAT|O_EXCL)+close of empty files, dirs of {SCALE_PER_DIR}")
+    big = os.path.join(root, "big")
+    in_big = sum(done for d, _, done in tree.ranges if d == big)
+    if in_big:
+        T.drop_caches()
+        for label in ("ls_l_cold", "ls_l_warm"):
+            dt, rc, out = run(["ls", "-l", big], 2 * PHASE)
+            c.emit(label, r2(dt), "s", rc=rc, entries=max(len(out.splitlines()) - 1, 0),
+                   **({"short_of": size("SCALE_LS_N"), "files": in_big} if in_big < size("SCALE_LS_N") else {}))
+    peak.append(c.t.hwm_mib())
+    peak = [x for x in peak if x is not None]
+    if peak:
+        c.emit("peak_rss", max(peak), "MiB", files=tree.total,
+               note="max VmHWM of the mount daemons during the scale workload (read before each unmount)")
+
+
+def scale_point(c, tree, tag, mark, rng, peak):
+    files = tree.total
+    at = {"short_of": mark} if files < mark else {}   # the creation cap stopped the tree short
+    if c.t.daemon:
+        hwm = c.t.hwm_mib()
+        peak.append(hwm)
+        pend = None
+        if isinstance(c.t, T.Deskfs):
+            live = c.t.live_status() or {}
+            pend = live.get("pending_uploads")
+        t0 = time.monotonic()
+        c.t.umount(nowait=True)
+        du = time.monotonic() - t0
+        T.drop_caches()
+        t0 = time.monotonic()
+        c.t.mount(poll=0.005)
+        while True:
+            try:
+                os.stat(c.mnt)
+                break
+            except OSError:
+                if time.monotonic() - t0 > 120:
+                    raise
+                time.sleep(0.005)
+        dm = time.monotonic() - t0
+        c.emit(f"umount_{tag}", r2(du), "s", files=files, **at, pending_uploads=pend,
+               note="unmount (deskfs: --no-wait) until the daemon has exited")
+        c.emit(f"mount_{tag}", r2(dm), "s", files=files, **at, hwm_mib_before=hwm,
+               note="mount command start to the mountpoint answering stat")
+    T.drop_caches()
+    sample = tree.sample(rng, size("SCALE_STATS"))
+    for label in ("cold", "warm"):
+        us, bad = latencies(sample, os.stat)
+        c.emit(f"stat_{label}_p50_{tag}", r2(pct(us, 50)), "µs", n=len(us), files=files, **at, errors=bad,
+               partial=len(us) < len(sample))
+        c.emit(f"stat_{label}_p99_{tag}", r2(pct(us, 99)), "µs", n=len(us), files=files, **at)
+    lat = os.path.join(tree.root, f"lat-{tag}")
+    os.mkdir(lat)
+    paths = [os.path.join(lat, f"x{i:05d}") for i in range(size("SCALE_OPS"))]
+    us, bad = latencies(paths, lambda p: os.close(os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)))
+    c.emit(f"create_us_{tag}", r2(sum(us) / len(us)) if us else None, "µs", n=len(us), files=files, **at, errors=bad,
+           p50=r2(pct(us, 50)), p99=r2(pct(us, 99)), partial=len(us) < len(paths))
+    us, bad = latencies(paths[:len(us)], os.unlink)
+    c.emit(f"unlink_us_{tag}", r2(sum(us) / len(us)) if us else None, "µs", n=len(us), files=files, **at, errors=bad,
+           p50=r2(pct(us, 50)), p99=r2(pct(us, 99)))
+    rm_rf(lat, PHASE)
+
+
 def child_main(workload, tname, run_id):
     os.environ.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null")
     meta = json.load(open(os.path.join(T.RUN, "inputs.json")))
     t = T.make(tname, run_id)
     emit = Emitter(tname, workload)
     t0 = time.monotonic()
-    globals()["w_" + workload](Ctx(t, emit, meta))
-    emit("wall", r2(time.monotonic() - t0), "s")
+    req0 = t.requests()
+    ctx = Ctx(t, emit, meta)
+    globals()["w_" + workload](ctx)
+    wall = time.monotonic() - t0
+    req1 = t.requests()
+    if req0 is not None and req1 is not None:
+        delta = {op: [v[i] - req0.get(op, [0, 0, 0])[i] for i in range(3)] for op, v in req1.items()}
+        emit("_requests", {op: v for op, v in delta.items() if v[0] > 0}, "", files=ctx.files,
+             note="FUSE requests served during the workload: [count, daemon ns, database round trips] per kind")
+    emit("wall", r2(wall), "s")
 
 
 # ---------------------------------------------------------------- orchestration
@@ -645,6 +869,8 @@ def orchestrate(args):
     for w in wls:
         if w not in WORKLOADS:
             raise SystemExit(f"unknown workload {w!r} ({','.join(WORKLOADS)})")
+    # scale runs last: its tree is left for the teardown (purge of the prefix / directory)
+    wls = [w for w in wls if w != "scale"] + (["scale"] if "scale" in wls else [])
     for n in names:
         if n != "local" and not T.have_s3():
             raise SystemExit("S3 targets need BENCH_S3_* (run through scripts/bench.sh)")
@@ -659,6 +885,8 @@ def orchestrate(args):
         "sizes": {k: size(k) for k in SIZES}, "inputs": {"tree": meta["tree"], "crate": meta["crate_name"]},
         "s3": {"endpoint": os.environ.get("BENCH_S3_ENDPOINT"), "bucket": os.environ.get("BENCH_S3_BUCKET")},
         "targets": {}, "records": [],
+        # targets scripts/bench.sh left out (peer not installed / not installable): name -> why
+        "not_run": dict(x.split("=", 1) for x in os.environ.get("BENCH_NOT_RUN", "").split(";") if "=" in x),
     }
     recs = results["records"]
     for n in names:
@@ -697,6 +925,7 @@ def orchestrate(args):
                              "unit": "MiB", "note": "max VmHWM of the mount daemon, read before each unmount"})
         T.log(f"{n}: done in {info['seconds']}s")
     results["total_seconds"] = round(time.time() - t_start, 1)
+    results["why"] = report.why(results)
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"bench-{results['mode']}")
     json.dump(results, open(stem + ".json", "w"), indent=1)
@@ -722,7 +951,7 @@ def main():
         os.environ["DESKFS_BENCH_SHORT"] = "1"
         os.execv(sys.executable, [sys.executable] + sys.argv)
     if args.targets is None:
-        args.targets = "local,deskfs" if SHORT else "local,deskfs,rclone,s3fs"
+        args.targets = "local,deskfs" if SHORT else "local,deskfs,juicefs,rclone,s3fs"
     if args.out is None:
         args.out = os.path.join(STATE, "results") if SHORT else os.path.join(T.ROOT, "bench", "results")
     orchestrate(args)

