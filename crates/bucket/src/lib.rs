@@ -12,6 +12,7 @@
 //! key ending in `/`, and keeps no user metadata (the metadata engine holds the attributes).
 
 pub mod error;
+mod http;
 pub mod posix;
 mod store;
 mod url_spec;

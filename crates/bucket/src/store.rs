@@ -125,10 +125,17 @@ impl Bucket {
     /// test reachability and credentials. For `file://`, creates the directory when
     /// `create_local` is set. Errors: [`BucketError::Config`].
     pub fn open(spec: &BucketSpec, create_local: bool) -> Result<Bucket> {
+        let (connect_timeout, timeout) = (Duration::from_secs(5), Duration::from_secs(120));
         let client = ClientOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(120))
+            .with_connect_timeout(connect_timeout)
+            .with_timeout(timeout)
             .with_allow_http(true);
+        // Plain-http endpoints: connections that do not wait 40 ms on a delayed ACK
+        // (see `crate::http`).
+        let http = crate::http::Connector {
+            timeout,
+            connect_timeout,
+        };
         let retry = RetryConfig {
             max_retries: 2,
             retry_timeout: Duration::from_secs(15),
@@ -140,6 +147,7 @@ impl Bucket {
                 let mut b = object_store::aws::AmazonS3Builder::from_env()
                     .with_bucket_name(&spec.bucket)
                     .with_client_options(client)
+                    .with_http_connector(http)
                     .with_retry(retry);
                 let endpoint = spec
                     .endpoint
@@ -177,6 +185,7 @@ impl Bucket {
                 let b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(&spec.bucket)
                     .with_client_options(client)
+                    .with_http_connector(http)
                     .with_retry(retry);
                 (Arc::new(b.build().map_err(cfg)?), None)
             }
@@ -184,6 +193,7 @@ impl Bucket {
                 let b = object_store::azure::MicrosoftAzureBuilder::from_env()
                     .with_container_name(&spec.bucket)
                     .with_client_options(client)
+                    .with_http_connector(http)
                     .with_retry(retry);
                 (Arc::new(b.build().map_err(cfg)?), None)
             }

@@ -19,6 +19,8 @@ use crate::{attr_of, now_ns, poisoned, Result, Vfs, VfsError};
 pub const NAME_MAX: usize = 255;
 /// Longest xattr value, bytes (Linux `XATTR_SIZE_MAX`).
 pub const XATTR_SIZE_MAX: usize = 65536;
+/// The SELinux label's xattr name (see [`Vfs::getxattr`]).
+const SELINUX_XATTR: &[u8] = b"security.selinux";
 /// Most hard links of one inode (`LINK_MAX`; ext4's `EXT4_LINK_MAX`).
 pub const LINK_MAX: u32 = 65000;
 /// While other mounts are live, an inode that lost its last name is purged no sooner than
@@ -1390,18 +1392,30 @@ impl Vfs {
     }
 
     /// `getxattr`: the whole value (the adapter applies the size protocol).
-    /// Errors: `ENODATA`, `ENOENT`, `EOPNOTSUPP`.
+    /// Errors: `ENODATA`, `ENOENT`, `EOPNOTSUPP` (other namespaces; `security.selinux`
+    /// when the inode has no such attribute).
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
         Self::check_xattr_name(name)?;
         // A file this mount just created has none: the kernel's `security.capability`
         // question before the first write costs no round trip.
-        if self.hints.no_xattrs(ino, self.fresh_for()) {
-            return Err(VfsError::NoAttr);
+        let r = if self.hints.no_xattrs(ino, self.fresh_for()) {
+            Err(VfsError::NoAttr)
+        } else {
+            deskfs_meta::read(&*self.meta, |t| {
+                t.get_inode(ino)?.ok_or(VfsError::Stale)?;
+                t.get_xattr(ino, name)?.ok_or(VfsError::NoAttr)
+            })
+        };
+        match r {
+            // No SELinux label: "labels not supported here" rather than "no label".
+            // `ls -l` (coreutils through libselinux) asks every entry for its label and
+            // stops asking on a device once the answer is EOPNOTSUPP, so a listing costs
+            // one request instead of one per entry (FUSE cannot cache xattrs). Under
+            // SELinux the kernel answers this name itself (the mount is labelled by
+            // policy); a label stored here (tar/rsync restores) is still returned.
+            Err(VfsError::NoAttr) if name == SELINUX_XATTR => Err(VfsError::NotSupported),
+            r => r,
         }
-        deskfs_meta::read(&*self.meta, |t| {
-            t.get_inode(ino)?.ok_or(VfsError::Stale)?;
-            t.get_xattr(ino, name)?.ok_or(VfsError::NoAttr)
-        })
     }
 
     /// `listxattr`: names, each NUL-terminated, concatenated.

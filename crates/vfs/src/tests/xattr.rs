@@ -150,3 +150,41 @@ fn xattrs_follow_the_inode() {
     let n = h.file(ROOT_INO, "h", b"");
     assert_eq!(h.listxattr(n.ino).unwrap(), b"");
 }
+
+#[test]
+fn a_missing_selinux_label_is_not_supported_a_stored_one_is_returned() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    // Fresh file (answered from the hints) and a stored inode (answered from the metadata).
+    assert_eq!(
+        errno(h.getxattr(f.ino, b"security.selinux")),
+        libc::EOPNOTSUPP
+    );
+    assert_eq!(
+        errno(h.getxattr(ROOT_INO, b"security.selinux")),
+        libc::EOPNOTSUPP
+    );
+    // Other missing names stay ENODATA.
+    assert_eq!(
+        errno(h.getxattr(f.ino, b"security.capability")),
+        libc::ENODATA
+    );
+    assert_eq!(errno(h.getxattr(f.ino, b"user.x")), libc::ENODATA);
+    // A label restored by a tool (tar --selinux, rsync -X) is kept and read back.
+    h.setxattr(
+        f.ino,
+        b"security.selinux",
+        b"system_u:object_r:tmp_t:s0\0",
+        0,
+    )
+    .unwrap();
+    assert_eq!(
+        h.getxattr(f.ino, b"security.selinux").unwrap(),
+        b"system_u:object_r:tmp_t:s0\0"
+    );
+    h.removexattr(f.ino, b"security.selinux").unwrap();
+    assert_eq!(
+        errno(h.getxattr(f.ino, b"security.selinux")),
+        libc::EOPNOTSUPP
+    );
+}
