@@ -72,29 +72,18 @@ pub struct CacheStats {
 
 /// Removes partial downloads (`<ino>.part.<pid>.<n>`, and the older `<ino>.part`) left in
 /// `staging` by processes that are gone (a crash mid-download).
-fn remove_dead_downloads(staging: &Path) {
-    let Ok(rd) = std::fs::read_dir(staging) else {
-        return;
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some((ino, rest)) = name.split_once(".part") else {
-            continue;
-        };
-        if ino.is_empty() || !ino.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        let owner_alive = rest
-            .strip_prefix('.')
-            .and_then(|r| r.split('.').next())
-            .and_then(|pid| pid.parse::<u32>().ok())
-            .is_some_and(|pid| {
-                pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists()
-            });
-        if !owner_alive {
-            let _ = std::fs::remove_file(e.path());
-        }
+/// Removes the download `path` (named `INO.part.PID.SEQ`) when the process that made
+/// it is gone (this process's own ones are in progress).
+fn remove_if_dead_download(path: &Path, rest: &str) {
+    let owner_alive = rest
+        .strip_prefix('.')
+        .and_then(|r| r.split('.').next())
+        .and_then(|pid| pid.parse::<u32>().ok())
+        .is_some_and(|pid| {
+            pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists()
+        });
+    if !owner_alive {
+        let _ = std::fs::remove_file(path);
     }
 }
 
@@ -211,7 +200,6 @@ impl Cache {
         for d in [root, &staging, &blocks] {
             std::fs::create_dir_all(d).map_err(|e| CacheError::io(d, e))?;
         }
-        remove_dead_downloads(&staging);
         let id = cache_id(root, &staging)?;
         let cache = Cache {
             root: root.to_path_buf(),
@@ -345,13 +333,21 @@ impl Cache {
         }
     }
 
-    /// Inode numbers that have a staging file (for recovery after a restart).
+    /// Inode numbers that have a staging file (indexed in the background after a mount);
+    /// interrupted downloads of processes that are gone are removed on the way.
     pub fn staging_inodes(&self) -> Result<Vec<u64>> {
         let rd = std::fs::read_dir(&self.staging).map_err(|e| CacheError::io(&self.staging, e))?;
         let mut v = Vec::new();
         for e in rd.flatten() {
-            if let Some(ino) = e.file_name().to_str().and_then(|s| s.parse::<u64>().ok()) {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else { continue };
+            if let Ok(ino) = name.parse::<u64>() {
                 v.push(ino);
+            } else if let Some((ino, rest)) = name.split_once(".part") {
+                // Interrupted downloads of processes that are gone go on the way.
+                if !ino.is_empty() && ino.bytes().all(|b| b.is_ascii_digit()) {
+                    remove_if_dead_download(&e.path(), rest);
+                }
             }
         }
         Ok(v)

@@ -110,7 +110,7 @@ fn recycled_staging_files_come_back_empty_and_readers_block_recycling() {
 }
 
 #[test]
-fn partial_downloads_of_dead_processes_are_removed_at_open() {
+fn partial_downloads_of_dead_processes_are_removed_by_the_staging_scan() {
     let dir = tempfile::tempdir().unwrap();
     let staging = dir.path().join("staging");
     std::fs::create_dir_all(&staging).unwrap();
@@ -124,7 +124,12 @@ fn partial_downloads_of_dead_processes_are_removed_at_open() {
     ] {
         std::fs::write(staging.join(name), b"x").unwrap();
     }
-    let _c = Cache::open(dir.path(), 1 << 20, 1 << 20).unwrap();
+    let c = Cache::open(dir.path(), 1 << 20, 1 << 20).unwrap();
+    assert!(
+        staging.join("7.part").exists(),
+        "opening does not scan the staging area (a million files take seconds)"
+    );
+    assert_eq!(c.staging_inodes().unwrap(), vec![10]);
     assert!(!staging.join("7.part").exists());
     assert!(!staging.join("8.part.4000000000.1").exists());
     assert!(

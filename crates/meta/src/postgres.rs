@@ -408,7 +408,21 @@ impl PgEngine {
                     supported: SCHEMA_VERSION,
                 }),
                 schema::Found::Deskfs(_) => {
-                    schema::check(&client, &spec.schema).await?.map_err(corrupt)
+                    schema::check(&client, &spec.schema)
+                        .await?
+                        .map_err(corrupt)?;
+                    // An index added after schema 3 shipped (readdir pages in cookie
+                    // order); only slower without it, so a failure (no CREATE privilege,
+                    // a concurrent creator) is logged and ignored.
+                    let ddl = format!(
+                        "CREATE INDEX IF NOT EXISTS dentries_parent_cookie \
+                         ON {}.dentries(parent, cookie)",
+                        spec.schema
+                    );
+                    if let Err(e) = client.batch_execute(&ddl).await {
+                        tracing::warn!(error = %e, "cannot add the dentries(parent, cookie) index; readdir of big directories stays slower");
+                    }
+                    Ok(())
                 }
             }
         })?;

@@ -116,6 +116,13 @@ CREATE TRIGGER IF NOT EXISTS bk_object_del AFTER DELETE ON objects
   BEGIN INSERT INTO backup_log(path) VALUES(OLD.path); END;
 ";
 
+/// Indexes added without a schema version (created on open when missing; a database
+/// without them is only slower): a directory's entries in cookie order, so each page of
+/// `readdir` is one index range instead of a sort of the whole directory (a 100,000-entry
+/// directory took 25 ms per page).
+const INDEXES: &str =
+    "CREATE INDEX IF NOT EXISTS dentries_parent_cookie ON dentries(parent, cookie);";
+
 /// The change feed (added after schema 1 shipped; created on open when missing).
 const CHANGES_TABLE: &str = "CREATE TABLE IF NOT EXISTS changes(
   seq INTEGER PRIMARY KEY AUTOINCREMENT, session INTEGER NOT NULL, ts INTEGER NOT NULL,
@@ -239,6 +246,7 @@ impl SqliteEngine {
                 conn.execute_batch(CHANGES_TABLE)?;
                 conn.execute_batch(SCHEMA_V2)?;
                 conn.execute_batch(SCHEMA_V3)?;
+                conn.execute_batch(INDEXES)?;
                 conn.execute(
                 "INSERT INTO inodes(ino,kind,perm,uid,gid,rdev,nlink,size,atime,mtime,ctime,btime,
                  data_version,target,local,dirty,listed)
@@ -299,6 +307,7 @@ impl SqliteEngine {
             return Err(corrupt(path, "root directory missing"));
         }
         conn.execute_batch(CHANGES_TABLE)?;
+        conn.execute_batch(INDEXES)?;
         if version < SCHEMA_VERSION {
             conn.execute_batch(&format!(
                 "BEGIN IMMEDIATE; {SCHEMA_V2} {SCHEMA_V3} PRAGMA user_version = {SCHEMA_VERSION}; COMMIT;"

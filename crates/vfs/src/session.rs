@@ -147,6 +147,10 @@ impl Vfs {
         if self.coherence.session() != lost {
             return; // already re-registered
         }
+        if self.coherence.stopped() {
+            // Shutting down: the session was ended by `end_session`, not expired.
+            return;
+        }
         tracing::error!(session = lost, "this mount's session lease was lost (the mount was paused or cut off longer than the lease, and another mount expired it): locks held through it are gone; registering a new session");
         self.coherence.fenced(lost, now_ns());
         self.locks.forget_all();

@@ -231,8 +231,12 @@ async fn run(vfs: Arc<Vfs>) {
     let mut last_evict = std::time::Instant::now();
     let mut last_wanted = std::time::Instant::now();
     // Work a previous mount left pending is due at once, whatever delays or backoff it
-    // was given (until a read of due work comes back short of a full window).
+    // was given (until a read of due work comes back short of a full window); work this
+    // mount queues keeps its own delays.
     let mut resuming = true;
+    let resume_upto = deskfs_meta::read(&*vfs.meta, |t| t.pending_stats())
+        .map(|s| s.last_seq)
+        .unwrap_or(u64::MAX);
     loop {
         let stopping = vfs.uploader.stop.load(Ordering::SeqCst);
         if stopping && tasks.is_empty() {
@@ -270,9 +274,12 @@ async fn run(vfs: Arc<Vfs>) {
             let want = vfs.cfg.upload_workers * 32;
             if window.wants_read(urgent, horizon) {
                 match deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want)) {
-                    Ok(rows) => {
-                        if horizon == i64::MAX && !urgent && rows.len() < want {
-                            resuming = false;
+                    Ok(mut rows) => {
+                        if horizon == i64::MAX && !urgent {
+                            if rows.len() < want {
+                                resuming = false;
+                            }
+                            rows.retain(|r| r.due_ns <= now || r.seq <= resume_upto);
                         }
                         window.fill(rows, horizon)
                     }

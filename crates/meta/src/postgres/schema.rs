@@ -35,6 +35,7 @@ CREATE TABLE {S}.dentries(
   parent bigint NOT NULL, name bytea NOT NULL, ino bigint NOT NULL,
   UNIQUE(parent, name));
 CREATE INDEX dentries_ino ON {S}.dentries(ino);
+CREATE INDEX dentries_parent_cookie ON {S}.dentries(parent, cookie);
 CREATE TABLE {S}.xattrs(ino bigint NOT NULL, name bytea NOT NULL, value bytea NOT NULL,
   PRIMARY KEY(ino, name));
 -- Paths reach PATH_MAX (4096 bytes), beyond a btree entry's limit (~2700 bytes): the

@@ -117,3 +117,30 @@ fn schema_1_is_migrated() {
     assert_eq!(v, SCHEMA_VERSION);
     assert_eq!(e.get_inode(ino).unwrap().unwrap().local, Local::At(1));
 }
+
+#[test]
+fn a_readdir_page_is_an_index_range_also_on_an_older_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.db");
+    let e = SqliteEngine::create(&p, 0, 0, 5).unwrap();
+    drop(e);
+    // A database made before the index existed: opening it adds the index.
+    let c = Connection::open(&p).unwrap();
+    c.execute_batch("DROP INDEX dentries_parent_cookie;")
+        .unwrap();
+    drop(c);
+    let e = SqliteEngine::open(&p).unwrap();
+    let conn = e.lock().unwrap();
+    let plan: Vec<String> = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {}", super::txn::LIST_DIR_SQL))
+        .unwrap()
+        .query_map(params![1i64, 0i64, 100i64], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<std::result::Result<_, _>>()
+        .unwrap();
+    let plan = plan.join("; ");
+    assert!(
+        plan.contains("dentries_parent_cookie") && !plan.contains("TEMP B-TREE"),
+        "a readdir page sorts the whole directory: {plan}"
+    );
+}

@@ -2,6 +2,14 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+/// One page of a directory: entries after a cookie, in cookie order, with their inodes
+/// (an index range on `dentries(parent, cookie)`).
+pub(crate) const LIST_DIR_SQL: &str =
+    "SELECT d.cookie, d.name, i.ino,i.kind,i.perm,i.uid,i.gid,i.rdev,i.nlink,i.size,
+            i.atime,i.mtime,i.ctime,i.btime,i.data_version,i.target,i.local,i.dirty,i.listed
+     FROM dentries d JOIN inodes i ON i.ino = d.ino
+     WHERE d.parent=?1 AND d.cookie>?2 ORDER BY d.cookie LIMIT ?3";
+
 use super::batch::{alloc_inos, insert_inode_at, next_seq};
 use super::rows::*;
 use super::MAX_COALESCE_NS;
@@ -206,12 +214,7 @@ impl MetaTxn for SqlTxn<'_> {
         after: u64,
         limit: usize,
     ) -> Result<Vec<(Dentry, InodeRow)>> {
-        let mut st = self.conn.prepare_cached(
-            "SELECT d.cookie, d.name, i.ino,i.kind,i.perm,i.uid,i.gid,i.rdev,i.nlink,i.size,
-                    i.atime,i.mtime,i.ctime,i.btime,i.data_version,i.target,i.local,i.dirty,i.listed
-             FROM dentries d JOIN inodes i ON i.ino = d.ino
-             WHERE d.parent=?1 AND d.cookie>?2 ORDER BY d.cookie LIMIT ?3",
-        )?;
+        let mut st = self.conn.prepare_cached(LIST_DIR_SQL)?;
         let v = st
             .query_map(params![parent as i64, after as i64, limit as i64], |r| {
                 let inode = inode_from_row(r, 2)?;

@@ -232,3 +232,17 @@ fn crash_with_unclosed_writes_leaves_a_consistent_workspace() {
         "bucket matches the mount"
     );
 }
+
+#[test]
+fn a_mount_shutting_down_does_not_register_a_new_session() {
+    let h = Harness::new();
+    let me = h.coherence.session();
+    h.coherence.stop();
+    h.end_session();
+    // A heartbeat that was on its way finds the session gone: that is the shutdown, not a
+    // lost lease.
+    h.heartbeat();
+    assert_eq!(h.coherence.session(), me, "no new session registered");
+    let live = deskfs_meta::read(&*h.meta, |t| t.sessions()).unwrap();
+    assert!(live.is_empty(), "no session left behind: {live:?}");
+}
