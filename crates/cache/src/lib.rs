@@ -209,7 +209,7 @@ impl Cache {
             block_size,
             capacity,
             lru: std::sync::Mutex::new(Lru::default()),
-            pool: pool::Pool::new(&root.join("staging")),
+            pool: pool::Pool::new(root),
             readers: std::sync::Mutex::new(std::collections::HashMap::new()),
         };
         cache.index_blocks()?;
@@ -343,6 +343,11 @@ impl Cache {
             let Some(name) = name.to_str() else { continue };
             if let Ok(ino) = name.parse::<u64>() {
                 v.push(ino);
+            } else if let Some(pid) = name.strip_prefix(".pool-") {
+                // A pool of an older deskfs (inside the staging area), its process gone.
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
             } else if let Some((ino, rest)) = name.split_once(".part") {
                 // Interrupted downloads of processes that are gone go on the way.
                 if !ino.is_empty() && ino.bytes().all(|b| b.is_ascii_digit()) {

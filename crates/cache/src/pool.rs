@@ -3,9 +3,10 @@
 //! has churned (ext4 without a journal scans past recently deleted inodes); renaming a
 //! ready file into place costs a few. A background thread refills the pool, first from
 //! **recycled** staging files of purged inodes (truncated to 0 there, off the request
-//! path), then by creating new ones. Pool files live in `staging/.pool-<pid>/` (per
-//! process: several mounts may share a cache dir); those of dead processes are removed
-//! when a cache is opened.
+//! path), then by creating new ones. Pool files live in `<cache>/pools/<pid>/` (per
+//! process: several mounts may share a cache dir; on the staging area's file system, so
+//! a rename moves one into place); those of dead processes are removed when a cache is
+//! opened — a look at `pools/`, never a scan of the staging area (a million entries).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex, Weak};
@@ -26,13 +27,12 @@ pub(crate) struct Pool {
 const MAX_RECYCLED: usize = 4096;
 
 impl Pool {
-    pub(crate) fn new(staging: &Path) -> Pool {
-        if let Ok(rd) = std::fs::read_dir(staging) {
+    pub(crate) fn new(root: &Path) -> Pool {
+        let pools = root.join("pools");
+        if let Ok(rd) = std::fs::read_dir(&pools) {
             for e in rd.flatten() {
                 let name = e.file_name();
-                let Some(pid) = name.to_str().and_then(|n| n.strip_prefix(".pool-")) else {
-                    continue;
-                };
+                let Some(pid) = name.to_str() else { continue };
                 if !Path::new(&format!("/proc/{pid}")).exists()
                     || pid == std::process::id().to_string()
                 {
@@ -41,7 +41,7 @@ impl Pool {
             }
         }
         Pool {
-            dir: staging.join(format!(".pool-{}", std::process::id())),
+            dir: pools.join(std::process::id().to_string()),
             ready: Mutex::new(Vec::new()),
             recycled: Mutex::new(Vec::new()),
             wake: Condvar::new(),

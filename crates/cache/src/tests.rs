@@ -56,9 +56,7 @@ fn staging_files() {
 
 /// Files named `r<N>` in the pool dir (recycled staging files).
 fn recycled_in_pool(root: &std::path::Path) -> usize {
-    let dir = root
-        .join("staging")
-        .join(format!(".pool-{}", std::process::id()));
+    let dir = root.join("pools").join(std::process::id().to_string());
     std::fs::read_dir(dir)
         .map(|rd| {
             rd.flatten()

@@ -468,14 +468,7 @@ impl Filesystem for DeskFs {
                 self.answer_open(
                     ino.0,
                     &o,
-                    |file| match reply.take() {
-                        Some(r) => {
-                            let id = r.open_backing(file);
-                            reply.set(Some(r));
-                            id
-                        }
-                        None => Err(io::Error::other("reply already sent")),
-                    },
+                    |file| backing_of(&reply, file),
                     |answer| {
                         if let Some(r) = reply.take() {
                             match answer {
@@ -895,14 +888,7 @@ impl Filesystem for DeskFs {
                 self.answer_open(
                     ino_of(&attr),
                     &o,
-                    |file| match reply.take() {
-                        Some(r) => {
-                            let id = r.open_backing(file);
-                            reply.set(Some(r));
-                            id
-                        }
-                        None => Err(io::Error::other("reply already sent")),
-                    },
+                    |file| backing_of(&reply, file),
                     |answer| {
                         if let Some(r) = reply.take() {
                             match answer {
@@ -930,4 +916,37 @@ impl Filesystem for DeskFs {
 /// The inode number of a reply's attributes.
 fn ino_of(attr: &fuser::FileAttr) -> u64 {
     attr.ino.0
+}
+
+/// A reply that can register a backing file with the kernel (open and create).
+trait BackingReply {
+    fn open_backing(&self, file: &std::fs::File) -> io::Result<fuser::BackingId>;
+}
+
+impl BackingReply for ReplyOpen {
+    fn open_backing(&self, file: &std::fs::File) -> io::Result<fuser::BackingId> {
+        ReplyOpen::open_backing(self, file)
+    }
+}
+
+impl BackingReply for ReplyCreate {
+    fn open_backing(&self, file: &std::fs::File) -> io::Result<fuser::BackingId> {
+        ReplyCreate::open_backing(self, file)
+    }
+}
+
+/// Registers `file` as a backing file through the reply held in `reply` (kept there for
+/// the answer that follows). Errors: the kernel's (`EPERM`, `EINVAL`, ...).
+fn backing_of<R: BackingReply>(
+    reply: &std::cell::Cell<Option<R>>,
+    file: &std::fs::File,
+) -> io::Result<fuser::BackingId> {
+    match reply.take() {
+        Some(r) => {
+            let id = r.open_backing(file);
+            reply.set(Some(r));
+            id
+        }
+        None => Err(io::Error::other("reply already sent")),
+    }
 }
