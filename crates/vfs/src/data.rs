@@ -1407,7 +1407,10 @@ impl Vfs {
             .then(|| self.coherence.session());
         let mut res = Ok(());
         let (last, size, row, clean) = self.locked(ino, |s| {
-            self.absorb_backing(ino, s, Absorb::Commit)?;
+            // (A failed look leaves the last known size and times; the handle must go.)
+            if let Err(e) = self.absorb_backing(ino, s, Absorb::Commit) {
+                tracing::warn!(ino, error = %e, "cannot read the backing file's size and times at release");
+            }
             if let Some(h) = &h {
                 s.open_count = s.open_count.saturating_sub(1);
                 if h.passthrough.swap(false, Ordering::SeqCst)

@@ -151,6 +151,11 @@ impl Passthrough {
     pub(crate) fn writers(&self) -> u32 {
         self.writers
     }
+
+    /// The backing file holds this mount's writer `flock` (see `writer_flock`).
+    pub(crate) fn holds_writer_flock(&self) -> bool {
+        self.writer_flock
+    }
 }
 
 /// Takes a shared `flock` on `f` (the mark of a staging file with possible uncommitted

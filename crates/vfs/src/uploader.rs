@@ -742,7 +742,7 @@ async fn reconcile_file(
             }
             gen0 = Some(s.write_gen);
             // This mount's passthrough backing file holds a writer `flock` of its own.
-            own_writes = s.uncommitted || s.pt.active();
+            own_writes = s.uncommitted || s.pt.holds_writer_flock();
         }
     }
     // Content only another mount's cache holds: its uploader does this path.
