@@ -442,6 +442,17 @@ impl Vfs {
         Ok(fh)
     }
 
+    /// Takes back the open count (and passthrough count, when `passthrough`; opened for
+    /// writing: `write`) of an open whose handle could not be made.
+    fn uncount_open(&self, ino: Ino, passthrough: bool, write: bool) {
+        let _ = self.with_state(ino, |s| {
+            s.open_count = s.open_count.saturating_sub(1);
+            if passthrough {
+                Self::passthrough_closed(s, write);
+            }
+        });
+    }
+
     /// `open`: a handle on an existing inode; `O_TRUNC` truncates (without fetching the old
     /// content). Errors: `ENOENT`, `EISDIR` (write on a directory).
     pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Opened> {
@@ -500,12 +511,7 @@ impl Vfs {
                     let fh = self
                         .new_handle(ino, flags, count.session.is_some(), backing.is_some())
                         .inspect_err(|_| {
-                            let _ = self.with_state(ino, |s| {
-                                s.open_count = s.open_count.saturating_sub(1);
-                                if backing.is_some() {
-                                    Self::passthrough_closed(s, acc != libc::O_RDONLY);
-                                }
-                            });
+                            self.uncount_open(ino, backing.is_some(), acc != libc::O_RDONLY)
                         })?;
                     // The handle owns the count now (its release takes it back).
                     count.session = None;
@@ -655,14 +661,7 @@ impl Vfs {
         )?;
         let fh = self
             .new_handle(row.ino, flags, tracked, backing.is_some())
-            .inspect_err(|_| {
-                let _ = self.with_state(row.ino, |s| {
-                    s.open_count = s.open_count.saturating_sub(1);
-                    if backing.is_some() {
-                        Self::passthrough_closed(s, write);
-                    }
-                });
-            })?;
+            .inspect_err(|_| self.uncount_open(row.ino, backing.is_some(), write))?;
         Ok((
             crate::attr_of(&row),
             Opened {
