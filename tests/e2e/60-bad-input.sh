@@ -7,6 +7,8 @@
 #   mount:  missing mountpoint dir, busy mountpoint (already mounted), unknown workspace,
 #           corrupt metadata database, metadata database from a newer version
 #           -> nothing mounted, the database file is left exactly as it was
+#           another cache dir while files written through the first wait for upload
+#           -> refused, naming the cache dir to use; nothing mounted
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 need_cmd sqlite3
@@ -122,4 +124,25 @@ grep -q "warning: mount point .* is not empty" "$T/ne.err" || fail "no warning f
 [[ ! -e $T/m-nonempty/under.txt ]] || fail "the mounted workspace shows the files underneath"
 ws_umount "$T/m-nonempty"
 assert_eq underneath "$(cat "$T/m-nonempty/under.txt")" "files under the mount point after unmount"
+
+# Another cache dir while files written through the first are not uploaded yet: refused,
+# naming the cache dir to use (found from the metadata's index of dirty inodes by cache,
+# without reading the dirty rows); with that one, the file is there.
+ws_format twocaches
+mkdir -p "$T/m-caches"
+ws_mount_fg twocaches "$T/m-caches" --cache-dir "$T/cache-a" --upload-delay-ms 3600000
+echo "only in cache a" > "$T/m-caches/f"
+# kill -9: the file stays in cache a's journal only (a clean unmount would upload it).
+kill -KILL "$FG_PID"
+wait "$FG_PID" 2> /dev/null || true
+if is_mounted "$T/m-caches"; then
+  timeout 20 fusermount3 -u "$T/m-caches" || force_unmount "$T/m-caches" || fail "cannot remove the dead mount"
+fi
+expect_error "mount with another cache dir while files wait for upload in the first" \
+  "not yet uploaded.*--cache-dir $T/cache-a" \
+  "$DESKFS" mount twocaches "$T/m-caches" --cache-dir "$T/cache-b"
+! is_mounted "$T/m-caches" || fail "the refused mount with another cache dir got mounted"
+ws_mount twocaches "$T/m-caches" --cache-dir "$T/cache-a"
+assert_eq "only in cache a" "$(cat "$T/m-caches/f")" "the file after mounting its cache dir again"
+ws_umount "$T/m-caches"
 log "PASS"

@@ -212,20 +212,16 @@ fn cache_dir_for(o: &Opened, requested: Option<&Path>) -> Result<PathBuf> {
     let dir = requested
         .map(crate::absolute)
         .unwrap_or_else(|| ws_dir(&o.cfg.name).join("cache"));
-    let dirty = deskfs_meta::read(&*o.meta, |t| t.dirty_inodes())?;
-    let mut by_cache: std::collections::BTreeMap<u64, usize> = Default::default();
-    for r in &dirty {
-        if let deskfs_meta::Local::At(c) = r.local {
-            *by_cache.entry(c).or_default() += 1;
-        }
-    }
+    // The caches holding unuploaded files: a few index seeks, not the dirty rows (a
+    // million at scale).
+    let caches = deskfs_meta::read(&*o.meta, |t| t.dirty_caches())?;
     let host = deskfs_vfs::hostname();
     // A cache dir a live mount of this host uses is in good hands: its mount uploads.
     let served: Vec<PathBuf> = mounts_of(&o.cfg.name)
         .into_iter()
         .map(|m| m.cache_dir)
         .collect();
-    for (id, n) in by_cache {
+    for id in caches {
         if let Some((h, p)) = cache_location(o, id)? {
             if h == host && p != dir && p.join("cache-id").exists() && !served.contains(&p) {
                 let in_use = std::fs::read_to_string(dir.join("cache-id"))
@@ -233,6 +229,7 @@ fn cache_dir_for(o: &Opened, requested: Option<&Path>) -> Result<PathBuf> {
                     .and_then(|s| s.trim().parse::<u64>().ok())
                     == Some(id);
                 if !in_use {
+                    let n = deskfs_meta::read(&*o.meta, |t| t.dirty_in_cache(id))?;
                     bail!("workspace {} has {n} file(s) not yet uploaded whose data is in cache dir {} on this host; mount with --cache-dir {} (or run `deskfs sync {}` with it) before changing the cache dir", o.cfg.name, p.display(), p.display(), o.cfg.name);
                 }
             }

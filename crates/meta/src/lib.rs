@@ -290,6 +290,12 @@ pub trait MetaTxn {
     fn orphan_inodes(&mut self) -> Result<Vec<Ino>>;
     /// Inodes whose data is dirty (local content not yet in the bucket).
     fn dirty_inodes(&mut self) -> Result<Vec<InodeRow>>;
+    /// The caches (ids of [`Local::At`]) holding dirty content, ascending, without reading
+    /// the dirty rows (a mount checks its cache dir against them: a workspace of a
+    /// million unuploaded files must not cost a million rows).
+    fn dirty_caches(&mut self) -> Result<Vec<u64>>;
+    /// How many dirty inodes hold their content in cache `cache`.
+    fn dirty_in_cache(&mut self, cache: u64) -> Result<u64>;
 
     // ---- dentries ----
     /// Looks `name` up in directory `parent`.
@@ -391,8 +397,12 @@ pub trait MetaTxn {
     fn defer_pending(&mut self, path: &[u8], gen: u64, retry_at_ns: i64) -> Result<()>;
     /// Whether `path` is pending, itself or through a recursive mark of an ancestor.
     fn is_pending(&mut self, path: &[u8]) -> Result<bool>;
-    /// Counts and the oldest sequence number of pending work.
+    /// Counts and the oldest sequence number of pending work (counting reads every
+    /// pending row: for `deskfs status`, not for the request path).
     fn pending_stats(&mut self) -> Result<PendingStats>;
+    /// The sequence number of the newest pending mark ever made ([`PendingStats::last_seq`])
+    /// without counting rows: one read, whatever the backlog.
+    fn pending_last_seq(&mut self) -> Result<u64>;
     /// Whether any pending row has `seq <= upto`.
     fn pending_upto(&mut self, upto: u64) -> Result<bool>;
     /// The most recent failures (path, attempts, error), newest first.

@@ -39,7 +39,7 @@ CREATE TABLE inodes(
   atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL, btime INTEGER NOT NULL,
   data_version INTEGER NOT NULL, target BLOB, local INTEGER NOT NULL, dirty INTEGER NOT NULL,
   listed INTEGER NOT NULL);
-CREATE INDEX inodes_dirty ON inodes(dirty) WHERE dirty = 1;
+CREATE INDEX inodes_dirty_local ON inodes(local) WHERE dirty = 1;
 CREATE INDEX inodes_orphan ON inodes(nlink) WHERE nlink = 0;
 CREATE TABLE dentries(
   cookie INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -119,9 +119,14 @@ CREATE TRIGGER IF NOT EXISTS bk_object_del AFTER DELETE ON objects
 /// Indexes added without a schema version (created on open when missing; a database
 /// without them is only slower): a directory's entries in cookie order, so each page of
 /// `readdir` is one index range instead of a sort of the whole directory (a 100,000-entry
-/// directory took 25 ms per page).
+/// directory took 25 ms per page); the dirty inodes by cache, which replaces the index
+/// of dirty inodes alone (same rows, so no more writes), so a mount finds the caches
+/// holding unuploaded files with a few seeks instead of reading every dirty row (3.8 s
+/// at a million).
 const INDEXES: &str =
-    "CREATE INDEX IF NOT EXISTS dentries_parent_cookie ON dentries(parent, cookie);";
+    "CREATE INDEX IF NOT EXISTS dentries_parent_cookie ON dentries(parent, cookie);
+CREATE INDEX IF NOT EXISTS inodes_dirty_local ON inodes(local) WHERE dirty = 1;
+DROP INDEX IF EXISTS inodes_dirty;";
 
 /// The change feed (added after schema 1 shipped; created on open when missing).
 const CHANGES_TABLE: &str = "CREATE TABLE IF NOT EXISTS changes(

@@ -818,7 +818,13 @@ pub(crate) fn pending_gen_and_seq(f: &dyn Fixture) {
     let st = read(&*e, |t| t.pending_stats()).unwrap();
     assert_eq!((st.pending, st.failing), (1, 1));
     assert!(st.last_seq >= s2);
+    assert_eq!(read(&*e, |t| t.pending_last_seq()).unwrap(), st.last_seq);
     txn(&*e, |t| t.finish_pending(b"x", rows[0].gen)).unwrap();
+    assert_eq!(
+        read(&*e, |t| t.pending_last_seq()).unwrap(),
+        st.last_seq,
+        "the newest mark's number outlives its row"
+    );
     assert!(!read(&*e, |t| t.pending_upto(s2)).unwrap());
 }
 
@@ -1218,6 +1224,23 @@ pub(crate) fn usage_and_orphans(f: &dyn Fixture) {
         (2, 1000, 1, 1000)
     );
     assert_eq!(read(&*e, |t| t.dirty_inodes()).unwrap().len(), 1);
+    // The caches holding dirty content, found without reading the rows.
+    let y = create(&*e, ROOT_INO, "y", Kind::File);
+    let z = create(&*e, ROOT_INO, "z", Kind::File);
+    for (ino, cache) in [(y, 3), (z, 3)] {
+        e.apply(&[Op::CommitContent {
+            ino,
+            size: 1,
+            mtime_ns: 1,
+            ctime_ns: 1,
+            local: Local::At(cache),
+        }])
+        .unwrap();
+    }
+    assert_eq!(read(&*e, |t| t.dirty_caches()).unwrap(), vec![3, 7]);
+    assert_eq!(read(&*e, |t| t.dirty_in_cache(3)).unwrap(), 2);
+    assert_eq!(read(&*e, |t| t.dirty_in_cache(7)).unwrap(), 1);
+    assert_eq!(read(&*e, |t| t.dirty_in_cache(8)).unwrap(), 0);
     txn(&*e, |t| t.set_nlink(x, 0)).unwrap();
     assert_eq!(read(&*e, |t| t.orphan_inodes()).unwrap(), vec![x]);
     txn(&*e, |t| t.set_kv("a", "1")).unwrap();

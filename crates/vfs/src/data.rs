@@ -1027,10 +1027,23 @@ impl Vfs {
             let res = bucket.get_range(&key, start..end, etag.as_deref()).await;
             let out = match res {
                 Ok(data) if data.len() as u64 == end - start => {
+                    // The reader gets the block now; the cache file is written after
+                    // (a file create, a write and a rename: 0.1-0.5 ms on the cold path).
+                    // The block stays in the in-flight map until it is, so a read of it
+                    // meanwhile shares this fetch instead of starting another GET.
                     let c = cache.clone();
                     let d = data.clone();
-                    let _ = tokio::task::spawn_blocking(move || c.write_block(&k, &d)).await;
-                    Ok(data)
+                    let inflight = inflight.clone();
+                    tokio::task::spawn_blocking(move || {
+                        if let Err(e) = c.write_block(&k, &d) {
+                            tracing::debug!(error = %e, "cannot keep a fetched block in the cache");
+                        }
+                        inflight
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .remove(&k);
+                    });
+                    return Ok(data);
                 }
                 Ok(data) => Err(FetchError::Other(format!(
                     "short read of {key}: {} of {} bytes",

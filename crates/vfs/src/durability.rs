@@ -229,9 +229,7 @@ impl Vfs {
                 None => return Ok(()), // removed meanwhile: nothing under it to keep
             }
         };
-        let barrier = deskfs_meta::read(&*self.meta, |t| {
-            Ok::<_, VfsError>(t.pending_stats()?.last_seq)
-        })?;
+        let barrier = deskfs_meta::read(&*self.meta, |t| Ok::<_, VfsError>(t.pending_last_seq()?))?;
         // The sync barrier's lever: every pending row is due now, past coalescing.
         self.urgent
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);

@@ -378,7 +378,7 @@ impl Vfs {
     pub fn sync(&self, timeout: Duration) -> Result<()> {
         self.commit_all()?;
         let barrier = deskfs_meta::read(&*self.meta, |t| {
-            Ok::<_, crate::VfsError>(t.pending_stats()?.last_seq)
+            Ok::<_, crate::VfsError>(t.pending_last_seq()?)
         })?;
         self.urgent.fetch_add(1, Ordering::SeqCst);
         self.uploader.kick();

@@ -234,9 +234,7 @@ async fn run(vfs: Arc<Vfs>) {
     // was given (until a read of due work comes back short of a full window); work this
     // mount queues keeps its own delays.
     let mut resuming = true;
-    let resume_upto = deskfs_meta::read(&*vfs.meta, |t| t.pending_stats())
-        .map(|s| s.last_seq)
-        .unwrap_or(u64::MAX);
+    let resume_upto = deskfs_meta::read(&*vfs.meta, |t| t.pending_last_seq()).unwrap_or(u64::MAX);
     loop {
         let stopping = vfs.uploader.stop.load(Ordering::SeqCst);
         if stopping && tasks.is_empty() {

@@ -201,6 +201,8 @@ queries! {
     SetNlink = "UPDATE inodes SET nlink = $2 WHERE ino = $1";
     OrphanInodes = "SELECT ino FROM inodes WHERE nlink = 0 ORDER BY ino";
     DirtyInodes = concat!("SELECT ", inode_cols!(), " FROM inodes WHERE dirty ORDER BY ino");
+    DirtyCaches = "SELECT DISTINCT local FROM inodes WHERE dirty AND local > 0 ORDER BY local";
+    DirtyInCache = "SELECT count(*) FROM inodes WHERE dirty AND local = $1";
     LookupDentry = "SELECT cookie, ino FROM dentries WHERE parent = $1 AND name = $2";
     InsertDentry = "INSERT INTO dentries(parent,name,ino) VALUES($1,$2,$3)
         ON CONFLICT(parent,name) DO NOTHING RETURNING cookie";
@@ -258,6 +260,7 @@ queries! {
     PendingStats = "SELECT (SELECT count(*) FROM pending),
         (SELECT count(*) FROM pending WHERE attempts > 0),
         (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pending_seq)";
+    PendingLastSeq = "SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM pending_seq";
     PendingUpto = "SELECT EXISTS (SELECT 1 FROM pending WHERE seq <= $1)";
     PendingUptoRows = concat!("SELECT ", pending_cols!(),
         " FROM pending WHERE seq <= $1 ORDER BY seq LIMIT $2");

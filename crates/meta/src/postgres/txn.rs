@@ -318,6 +318,21 @@ impl MetaTxn for PgTxn<'_> {
             .collect()
     }
 
+    fn dirty_caches(&mut self) -> Result<Vec<u64>> {
+        self.query(Q::DirtyCaches, &[])?
+            .iter()
+            .map(|r| col_u64(r, 0))
+            .collect()
+    }
+
+    fn dirty_in_cache(&mut self, cache: u64) -> Result<u64> {
+        let rows = self.query(Q::DirtyInCache, &[&i(cache)])?;
+        match rows.first() {
+            Some(r) => col_u64(r, 0),
+            None => Ok(0),
+        }
+    }
+
     fn lookup(&mut self, parent: Ino, name: &[u8]) -> Result<Option<Dentry>> {
         match self.opt(Q::LookupDentry, &[&i(parent), &name])? {
             Some(r) => Ok(Some(Dentry {
@@ -563,6 +578,10 @@ impl MetaTxn for PgTxn<'_> {
             failing: col_u64(&r, 1)?,
             last_seq: col_u64(&r, 2)?,
         })
+    }
+
+    fn pending_last_seq(&mut self) -> Result<u64> {
+        col_u64(&self.one(Q::PendingLastSeq, &[])?, 0)
     }
 
     fn pending_upto(&mut self, upto: u64) -> Result<bool> {

@@ -144,3 +144,52 @@ fn a_readdir_page_is_an_index_range_also_on_an_older_database() {
         "a readdir page sorts the whole directory: {plan}"
     );
 }
+
+#[test]
+fn the_caches_holding_dirty_files_are_found_by_index_seeks_also_on_an_older_database() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.db");
+    drop(SqliteEngine::create(&p, 0, 0, 5).unwrap());
+    // A database made before the index existed (it had one on `dirty` alone).
+    let c = Connection::open(&p).unwrap();
+    c.execute_batch(
+        "DROP INDEX inodes_dirty_local; CREATE INDEX inodes_dirty ON inodes(dirty) WHERE dirty = 1;",
+    )
+    .unwrap();
+    drop(c);
+    let e = SqliteEngine::open(&p).unwrap();
+    let conn = e.lock().unwrap();
+    let indexes: Vec<String> = conn
+        .prepare(
+            "SELECT name FROM sqlite_master WHERE type='index' AND tbl_name='inodes' ORDER BY name",
+        )
+        .unwrap()
+        .query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<std::result::Result<_, _>>()
+        .unwrap();
+    assert!(
+        indexes.contains(&"inodes_dirty_local".to_string()),
+        "{indexes:?}"
+    );
+    assert!(
+        !indexes.contains(&"inodes_dirty".to_string()),
+        "the old index is dropped (one index per dirty row, not two): {indexes:?}"
+    );
+    let plan: Vec<String> = conn
+        .prepare(&format!(
+            "EXPLAIN QUERY PLAN {}",
+            super::txn::DIRTY_CACHES_SQL
+        ))
+        .unwrap()
+        .query_map([], |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<std::result::Result<_, _>>()
+        .unwrap();
+    let plan = plan.join("; ");
+    assert!(
+        plan.contains("SEARCH inodes USING COVERING INDEX inodes_dirty_local")
+            && !plan.contains("SCAN inodes"),
+        "finding the dirty caches reads the dirty rows: {plan}"
+    );
+}

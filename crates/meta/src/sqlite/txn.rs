@@ -2,6 +2,15 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+/// The caches holding dirty content: a loose index scan of `inodes_dirty_local`, one
+/// seek per distinct cache id (never a scan of the dirty rows).
+pub(super) const DIRTY_CACHES_SQL: &str = "WITH RECURSIVE c(l) AS (
+   SELECT (SELECT min(local) FROM inodes WHERE dirty=1 AND local > 0)
+   UNION ALL
+   SELECT (SELECT min(local) FROM inodes WHERE dirty=1 AND local > c.l)
+     FROM c WHERE c.l IS NOT NULL)
+ SELECT l FROM c WHERE l IS NOT NULL";
+
 /// One page of a directory: entries after a cookie, in cookie order, with their inodes
 /// (an index range on `dentries(parent, cookie)`).
 pub(crate) const LIST_DIR_SQL: &str =
@@ -140,6 +149,24 @@ impl MetaTxn for SqlTxn<'_> {
             .query_map([], |r| inode_from_row(r, 0))?
             .collect::<std::result::Result<_, _>>()?;
         Ok(v)
+    }
+
+    fn dirty_caches(&mut self) -> Result<Vec<u64>> {
+        // A loose index scan of `inodes_dirty_local`: one seek per distinct cache.
+        let mut st = self.conn.prepare_cached(DIRTY_CACHES_SQL)?;
+        let v = st
+            .query_map([], |r| r.get::<_, i64>(0))?
+            .map(|r| r.map(|l| l as u64))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(v)
+    }
+
+    fn dirty_in_cache(&mut self, cache: u64) -> Result<u64> {
+        let n: i64 = self
+            .conn
+            .prepare_cached("SELECT count(*) FROM inodes WHERE dirty=1 AND local=?1")?
+            .query_row(params![cache as i64], |r| r.get(0))?;
+        Ok(n as u64)
     }
 
     fn lookup(&mut self, parent: Ino, name: &[u8]) -> Result<Option<Dentry>> {
@@ -438,6 +465,15 @@ impl MetaTxn for SqlTxn<'_> {
             failing: failing as u64,
             last_seq: last.parse().unwrap_or(0),
         })
+    }
+
+    fn pending_last_seq(&mut self) -> Result<u64> {
+        let last: Option<String> = self
+            .conn
+            .prepare_cached("SELECT value FROM kv WHERE key='pending_seq'")?
+            .query_row([], |r| r.get(0))
+            .optional()?;
+        Ok(last.and_then(|s| s.parse().ok()).unwrap_or(0))
     }
 
     fn pending_upto(&mut self, upto: u64) -> Result<bool> {
