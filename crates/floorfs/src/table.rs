@@ -481,7 +481,9 @@ impl Table {
         }
         p.attr.mtime_ns = now;
         p.attr.ctime_ns = now;
-        Ok(attr)
+        // A backed file's times are its backing file's from the start.
+        let n = self.node(ino)?;
+        Ok(self.attr_of(n))
     }
 
     /// `mknod`/`create`: a file, FIFO, socket or device. Errors: `EEXIST`, `ENOENT`,
