@@ -10,7 +10,8 @@ and recycled); every timed phase stops after the phase cap and reports what it f
 marked partial. S3 targets need BENCH_S3_* in the environment (scripts/bench.sh sets them).
 Workloads check their own results where they can (content read back, entry counts, `tar
 --compare`, `git status` clean, sqlite integrity, `cmp` of the big file): a record with
-`check: false` is shown as "check failed" by the report.
+`check: false` is shown as "check failed" by the report. The FUSE requests of the checks are
+left out of the workload's request counts.
 Workload structure follows the project's shared fsbench harness (shared/bench/lib/bench.py).
 """
 import argparse
@@ -239,6 +240,21 @@ class Ctx:
         self.t, self.emit, self.meta = target, emit, meta
         self.mnt = target.mnt()
         self.files = None   # files the workload made (for FUSE requests per file)
+        self.excluded = {}  # FUSE requests of the workload's checks, left out of its counts
+
+    def uncounted(self, fn):
+        """fn() — a check of the workload's result, untimed — with the FUSE requests it
+        causes left out of the workload's request counts."""
+        r0 = self.t.requests()
+        try:
+            return fn()
+        finally:
+            r1 = self.t.requests()
+            if r0 is not None and r1 is not None:
+                for op, v in r1.items():
+                    e = self.excluded.setdefault(op, [0, 0, 0])
+                    for i in range(3):
+                        e[i] += (v[i] or 0) - (r0.get(op, [0, 0, 0])[i] or 0)
 
     def dir(self, name):
         p = os.path.join(self.mnt, f"w-{name}")
@@ -313,7 +329,8 @@ def w_untar(c):
     dt, rc, _ = run(["tar", "xf", c.meta["tree_tar"], "-C", base], 2 * PHASE)
     # check (untimed): tar --compare reads every file back against the archive (content,
     # size, mode, mtime)
-    ok = rc == 0 and run(["tar", "--compare", "-f", c.meta["tree_tar"], "-C", base], 2 * PHASE)[1] == 0
+    ok = rc == 0 and c.uncounted(lambda: run(["tar", "--compare", "-f", c.meta["tree_tar"], "-C", base],
+                                              2 * PHASE)[1] == 0)
     c.emit("untar", r2(dt), "s", files=m["files"], bytes=m["bytes"], rc=rc, check=ok)
     c.files = m["files"]
     if rc != 0:
@@ -350,9 +367,11 @@ def w_git(c):
         _, rc2, _ = run(g + ["commit", "-q", "-m", "bench edit"], PHASE)
         dt = time.monotonic() - t0
         # check (untimed): the commit holds the 10 edits and the tree is clean again
-        _, rc3, out = run(g + ["diff", "--name-only", "HEAD~1", "HEAD"], PHASE)
-        _, rc4, st = run(g + ["status", "--porcelain"], PHASE)
-        ok = rc3 == 0 and len(out.split()) == 10 and rc4 == 0 and st.strip() == ""
+        def check():
+            _, rc3, out = run(g + ["diff", "--name-only", "HEAD~1", "HEAD"], PHASE)
+            _, rc4, st = run(g + ["status", "--porcelain"], PHASE)
+            return rc3 == 0 and len(out.split()) == 10 and rc4 == 0 and st.strip() == ""
+        ok = c.uncounted(check)
         c.emit("commit", r2(dt), "s", rc=rc2 if rc1 == 0 else rc1, files_changed=10, check=ok)
     rm_rf(base, PHASE)
 
@@ -562,7 +581,7 @@ def w_seq(c):
         dt, rc, _ = run(["dd", f"if={dst}", "of=/dev/null", "bs=4M", "status=none"], 2 * PHASE + 240)
         extra = {}
         if label == "read_warm":  # check (untimed): the big file is the source, byte for byte
-            extra["check"] = run(["cmp", "-s", src, dst], 2 * PHASE + 240)[1] == 0
+            extra["check"] = c.uncounted(lambda: run(["cmp", "-s", src, dst], 2 * PHASE + 240)[1] == 0)
         c.emit(label, round(mb / dt, 1) if rc == 0 else None, "MiB/s", seconds=r2(dt), rc=rc, **extra)
     c.emit("size_ok", os.path.getsize(dst) == mb << 20, "")
     rm_rf(base, 120)
@@ -816,7 +835,8 @@ def child_main(workload, tname, run_id):
     wall = time.monotonic() - t0
     req1 = t.requests()
     if req0 is not None and req1 is not None:
-        delta = {op: [v[i] - req0.get(op, [0, 0, 0])[i] for i in range(3)] for op, v in req1.items()}
+        delta = {op: [v[i] - req0.get(op, [0, 0, 0])[i] - ctx.excluded.get(op, [0, 0, 0])[i] for i in range(3)]
+                 for op, v in req1.items()}
         emit("_requests", {op: v for op, v in delta.items() if v[0] > 0}, "", files=ctx.files,
              note="FUSE requests served during the workload: [count, daemon ns, database round trips] per kind")
     emit("wall", r2(wall), "s")

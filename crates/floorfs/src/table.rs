@@ -29,6 +29,7 @@ const DIR_SIZE: u64 = 4096;
 const S_ISUID: u32 = 0o4000;
 const S_ISGID: u32 = 0o2000;
 const CAPS: &[u8] = b"security.capability";
+const SELINUX: &[u8] = b"security.selinux";
 
 /// Result of a table operation: the errno on failure.
 pub(crate) type Res<T> = Result<T, i32>;
@@ -227,6 +228,26 @@ fn check_name(name: &[u8]) -> Res<()> {
         Err(libc::EINVAL)
     } else {
         Ok(())
+    }
+}
+
+/// deskfs's xattr names (`crates/vfs/src/namespace.rs`): namespaces `user.`, `trusted.`
+/// and `security.` (others, e.g. `system.posix_acl_access`, are `EOPNOTSUPP`), at most 255
+/// bytes (`ERANGE`), not empty (`EINVAL`).
+fn check_xattr_name(name: &[u8]) -> Res<()> {
+    if name.is_empty() {
+        return Err(libc::EINVAL);
+    }
+    if name.len() > NAME_MAX {
+        return Err(libc::ERANGE);
+    }
+    let ok = [b"user.".as_slice(), b"trusted.", b"security."]
+        .iter()
+        .any(|p| name.starts_with(p) && name.len() > p.len());
+    if ok {
+        Ok(())
+    } else {
+        Err(libc::EOPNOTSUPP)
     }
 }
 
@@ -956,8 +977,9 @@ impl Table {
     }
 
     /// `setxattr` (`XATTR_CREATE`: fail with `EEXIST` if present; `XATTR_REPLACE`:
-    /// `ENODATA` if absent). Errors: `ENOENT`, `EINVAL` (flags).
+    /// `ENODATA` if absent). Errors: `ENOENT`, `EINVAL` (flags), those of the name's check.
     pub(crate) fn setxattr(&mut self, ino: u64, name: &[u8], value: &[u8], flags: i32) -> Res<()> {
+        check_xattr_name(name)?;
         if flags & !(libc::XATTR_CREATE | libc::XATTR_REPLACE) != 0 {
             return Err(libc::EINVAL);
         }
@@ -975,10 +997,17 @@ impl Table {
         Ok(())
     }
 
-    /// `getxattr`. Errors: `ENOENT`, `ENODATA`.
+    /// `getxattr`. Errors: `ENOENT`, `ENODATA`, those of the name's check; a missing
+    /// `security.selinux` is `EOPNOTSUPP`, as deskfs answers: `ls -l` (libselinux) then
+    /// stops asking the mount for labels instead of asking once per entry.
     pub(crate) fn getxattr(&self, ino: u64, name: &[u8]) -> Res<Vec<u8>> {
+        check_xattr_name(name)?;
         let n = self.node(ino)?;
-        n.xattrs.get(name).cloned().ok_or(libc::ENODATA)
+        match n.xattrs.get(name) {
+            Some(v) => Ok(v.clone()),
+            None if name == SELINUX => Err(libc::EOPNOTSUPP),
+            None => Err(libc::ENODATA),
+        }
     }
 
     /// `listxattr`: the names, each NUL-terminated. Errors: `ENOENT`.
@@ -991,8 +1020,9 @@ impl Table {
         Ok(out)
     }
 
-    /// `removexattr`. Errors: `ENOENT`, `ENODATA`.
+    /// `removexattr`. Errors: `ENOENT`, `ENODATA`, those of the name's check.
     pub(crate) fn removexattr(&mut self, ino: u64, name: &[u8]) -> Res<()> {
+        check_xattr_name(name)?;
         let n = self.node_mut(ino)?;
         n.xattrs.remove(name).ok_or(libc::ENODATA)?;
         n.attr.ctime_ns = now_ns();
@@ -1235,7 +1265,14 @@ mod tests {
         t.setxattr(ROOT, b"user.b", b"2", 0).expect("set");
         assert_eq!(t.listxattr(ROOT).expect("list"), b"user.a\0user.b\0");
         assert_eq!(t.getxattr(ROOT, b"user.a").expect("get"), b"1");
-        assert_eq!(t.getxattr(ROOT, b"security.selinux"), Err(libc::ENODATA));
+        assert_eq!(t.getxattr(ROOT, b"user.c"), Err(libc::ENODATA));
+        assert_eq!(t.getxattr(ROOT, b"security.selinux"), Err(libc::EOPNOTSUPP));
+        assert_eq!(
+            t.getxattr(ROOT, b"system.posix_acl_access"),
+            Err(libc::EOPNOTSUPP)
+        );
+        assert_eq!(t.setxattr(ROOT, b"user.", b"x", 0), Err(libc::EOPNOTSUPP));
+        assert_eq!(t.setxattr(ROOT, &[b'u'; 256], b"x", 0), Err(libc::ERANGE));
         t.removexattr(ROOT, b"user.a").expect("remove");
         assert_eq!(t.removexattr(ROOT, b"user.a"), Err(libc::ENODATA));
     }
