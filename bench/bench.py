@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """deskfs benchmark driver (python3 stdlib; matplotlib only for the chart).
 
-    bench.py [--short] [--targets local,deskfs,juicefs,rclone,s3fs] [--out DIR] [--workloads a,b]
+    bench.py [--short] [--targets local,floor,floor-pt,deskfs,juicefs,rclone,s3fs] [--out DIR] [--workloads a,b]
     bench.py --child WORKLOAD TARGET RUN_ID      (internal: one workload, JSON lines on stdout)
 
 Runs the same agent-like workloads on every target, one target after the other, each
 workload in a child process with a hard wall limit (a hung mount is reported as `timeout`
 and recycled); every timed phase stops after the phase cap and reports what it finished,
 marked partial. S3 targets need BENCH_S3_* in the environment (scripts/bench.sh sets them).
+Workloads check their own results where they can (content read back, entry counts, `tar
+--compare`, `git status` clean, sqlite integrity, `cmp` of the big file): a record with
+`check: false` is shown as "check failed" by the report. The FUSE requests of the checks are
+left out of the workload's request counts.
 Workload structure follows the project's shared fsbench harness (shared/bench/lib/bench.py).
 """
 import argparse
@@ -236,6 +240,21 @@ class Ctx:
         self.t, self.emit, self.meta = target, emit, meta
         self.mnt = target.mnt()
         self.files = None   # files the workload made (for FUSE requests per file)
+        self.excluded = {}  # FUSE requests of the workload's checks, left out of its counts
+
+    def uncounted(self, fn):
+        """fn() — a check of the workload's result, untimed — with the FUSE requests it
+        causes left out of the workload's request counts."""
+        r0 = self.t.requests()
+        try:
+            return fn()
+        finally:
+            r1 = self.t.requests()
+            if r0 is not None and r1 is not None:
+                for op, v in r1.items():
+                    e = self.excluded.setdefault(op, [0, 0, 0])
+                    for i in range(3):
+                        e[i] += (v[i] or 0) - (r0.get(op, [0, 0, 0])[i] or 0)
 
     def dir(self, name):
         p = os.path.join(self.mnt, f"w-{name}")
@@ -291,20 +310,38 @@ def w_smallfiles(c):
     rm_rf(base, PHASE)
 
 
+def tree_entries(tar_p):
+    """Entries `tar x` of the tree's tarball makes: its files and every directory above them."""
+    files = open(tar_p[:-len(".tar")] + ".list").read().splitlines()
+    files = [f for f in files if f]
+    dirs = set()
+    for f in files:
+        d = os.path.dirname(f)
+        while d and d not in dirs:
+            dirs.add(d)
+            d = os.path.dirname(d)
+    return len(files) + len(dirs)
+
+
 def w_untar(c):
     m = c.meta["tree"]
     base = c.dir("untar")
     dt, rc, _ = run(["tar", "xf", c.meta["tree_tar"], "-C", base], 2 * PHASE)
-    c.emit("untar", r2(dt), "s", files=m["files"], bytes=m["bytes"], rc=rc)
+    # check (untimed): tar --compare reads every file back against the archive (content,
+    # size, mode, mtime)
+    ok = rc == 0 and c.uncounted(lambda: run(["tar", "--compare", "-f", c.meta["tree_tar"], "-C", base],
+                                              2 * PHASE)[1] == 0)
+    c.emit("untar", r2(dt), "s", files=m["files"], bytes=m["bytes"], rc=rc, check=ok)
     c.files = m["files"]
     if rc != 0:
         rm_rf(base, PHASE)
         return
     T.drop_caches()
     dt, rc, out = run(f"find {base} | wc -l", PHASE, shell=True)
-    c.emit("find", r2(dt), "s", entries=int(out.strip() or 0) - 1 if rc == 0 else None, rc=rc)
+    n = int(out.strip() or 0) - 1 if rc == 0 else None
+    c.emit("find", r2(dt), "s", entries=n, rc=rc, check=n == tree_entries(c.meta["tree_tar"]))
     dt, rc = rm_rf(base, PHASE)
-    c.emit("rm_rf", r2(dt), "s", rc=rc)
+    c.emit("rm_rf", r2(dt), "s", rc=rc, check=not os.path.lexists(base))
 
 
 def w_git(c):
@@ -317,7 +354,8 @@ def w_git(c):
     if rc == 0:
         T.drop_caches()
         dt, rc, out = run(g + ["status", "--porcelain"], PHASE)
-        c.emit("status", r2(dt), "s", rc=rc, clean=(rc == 0 and out.strip() == ""))
+        clean = rc == 0 and out.strip() == ""
+        c.emit("status", r2(dt), "s", rc=rc, clean=clean, check=clean)
         dt, rc, out = run(g + ["log", "--stat", "--oneline"], PHASE)
         c.emit("log", r2(dt), "s", rc=rc, lines=len(out.splitlines()))
         tracked = subprocess.run(g + ["ls-files"], capture_output=True, text=True).stdout.split()
@@ -327,7 +365,14 @@ def w_git(c):
                 fh.write("/* edited by bench */\n")
         _, rc1, _ = run(g + ["add", "-A"], PHASE)
         _, rc2, _ = run(g + ["commit", "-q", "-m", "bench edit"], PHASE)
-        c.emit("commit", r2(time.monotonic() - t0), "s", rc=rc2 if rc1 == 0 else rc1, files_changed=10)
+        dt = time.monotonic() - t0
+        # check (untimed): the commit holds the 10 edits and the tree is clean again
+        def check():
+            _, rc3, out = run(g + ["diff", "--name-only", "HEAD~1", "HEAD"], PHASE)
+            _, rc4, st = run(g + ["status", "--porcelain"], PHASE)
+            return rc3 == 0 and len(out.split()) == 10 and rc4 == 0 and st.strip() == ""
+        ok = c.uncounted(check)
+        c.emit("commit", r2(dt), "s", rc=rc2 if rc1 == 0 else rc1, files_changed=10, check=ok)
     rm_rf(base, PHASE)
 
 
@@ -441,7 +486,8 @@ def w_lsdir(c):
     T.drop_caches()
     for label in ("ls_l_cold", "ls_l_warm"):
         dt, rc, out = run(["ls", "-l", base], PHASE)
-        c.emit(label, r2(dt), "s", rc=rc, entries=max(len(out.splitlines()) - 1, 0))
+        n = max(len(out.splitlines()) - 1, 0)
+        c.emit(label, r2(dt), "s", rc=rc, entries=n, check=n == k)
     rm_rf(base, 2 * PHASE)
 
 
@@ -456,7 +502,7 @@ def w_sqlite(c):
     ok = con.execute("pragma integrity_check").fetchone()[0]
     con.close()
     c.emit("insert_tx", round(k / dt, 1), "tx/s", n=k, seconds=r2(dt), partial=k < n, journal_mode=jm,
-           rows=rows, integrity=ok)
+           rows=rows, integrity=ok, check=ok == "ok" and rows == k - bad)
     rm_rf(base, 120)
 
 
@@ -525,7 +571,7 @@ def w_seq(c):
         c.t.settle("w-seq/small-4k", 4096, timeout=60)
     t0 = time.monotonic()
     c.t.remount(fresh_cache=True)
-    if c.t.daemon:
+    if c.t.daemon and c.t.persistent:
         c.emit("remount", r2(time.monotonic() - t0), "s", note="unmount + mount with an empty cache")
     dt, ok = ttfb(small)
     c.emit("ttfb_small", round(dt * 1000, 2), "ms", ok=ok, note="open+read 1 byte of a 4 KiB file, cold")
@@ -533,7 +579,10 @@ def w_seq(c):
     c.emit("ttfb_big", round(dt * 1000, 2), "ms", ok=ok, note=f"open+read 1 byte of the {mb} MiB file, cold")
     for label in ("read_cold", "read_warm"):
         dt, rc, _ = run(["dd", f"if={dst}", "of=/dev/null", "bs=4M", "status=none"], 2 * PHASE + 240)
-        c.emit(label, round(mb / dt, 1) if rc == 0 else None, "MiB/s", seconds=r2(dt), rc=rc)
+        extra = {}
+        if label == "read_warm":  # check (untimed): the big file is the source, byte for byte
+            extra["check"] = c.uncounted(lambda: run(["cmp", "-s", src, dst], 2 * PHASE + 240)[1] == 0)
+        c.emit(label, round(mb / dt, 1) if rc == 0 else None, "MiB/s", seconds=r2(dt), rc=rc, **extra)
     c.emit("size_ok", os.path.getsize(dst) == mb << 20, "")
     rm_rf(base, 120)
 
@@ -729,7 +778,7 @@ def w_scale(c):
 def scale_point(c, tree, tag, mark, rng, peak):
     files = tree.total
     at = {"short_of": mark} if files < mark else {}   # the creation cap stopped the tree short
-    if c.t.daemon:
+    if c.t.daemon and c.t.persistent:
         hwm = c.t.hwm_mib()
         peak.append(hwm)
         pend = None
@@ -786,7 +835,8 @@ def child_main(workload, tname, run_id):
     wall = time.monotonic() - t0
     req1 = t.requests()
     if req0 is not None and req1 is not None:
-        delta = {op: [v[i] - req0.get(op, [0, 0, 0])[i] for i in range(3)] for op, v in req1.items()}
+        delta = {op: [v[i] - req0.get(op, [0, 0, 0])[i] - ctx.excluded.get(op, [0, 0, 0])[i] for i in range(3)]
+                 for op, v in req1.items()}
         emit("_requests", {op: v for op, v in delta.items() if v[0] > 0}, "", files=ctx.files,
              note="FUSE requests served during the workload: [count, daemon ns, database round trips] per kind")
     emit("wall", r2(wall), "s")
@@ -872,7 +922,7 @@ def orchestrate(args):
     # scale runs last: its tree is left for the teardown (purge of the prefix / directory)
     wls = [w for w in wls if w != "scale"] + (["scale"] if "scale" in wls else [])
     for n in names:
-        if n != "local" and not T.have_s3():
+        if T.CLASSES.get(n, T.Target).s3 and not T.have_s3():
             raise SystemExit("S3 targets need BENCH_S3_* (run through scripts/bench.sh)")
     t_start = time.time()
     run_id = time.strftime("%Y%m%d-%H%M%S")

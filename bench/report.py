@@ -3,7 +3,8 @@
 
     report.py RESULTS.json [--png OUT.png]     reprint the table (and redraw the chart)
 
-Ratios are of the raw figures: deskfs ÷ local and peer ÷ deskfs (juicefs, rclone, s3fs). For rows marked ↑
+Ratios are of the raw figures: floor ÷ local (when the floor target ran: what FUSE itself
+costs here), deskfs ÷ local and peer ÷ deskfs (juicefs, rclone, s3fs). For rows marked ↑
 (ops/s, MiB/s, IOPS) bigger is better; for rows marked ↓ (seconds, ms, MiB of RSS)
 smaller is better.
 """
@@ -66,7 +67,8 @@ ROWS += [
     ("scale", "peak_rss", "scale: mount daemon peak RSS (VmHWM) with the tree", "down"),
     ("daemon", "peak_rss", "mount daemon peak RSS (VmHWM)", "down"),
 ]
-ORDER = ["local", "deskfs", "juicefs", "rclone", "s3fs"]
+ORDER = ["local", "floor", "floor-pt", "deskfs", "juicefs", "rclone", "s3fs"]
+FLOORS = ["floor", "floor-pt"]
 PEERS = ["juicefs", "rclone", "s3fs"]
 
 
@@ -138,6 +140,8 @@ def cell(data, status, t, w, m, results):
         s += f" ({r['errors']} errors)"
     if r.get("short_of"):
         s += f" (at {r.get('files'):,} files)"
+    if r.get("check") is False:
+        s += " (check failed)"
     if st == "timeout":
         s += " (workload timed out)"
     return s
@@ -158,7 +162,7 @@ def ratio(data, a, b, w, m):
 
 def rows(results):
     data, status, targets = index(results)
-    pairs = []
+    pairs = [(f, "local") for f in FLOORS if f in targets and "local" in targets]
     if "deskfs" in targets and "local" in targets:
         pairs.append(("deskfs", "local"))
     for p in PEERS:
@@ -208,11 +212,12 @@ def text_table(results):
     out = header_lines(results) + ["", fmt(header), "  ".join("-" * x for x in w)]
     out += [fmt(r) for r in body]
     out += ["", "ratios are of the raw figures; ↑ bigger is better, ↓ smaller is better"]
-    wh, wb = why_rows(results)
-    if wb:
-        w = [max(len(str(r[i])) for r in [wh] + wb) for i in range(len(wh))]
-        out += ["", "Where the time goes (deskfs): FUSE requests per workload (deskfs status --json)", fmt(wh),
-                "  ".join("-" * x for x in w)] + [fmt(r) for r in wb]
+    for t, title in [("deskfs", "Where the time goes (deskfs): FUSE requests per workload (deskfs status --json)")] + \
+            [(f, f"FUSE requests on the {f} target per workload (deskfs-floorfs --stats)") for f in FLOORS]:
+        wh, wb = why_rows(results, t)
+        if wb:
+            w = [max(len(str(r[i])) for r in [wh] + wb) for i in range(len(wh))]
+            out += ["", title, fmt(wh), "  ".join("-" * x for x in w)] + [fmt(r) for r in wb]
     return "\n".join(out)
 
 
@@ -220,8 +225,9 @@ def markdown(results):
     header, body = rows(results)
     md = [f"# deskfs benchmark ({results['mode']} run, {results['date']})", ""]
     md += [f"- {x}" for x in header_lines(results)]
-    md += ["", "Ratios are of the raw figures (deskfs ÷ local, peer ÷ deskfs): on ↑ rows bigger is better,",
-           "on ↓ rows smaller is better. `partial n=…`: the phase hit its time cap after n operations.", ""]
+    md += ["", "Ratios are of the raw figures (floor ÷ local, deskfs ÷ local, peer ÷ deskfs): on ↑ rows bigger is",
+           "better, on ↓ rows smaller is better. `partial n=…`: the phase hit its time cap after n operations;",
+           "`check failed`: the workload's own check of its result failed.", ""]
     md.append("| " + " | ".join(header) + " |")
     md.append("|" + "---|" + "---|" + "---:|" * (len(header) - 2))
     for r in body:
@@ -238,10 +244,24 @@ def markdown(results):
                "workload made, and the daemon's time (handler start to reply) per request of the kinds that took",
                "most of it, with the metadata round trips per request (RT) and the kind's share of the daemon's",
                "time; wall s is the workload's own wall time (setup and cleanup included). "
-               + ("The last column: JuiceFS's own counters (its `.stats`) for the same workload." if
-                  "juicefs" in results.get("why", {}) else ""), ""]
+               + ("The last columns: the requests per file of the floor target(s) (deskfs-floorfs, the same kinds"
+                  " counted) and JuiceFS's own counters (its `.stats`) for the same workload, when they ran."), ""]
         md.append("| " + " | ".join(wh) + " |")
-        md.append("|---|" + "---:|" * 5 + "---|" + ("---:|" if len(wh) > 7 else ""))
+        md.append("|---|" + "---:|" * 5 + "---|" + "---:|" * (len(wh) - 7))
+        for r in wb:
+            md.append("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |")
+        md.append("")
+    for f in FLOORS:
+        wh, wb = why_rows(results, f)
+        if not wb:
+            continue
+        md += [f"## FUSE requests on the floor ({f})", "",
+               "The same counts for deskfs-floorfs (`--stats`: SIGUSR1 before and after each workload): the",
+               "requests any FUSE file system with deskfs's kernel settings gets for the workload, and the",
+               "floor daemon's time per request (its lock, its in-memory work and the reply's write to",
+               "/dev/fuse). `forget` is not counted (deskfs does not count it either).", ""]
+        md.append("| " + " | ".join(wh) + " |")
+        md.append("|---|" + "---:|" * 5 + "---|")
         for r in wb:
             md.append("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |")
         md.append("")
@@ -275,15 +295,16 @@ def why(results, top=5):
     return out
 
 
-def why_rows(results):
+def why_rows(results, target="deskfs"):
+    """The "where the time goes" table of `target` (deskfs, or a floor); deskfs's has the
+    floor's and JuiceFS's requests per file beside, when they ran."""
     w = why(results)
-    d = w.get("deskfs") or {}
-    j = w.get("juicefs") or {}
+    d = w.get(target) or {}
+    others = [t for t in FLOORS + ["juicefs"] if target == "deskfs" and w.get(t)]
     order = [x[0] for x in ROWS]
     head = ["workload", "files", "requests", "per file", "wall s", "daemon s",
             "top kinds: per file (or count) · µs/request · RT/request · share of daemon time"]
-    if j:
-        head.append("juicefs req/file")
+    head += [f"{t} req/file" for t in others]
     body = []
     for wl in sorted(d, key=lambda x: order.index(x) if x in order else 99):
         x = d[wl]
@@ -295,9 +316,9 @@ def why_rows(results):
         row = [wl, num(x["files"]) if x["files"] else "–", f"{x['requests']:,}",
                num(x["per_file"]) if x["per_file"] is not None else "–", num(x["wall_s"]) if x.get("wall_s") else "–",
                num(x["daemon_s"]), kinds]
-        if j:
-            jx = j.get(wl) or {}
-            row.append(num(jx["per_file"]) if jx.get("per_file") is not None else "–")
+        for t in others:
+            ox = w[t].get(wl) or {}
+            row.append(num(ox["per_file"]) if ox.get("per_file") is not None else "–")
         body.append(row)
     return head, body
 
@@ -330,7 +351,7 @@ def chart(results, path):
             series[t].append(v / rr["value"] if better == "up" else rr["value"] / v)
     if not labels:
         return None
-    colors = {"local": "#7f7f7f", "deskfs": "#1f77b4", "juicefs": "#9467bd", "rclone": "#ff7f0e", "s3fs": "#2ca02c"}
+    colors = {"local": "#7f7f7f", "floor": "#d62728", "floor-pt": "#e377c2", "deskfs": "#1f77b4", "juicefs": "#9467bd", "rclone": "#ff7f0e", "s3fs": "#2ca02c"}
     if len(targets) > 1:  # the reference is the line at 1
         targets = [t for t in targets if t != ref]
     n = len(targets)

