@@ -339,6 +339,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
 
 /// The mount daemon: serves FUSE until unmounted, then drains uploads briefly.
 pub fn run_daemon(a: MountArgs) -> Result<()> {
+    limit_malloc_arenas();
     let mnt = crate::absolute(&a.mountpoint);
     let o = open_workspace(&a.name)?;
     check_mountpoint(&mnt)?;
@@ -514,6 +515,23 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     drop(vfs);
     rt.shutdown_timeout(Duration::from_secs(2));
     res.context("FUSE session ended with an error")
+}
+
+/// glibc's allocator gives each thread that allocates concurrently an arena of its own
+/// (up to 8 per core) and keeps what each one freed for it: with the FUSE workers, the
+/// uploader's runtime and its blocking pool, the daemon's resident memory grew well past
+/// what it held live (113 MiB resident for 200,000 files created; 97 MiB with two arenas).
+/// Two arenas keep the contention low for the handful of threads that allocate on the
+/// request path. Called before any thread starts; a value set in `MALLOC_ARENA_MAX`
+/// wins. No effect with other C libraries.
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        // SAFETY: mallopt only sets an allocator parameter; no threads exist yet.
+        unsafe {
+            libc::mallopt(libc::M_ARENA_MAX, 2);
+        }
+    }
 }
 
 /// How long a stopping daemon (or an offline sync) waits for the last metadata backup.

@@ -99,8 +99,10 @@ pub(crate) struct KernelPages {
     map: Mutex<HashMap<Ino, u64>>,
 }
 
-/// Entries beyond which the map is reset (every open then starts cold once).
-const KERNEL_PAGES_MAX: usize = 1 << 20;
+/// Entries beyond which the map is reset (every open then starts cold once). A map of a
+/// million inodes costs ~35 MiB (hash table doubling); 2^18 keeps it under 10 MiB, as
+/// the hints are capped.
+const KERNEL_PAGES_MAX: usize = 1 << 18;
 
 impl KernelPages {
     /// Records that the kernel's pages of `ino` are those of content `version` and tells
