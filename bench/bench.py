@@ -569,6 +569,9 @@ def w_seq(c):
         st = c.t.settle("w-seq/big", mb << 20, timeout=600)
         c.emit("upload_settle", r2(st), "s", note="after dd returned, until the object is complete in the bucket")
         c.t.settle("w-seq/small-4k", 4096, timeout=60)
+    # Wait for every upload before the remount deletes the cache (which holds what is
+    # not uploaded yet); settle above only sees sizes.
+    c.t.sync_all(600)
     t0 = time.monotonic()
     c.t.remount(fresh_cache=True)
     if c.t.daemon and c.t.persistent:
@@ -615,6 +618,9 @@ def w_fio(c):
     _fio(c, f, "randwrite", ["--end_fsync=1"])
     if c.t.s3:
         c.t.settle("w-fio/file", mb << 20, timeout=120)
+    # The rewritten blocks change no size: wait for the upload itself before the remount
+    # deletes the cache (it would take the only copy of the new content with it).
+    c.t.sync_all(600)
     c.t.remount(fresh_cache=True)
     _fio(c, f, "randread", [])
     rm_rf(base, 120)

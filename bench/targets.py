@@ -345,6 +345,12 @@ class Target:
             self.extra = list(extra)
         self.mount(fresh_cache=fresh_cache)
 
+    def sync_all(self, timeout=600):
+        """Wait until everything written so far is in the bucket (before a remount that
+        deletes the cache: the cache holds what is not uploaded yet). Targets that upload
+        before their unmount returns need nothing here."""
+        return True
+
     def settle(self, relpath, size, timeout=300):
         """Wait until `relpath` is a complete object in the bucket; seconds waited."""
         t0 = time.monotonic()
@@ -510,6 +516,13 @@ class Deskfs(Target):
 
     def umount_argv(self, nowait=False):
         return [self.bin(), "umount", self.mnt()] + (["--no-wait"] if nowait else [])
+
+    def sync_all(self, timeout=600):
+        r = subprocess.run([self.bin(), "sync", self.ws, "--timeout", str(timeout)], env=self.mount_env(),
+                           capture_output=True, text=True, timeout=timeout + 60, stdin=subprocess.DEVNULL)
+        if r.returncode != 0:
+            log(f"{self.name}: deskfs sync failed before a fresh-cache remount: {r.stderr.strip()[-300:]}")
+        return r.returncode == 0
 
     def live_status(self):
         """The live part of `deskfs status --json` for this mount, with the daemon's pid."""

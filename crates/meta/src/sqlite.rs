@@ -28,6 +28,9 @@ use crate::{
 /// (`backup_log` and its triggers).
 pub const SCHEMA_VERSION: i64 = 3;
 
+/// Page size of new databases, bytes (see [`SqliteEngine::create`]).
+pub const PAGE_SIZE: u32 = 1024;
+
 /// How long a pending path may be postponed by repeated re-marks (coalescing cap), ns.
 pub const MAX_COALESCE_NS: i64 = 30_000_000_000;
 
@@ -243,6 +246,13 @@ impl SqliteEngine {
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
         )?;
+        // Before the first write: every changed page of a commit is one WAL frame, and a
+        // namespace change touches 4-14 b-tree pages (the row, each index, the pending
+        // mark, the change feed, the backup marks). 1 KiB pages write a quarter of the
+        // bytes: setattr 30 -> 17 us, flush 52-72 -> 35-42 us, unlink 68-74 -> 44-50 us
+        // in process; a cold listing of 10,000 entries reads more pages (69 -> 84-90 ms).
+        // Databases made before keep their page size.
+        conn.execute_batch(&format!("PRAGMA page_size={PAGE_SIZE}"))?;
         Self::configure(&conn)?;
         conn.execute_batch("BEGIN IMMEDIATE")?;
         let res =
@@ -406,8 +416,11 @@ impl SqliteEngine {
                 format!("cannot enable WAL (got {mode})"),
             ));
         }
+        // A 32 MiB page cache: a million-file database does not fit in any affordable
+        // cache, misses are reads of the OS page cache, and the daemon stays under its
+        // memory budget (256 MiB at a million files).
         conn.execute_batch(
-            "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF; PRAGMA cache_size=-65536; PRAGMA wal_autocheckpoint=10000;",
+            "PRAGMA synchronous=NORMAL; PRAGMA foreign_keys=OFF; PRAGMA cache_size=-32768; PRAGMA wal_autocheckpoint=10000;",
         )?;
         Ok(())
     }

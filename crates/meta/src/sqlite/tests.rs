@@ -193,3 +193,31 @@ fn the_caches_holding_dirty_files_are_found_by_index_seeks_also_on_an_older_data
         "finding the dirty caches reads the dirty rows: {plan}"
     );
 }
+
+#[test]
+fn new_databases_use_small_pages_and_old_ones_keep_theirs() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("m.db");
+    drop(SqliteEngine::create(&p, 0, 0, 5).unwrap());
+    let size = |p: &std::path::Path| -> i64 {
+        Connection::open(p)
+            .unwrap()
+            .query_row("PRAGMA page_size", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(size(&p), i64::from(super::PAGE_SIZE));
+    // A database made with 4 KiB pages (before) opens and keeps them.
+    let old = dir.path().join("old.db");
+    drop(SqliteEngine::create(&old, 0, 0, 5).unwrap());
+    let c = Connection::open(&old).unwrap();
+    c.execute_batch(
+        "PRAGMA journal_mode=DELETE; PRAGMA page_size=4096; VACUUM; PRAGMA journal_mode=WAL;",
+    )
+    .unwrap();
+    drop(c);
+    assert_eq!(size(&old), 4096);
+    let e = SqliteEngine::open(&old).unwrap();
+    e.apply(&[]).unwrap();
+    drop(e);
+    assert_eq!(size(&old), 4096);
+}
