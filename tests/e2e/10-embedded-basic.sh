@@ -2,7 +2,9 @@
 # 10-embedded-basic: the embedded default workspace (local bucket dir + SQLite).
 # format (no --bucket) -> mount -> files, dirs, empty dir, symlink, hard link, chmod,
 # rename (file and dir), delete -> umount -> the bucket dir holds plain files with the
-# right content at their paths -> remount shows exactly the same tree.
+# right content at their paths -> remount shows exactly the same tree. `umount --no-wait`
+# exits without uploading what waits (the file is in the journal, then in the bucket
+# after the next mount and `deskfs sync`).
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 
@@ -86,6 +88,18 @@ assert_eq "script-ran" "$("$MNT2/script.sh")" "running an executable after remou
 # the hard link is still one inode: a write through one name shows through the other
 echo "appended" >> "$MNT2/dir/blob.hard"
 assert_eq "appended" "$(tail -c 9 "$MNT2/dir/blob.bin")" "write through one hard link seen through the other"
+ws_umount "$MNT2"
+
+log "umount --no-wait: what is not uploaded stays in the journal (no upload drain at exit)"
+ws_mount "$NAME" "$MNT2" --upload-delay-ms 3600000
+echo "closed, not uploaded" > "$MNT2/nowait.txt"
+ws_umount "$MNT2" --no-wait
+[[ ! -e $BUCKET_DIR/nowait.txt ]] || fail "umount --no-wait uploaded nowait.txt before exiting (it waited for uploads)"
+ws_mount "$NAME" "$MNT2"
+assert_eq "closed, not uploaded" "$(cat "$MNT2/nowait.txt")" "the file left in the journal, after remount"
+ws_sync "$NAME"
+[[ -f $BUCKET_DIR/nowait.txt ]] || fail "nowait.txt is not in the bucket dir after deskfs sync"
+assert_file_eq "$MNT2/nowait.txt" "$BUCKET_DIR/nowait.txt" "bucket dir object nowait.txt"
 ws_umount "$MNT2"
 
 log "PASS"

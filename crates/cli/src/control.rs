@@ -78,6 +78,11 @@ fn handle(conn: UnixStream, vfs: &Vfs, keeper: Option<&Keeper>) -> Result<()> {
             Err(e) => json!({"ok": false, "error": e.to_string()}),
         },
         Some("commit") => match vfs.commit_all() {
+            // `deskfs umount --no-wait`: no upload drain when the unmount follows.
+            Ok(()) if req.get("exit").and_then(Value::as_str) == Some("now") => {
+                crate::daemon::EXIT_WITHOUT_DRAIN.store(true, std::sync::atomic::Ordering::SeqCst);
+                json!({"ok": true})
+            }
             Ok(()) => json!({"ok": true}),
             Err(e) => json!({"ok": false, "error": e.to_string()}),
         },

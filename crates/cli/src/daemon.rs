@@ -105,6 +105,12 @@ impl std::error::Error for UnmountedWithPending {}
 /// left stays in the journal for the next mount or `deskfs sync`).
 const EXIT_DRAIN: Duration = Duration::from_secs(3);
 
+/// Set by `deskfs umount --no-wait` (control command `commit` with `"exit": "now"`): at
+/// the unmount the daemon commits and exits without the upload drain, as asked (what is
+/// not uploaded stays in the local journal for the next mount or `deskfs sync`).
+pub(crate) static EXIT_WITHOUT_DRAIN: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// How long a daemon told to stop waits for the kernel to end its FUSE session after
 /// detaching the mount (files still open there keep it alive); then it exits anyway.
 const STOP_GRACE: Duration = Duration::from_secs(2);
@@ -473,12 +479,19 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         .context("cannot start the session thread")?;
     let res = match stop_rx.recv() {
         Ok(Stop::Unmounted(res)) => {
-            tracing::info!(
-                "unmounted; committing and uploading for up to {} s",
-                EXIT_DRAIN.as_secs()
-            );
-            if let Err(e) = vfs.shutdown(true, EXIT_DRAIN) {
-                tracing::debug!(error = %e, "drain at exit incomplete");
+            if EXIT_WITHOUT_DRAIN.load(std::sync::atomic::Ordering::SeqCst) {
+                tracing::info!("unmounted with --no-wait; committing and exiting, pending uploads stay in the local journal");
+                if let Err(e) = vfs.shutdown(false, Duration::ZERO) {
+                    tracing::warn!(error = %e, "cannot commit open files at exit");
+                }
+            } else {
+                tracing::info!(
+                    "unmounted; committing and uploading for up to {} s",
+                    EXIT_DRAIN.as_secs()
+                );
+                if let Err(e) = vfs.shutdown(true, EXIT_DRAIN) {
+                    tracing::debug!(error = %e, "drain at exit incomplete");
+                }
             }
             res
         }
@@ -513,7 +526,14 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         k.finish(keeper_thread, others, KEEPER_LIMIT);
     }
     drop(vfs);
-    rt.shutdown_timeout(Duration::from_secs(2));
+    // Uploads still in flight are abandoned (each is redone from the journal); after a
+    // drain they get a moment to finish, after --no-wait none.
+    let in_flight = if EXIT_WITHOUT_DRAIN.load(std::sync::atomic::Ordering::SeqCst) {
+        Duration::from_millis(250)
+    } else {
+        Duration::from_secs(2)
+    };
+    rt.shutdown_timeout(in_flight);
     res.context("FUSE session ended with an error")
 }
 
@@ -662,7 +682,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     if a.no_wait {
         crate::control::request(
             &rec.socket,
-            json!({"cmd": "commit"}),
+            json!({"cmd": "commit", "exit": "now"}),
             Some(Duration::from_secs(60)),
         )?;
     } else {
