@@ -111,6 +111,11 @@ const EXIT_DRAIN: Duration = Duration::from_secs(3);
 pub(crate) static EXIT_WITHOUT_DRAIN: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// Whether `deskfs umount --no-wait` asked for an exit without the upload drain.
+fn no_drain() -> bool {
+    EXIT_WITHOUT_DRAIN.load(std::sync::atomic::Ordering::SeqCst)
+}
+
 /// How long a daemon told to stop waits for the kernel to end its FUSE session after
 /// detaching the mount (files still open there keep it alive); then it exits anyway.
 const STOP_GRACE: Duration = Duration::from_secs(2);
@@ -479,7 +484,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         .context("cannot start the session thread")?;
     let res = match stop_rx.recv() {
         Ok(Stop::Unmounted(res)) => {
-            if EXIT_WITHOUT_DRAIN.load(std::sync::atomic::Ordering::SeqCst) {
+            if no_drain() {
                 tracing::info!("unmounted with --no-wait; committing and exiting, pending uploads stay in the local journal");
                 if let Err(e) = vfs.shutdown(false, Duration::ZERO) {
                     tracing::warn!(error = %e, "cannot commit open files at exit");
@@ -528,7 +533,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     drop(vfs);
     // Uploads still in flight are abandoned (each is redone from the journal); after a
     // drain they get a moment to finish, after --no-wait none.
-    let in_flight = if EXIT_WITHOUT_DRAIN.load(std::sync::atomic::Ordering::SeqCst) {
+    let in_flight = if no_drain() {
         Duration::from_millis(250)
     } else {
         Duration::from_secs(2)

@@ -131,14 +131,7 @@ fn a_readdir_page_is_an_index_range_also_on_an_older_database() {
     drop(c);
     let e = SqliteEngine::open(&p).unwrap();
     let conn = e.lock().unwrap();
-    let plan: Vec<String> = conn
-        .prepare(&format!("EXPLAIN QUERY PLAN {}", super::txn::LIST_DIR_SQL))
-        .unwrap()
-        .query_map(params![1i64, 0i64, 100i64], |r| r.get::<_, String>(3))
-        .unwrap()
-        .collect::<std::result::Result<_, _>>()
-        .unwrap();
-    let plan = plan.join("; ");
+    let plan = query_plan(&conn, super::txn::LIST_DIR_SQL, params![1i64, 0i64, 100i64]);
     assert!(
         plan.contains("dentries_parent_cookie") && !plan.contains("TEMP B-TREE"),
         "a readdir page sorts the whole directory: {plan}"
@@ -176,17 +169,7 @@ fn the_caches_holding_dirty_files_are_found_by_index_seeks_also_on_an_older_data
         !indexes.contains(&"inodes_dirty".to_string()),
         "the old index is dropped (one index per dirty row, not two): {indexes:?}"
     );
-    let plan: Vec<String> = conn
-        .prepare(&format!(
-            "EXPLAIN QUERY PLAN {}",
-            super::txn::DIRTY_CACHES_SQL
-        ))
-        .unwrap()
-        .query_map([], |r| r.get::<_, String>(3))
-        .unwrap()
-        .collect::<std::result::Result<_, _>>()
-        .unwrap();
-    let plan = plan.join("; ");
+    let plan = query_plan(&conn, super::txn::DIRTY_CACHES_SQL, []);
     assert!(
         plan.contains("SEARCH inodes USING COVERING INDEX inodes_dirty_local")
             && !plan.contains("SCAN inodes"),
@@ -220,4 +203,16 @@ fn new_databases_use_small_pages_and_old_ones_keep_theirs() {
     e.apply(&[]).unwrap();
     drop(e);
     assert_eq!(size(&old), 4096);
+}
+
+/// SQLite's plan for `sql` with `params`, its steps joined by "; ".
+fn query_plan(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> String {
+    let steps: Vec<String> = conn
+        .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
+        .unwrap()
+        .query_map(params, |r| r.get::<_, String>(3))
+        .unwrap()
+        .collect::<std::result::Result<_, _>>()
+        .unwrap();
+    steps.join("; ")
 }

@@ -455,15 +455,10 @@ impl MetaTxn for SqlTxn<'_> {
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )?;
-        let last: String =
-            self.conn
-                .query_row("SELECT value FROM kv WHERE key='pending_seq'", [], |r| {
-                    r.get(0)
-                })?;
         Ok(PendingStats {
             pending: pending as u64,
             failing: failing as u64,
-            last_seq: last.parse().unwrap_or(0),
+            last_seq: self.pending_last_seq()?,
         })
     }
 
