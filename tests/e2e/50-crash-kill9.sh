@@ -7,6 +7,10 @@
 # grace time for uploads). The dead mount is removed with fusermount3 -u, the workspace is
 # remounted with the same cache dir: every such file has its exact content; after
 # `deskfs sync` the bucket has them all (rclone cat).
+# On SQLite the first daemon runs with a 60 s commit window, and the writer's last
+# burst (60 closed files, a rename, an unlink, a chmod) comes after its last fsync: at the
+# kill those requests exist only in the metadata redo log (checked: `<db>-redo` is not
+# empty), so the remount shows that replaying it loses nothing close returned.
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 need_s3
@@ -14,7 +18,11 @@ need_s3
 NAME=crash
 CACHE=$T/cache
 ws_format "$NAME" --bucket "$(s3_url)"
-ws_mount_fg "$NAME" "$MNT" --cache-dir "$CACHE"
+REDO=$DESKFS_HOME/workspaces/$NAME/meta.db-redo
+export DESKFS_COMMIT_WINDOW_MS=60000
+# uploads held back (sync still drives them): no upload's delete barrier commits the window
+ws_mount_fg "$NAME" "$MNT" --cache-dir "$CACHE" --upload-delay-ms 3600000
+unset DESKFS_COMMIT_WINDOW_MS
 DAEMON=$FG_PID
 log "daemon pid $DAEMON"
 
@@ -65,6 +73,14 @@ put("fsync-closed/deep/er/dir/file.txt", b"deep\n", fsync=True)
 dfd = os.open(os.path.join(mnt, "fsync-closed/deep/er/dir"), os.O_RDONLY)
 os.fsync(dfd)
 os.close(dfd)
+# after the last fsync: requests only a commit window (and its redo log) holds at the kill
+for i in range(60):
+    put(f"closed/burst/b{i:02d}.txt", f"burst {i}\n".encode() * (i + 1), fsync=False)
+os.rename(os.path.join(mnt, "closed/burst/b00.txt"), os.path.join(mnt, "closed/burst/renamed.txt"))
+os.rename(os.path.join(exp, "closed/burst/b00.txt"), os.path.join(exp, "closed/burst/renamed.txt"))
+os.unlink(os.path.join(mnt, "closed/burst/b01.txt"))
+os.unlink(os.path.join(exp, "closed/burst/b01.txt"))
+os.chmod(os.path.join(mnt, "closed/burst/b02.txt"), 0o600)
 print("READY", flush=True)
 time.sleep(3600)   # keep the fsync-open files open until killed
 PY
@@ -76,6 +92,10 @@ wait_for 300 writer_done || fail "writer did not finish within 300 s: $(tail -n 
 grep -q READY "$T/writer.out" || fail "writer failed on the mount: $(tail -n 20 "$T/writer.log")"
 echo "written before" > "$EXP/old.txt"
 
+if [[ ${DESKFS_E2E_META:-sqlite} == sqlite ]]; then
+  [[ -s $REDO ]] || fail "the burst after the last fsync is not in the metadata redo log $REDO (commit windows off?)"
+  log "redo log before the kill: $(stat -c %s "$REDO") bytes"
+fi
 log "kill -9 of the daemon $DAEMON"
 kill -KILL "$DAEMON"
 wait "$DAEMON" 2> /dev/null || true
@@ -100,6 +120,8 @@ while IFS= read -r -d '' f; do
   n=$((n + 1))
 done < <(find "$EXP" -type f -print0)
 log "all $n files intact after kill -9 + remount"
+[[ -e $MNT/closed/burst/b00.txt || -e $MNT/closed/burst/b01.txt ]] && fail "after kill -9 + remount: the burst's rename or unlink was undone"
+[[ $(stat -c %a "$MNT/closed/burst/b02.txt") == 600 ]] || fail "after kill -9 + remount: the burst's chmod was lost (mode $(stat -c %a "$MNT/closed/burst/b02.txt"))"
 
 ws_sync "$NAME"
 log "checking the bucket"

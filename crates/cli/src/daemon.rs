@@ -144,10 +144,17 @@ pub(crate) struct Opened {
     pub(crate) bucket: Bucket,
 }
 
-fn open_workspace(name: &str) -> Result<Opened> {
+/// Opens a workspace's database and bucket. `mount`: for the mount daemon itself, whose
+/// SQLite engine batches requests in commit windows while it is alone (every other
+/// opener — checks, offline sync — commits each request).
+fn open_workspace(name: &str, mount: bool) -> Result<Opened> {
     let cfg = WorkspaceConfig::load(name)?;
     let url = crate::metadb::MetaUrl::parse(&cfg.meta)?;
-    let meta = url.open()?;
+    let meta = if mount {
+        url.open_for_mount()?
+    } else {
+        url.open()?
+    };
     // The database must be this workspace's, with the bucket the config names.
     if let Some(rec) = crate::metadb::Record::read(&*meta)? {
         if rec.name != name {
@@ -267,7 +274,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
             })?;
         }
     }
-    let o = open_workspace(&a.name)?;
+    let o = open_workspace(&a.name, false)?;
     check_mountpoint(&mnt)?;
     cache_dir_for(&o, a.cache_dir.as_deref())?;
     drop(o);
@@ -352,7 +359,7 @@ pub fn mount(a: MountArgs) -> Result<()> {
 pub fn run_daemon(a: MountArgs) -> Result<()> {
     limit_malloc_arenas();
     let mnt = crate::absolute(&a.mountpoint);
-    let o = open_workspace(&a.name)?;
+    let o = open_workspace(&a.name, true)?;
     check_mountpoint(&mnt)?;
     let cache_dir = cache_dir_for(&o, a.cache_dir.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -796,7 +803,7 @@ pub fn sync(a: SyncArgs) -> Result<()> {
 }
 
 fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
-    let o = open_workspace(name)?;
+    let o = open_workspace(name, false)?;
     // The cache dir of this host that holds unuploaded files, else the default.
     let host = deskfs_vfs::hostname();
     let dirty = deskfs_meta::read(&*o.meta, |t| t.dirty_inodes())?;

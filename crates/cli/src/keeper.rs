@@ -41,6 +41,9 @@ pub struct KeeperStatus {
 /// Shared between the keeper thread, the control socket and the daemon.
 pub struct Keeper {
     writer: BackupWriter,
+    /// The mount's own engine: its commit window is committed before each flush reads
+    /// the database through the keeper's connection.
+    mount_meta: Arc<dyn MetaEngine>,
     bucket: Bucket,
     rt: Handle,
     lease: Mutex<Option<Held>>,
@@ -57,6 +60,7 @@ impl Keeper {
     /// database (this copy is stale) or mounted live from another one.
     pub fn open(
         meta: Arc<dyn MetaEngine>,
+        mount_meta: Arc<dyn MetaEngine>,
         db_path: &std::path::Path,
         bucket: Bucket,
         rt: Handle,
@@ -93,6 +97,7 @@ impl Keeper {
         let writer = BackupWriter::new(meta, bucket.clone(), rt.clone(), workspace_id, lock.into());
         Ok(Arc::new(Keeper {
             writer,
+            mount_meta,
             bucket,
             rt,
             lease: Mutex::new(held),
@@ -159,6 +164,9 @@ impl Keeper {
             return Err(anyhow!("metadata backup stopped: {why}"));
         }
         self.ensure_lease()?;
+        // The backup reads through its own connection: what the mount acknowledged must
+        // be committed first (a commit window holds up to 20 ms of requests).
+        self.mount_meta.settle()?;
         match self.writer.flush() {
             Ok(out) => {
                 if let Ok(mut s) = self.status.lock() {
@@ -274,6 +282,7 @@ pub fn for_workspace(o: &crate::daemon::Opened, rt: &Handle) -> Result<Option<Ar
     let own = url.open()?;
     Ok(Some(Keeper::open(
         own,
+        o.meta.clone(),
         db_path,
         o.bucket.clone(),
         rt.clone(),

@@ -102,6 +102,37 @@ impl MetaUrl {
         self.open_raw().map_err(|e| self.explain(e))
     }
 
+    /// Opens the workspace database for a mount daemon: SQLite gets commit windows
+    /// (`DESKFS_COMMIT_WINDOW_MS`, default 20; 0 turns them off), which it uses while the
+    /// mount is alone on the workspace.
+    pub fn open_for_mount(&self) -> Result<Arc<dyn MetaEngine>> {
+        let MetaUrl::Sqlite(p) = self else {
+            return self.open();
+        };
+        let span_ms = match std::env::var("DESKFS_COMMIT_WINDOW_MS") {
+            Err(_) => 20,
+            Ok(v) => v.trim().parse::<u64>().map_err(|_| {
+                anyhow!("DESKFS_COMMIT_WINDOW_MS={v:?} is not a number of milliseconds; set it to e.g. 20, or 0 to commit every request")
+            })?,
+        };
+        let engine = SqliteEngine::open(p).map_err(|e| self.explain(e))?;
+        if span_ms > 0 {
+            let config = deskfs_meta::sqlite::WindowConfig {
+                span: std::time::Duration::from_millis(span_ms),
+                ..Default::default()
+            };
+            if !engine
+                .enable_commit_window(config)
+                .map_err(|e| self.explain(e))?
+            {
+                tracing::info!(
+                    "another process owns the metadata redo log; committing every request"
+                );
+            }
+        }
+        Ok(Arc::new(engine))
+    }
+
     /// Opens the workspace database, with the engine's own error.
     pub fn open_raw(&self) -> std::result::Result<Arc<dyn MetaEngine>, MetaError> {
         Ok(match self {
@@ -116,7 +147,7 @@ impl MetaUrl {
         match self {
             MetaUrl::Sqlite(p) => {
                 let existed = p.exists();
-                for suffix in ["", "-wal", "-shm"] {
+                for suffix in ["", "-wal", "-shm", "-redo"] {
                     let f = PathBuf::from(format!("{}{suffix}", p.display()));
                     match std::fs::remove_file(&f) {
                         Ok(()) => {}

@@ -150,6 +150,15 @@ fn sharing_line(l: &Value) -> Option<String> {
         n("retries"),
         n("preconditions")
     );
+    if n("window_commits") + n("windowed") + n("replayed") > 0 {
+        s.push_str(&format!(
+            "; commit windows: {} requests in {} commits, {} redo bytes open, {} replayed",
+            n("windowed"),
+            n("window_commits"),
+            n("redo_bytes"),
+            n("replayed")
+        ));
+    }
     let f = l.get("fences")?;
     let count = f.get("count").and_then(Value::as_u64).unwrap_or(0);
     if count > 0 {

@@ -55,6 +55,14 @@ pub struct EngineCounters {
     pub preconditions: u64,
     /// Statements that failed with another error.
     pub errors: u64,
+    /// Commit windows committed (SQLite while alone; design record 0009).
+    pub window_commits: u64,
+    /// Requests acknowledged inside commit windows (each with a redo record).
+    pub windowed: u64,
+    /// Redo records replayed (after a crash, or a failed window commit).
+    pub replayed: u64,
+    /// Bytes in the redo log now: the open window's requests, not yet committed.
+    pub redo_bytes: u64,
 }
 
 thread_local! {
@@ -163,6 +171,14 @@ pub trait MetaEngine: Send + Sync {
     /// Counters of this engine instance.
     fn counters(&self) -> EngineCounters {
         EngineCounters::default()
+    }
+
+    /// Commits what this engine acknowledged but still holds uncommitted (SQLite's commit
+    /// window, design record 0009), so that other connections and processes see it —
+    /// before a reader of its own connection (the metadata backup) or the end of a mount.
+    /// Engines that commit every request have nothing to do.
+    fn settle(&self) -> Result<()> {
+        Ok(())
     }
 
     /// Starts logging this connection's namespace and attribute changes into the change

@@ -81,6 +81,7 @@ impl Counters {
             retries: self.retries.load(Ordering::Relaxed),
             preconditions: self.preconditions.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
+            ..EngineCounters::default()
         }
     }
 }

@@ -2,16 +2,21 @@
 //! mount of the workspace on one host (SQLite's own file locking serialises writers).
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 mod batch;
+mod redo;
 mod rows;
 mod txn;
+mod window;
+
+use window::Conn;
+pub use window::{WindowConfig, WindowStats};
 
 use rows::{inode_from_row, kind_code, INODE_COLS};
 use txn::SqlTxn;
@@ -176,12 +181,22 @@ CREATE TEMP TRIGGER feed_inode_del AFTER DELETE ON main.inodes
 /// A SQLite metadata database (`rusqlite`, bundled SQLite, WAL journal).
 pub struct SqliteEngine {
     path: PathBuf,
-    conn: Mutex<Connection>,
+    shared: Arc<Shared>,
+    /// The thread committing overdue windows (see [`SqliteEngine::enable_commit_window`]).
+    timer: Mutex<Option<std::thread::JoinHandle<()>>>,
     /// The write-ahead log, open for `fdatasync` (see [`MetaEngine::make_durable`]).
     wal: Mutex<Option<std::fs::File>>,
     counters: Counters,
     /// This connection logs changes to the feed (see [`MetaEngine::log_changes_as`]).
     logging: AtomicBool,
+}
+
+/// What the engine and its window-commit thread share.
+struct Shared {
+    conn: Mutex<Conn>,
+    /// Woken when a window opens, and to stop.
+    wake: Condvar,
+    stop: AtomicBool,
 }
 
 /// [`EngineCounters`] as atomics.
@@ -212,6 +227,7 @@ impl Counters {
             retries: self.retries.load(Ordering::Relaxed),
             preconditions: self.preconditions.load(Ordering::Relaxed),
             errors: self.errors.load(Ordering::Relaxed),
+            ..EngineCounters::default()
         }
     }
 }
@@ -296,6 +312,7 @@ impl SqliteEngine {
         }
         let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
             .map_err(|e| corrupt(path, e))?;
+        Self::replay_dead_owner(path, &conn).map_err(|e| corrupt(path, e))?;
         Self::configure(&conn).map_err(|e| corrupt(path, e))?;
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
@@ -337,45 +354,89 @@ impl SqliteEngine {
         Ok(SqliteEngine::wrap(path, conn))
     }
 
+    /// Replays the redo log a dead window owner left (see [`redo`]): before anything
+    /// else writes, so its records apply to the state they were recorded on. A live owner
+    /// holds the log's lock and commits its own windows; then nothing is done here.
+    fn replay_dead_owner(path: &Path, conn: &Connection) -> Result<()> {
+        if !redo::path_for(path).exists() {
+            return Ok(());
+        }
+        conn.busy_timeout(Duration::from_secs(30))?;
+        if let Some(mut log) = redo::RedoLog::lock(path)? {
+            Conn::replay_log(conn, &mut log)?;
+        }
+        Ok(())
+    }
+
+    /// Lets consecutive write requests share one transaction while this engine's mount is
+    /// alone on the workspace (commit windows, [`WindowConfig`]; design record 0009):
+    /// takes the redo log `<db>-redo` (replaying what a dead owner left) and starts the
+    /// thread that commits overdue windows. `Ok(false)`: another engine holds the log —
+    /// this one commits every request, as before.
+    pub fn enable_commit_window(&self, config: WindowConfig) -> Result<bool> {
+        if !self.lock()?.enable(&self.path, config)? {
+            return Ok(false);
+        }
+        let mut timer = self
+            .timer
+            .lock()
+            .map_err(|_| MetaError::Internal("timer mutex poisoned".into()))?;
+        if timer.is_none() {
+            let shared = self.shared.clone();
+            *timer = Some(
+                std::thread::Builder::new()
+                    .name("meta-window".into())
+                    .spawn(move || commit_overdue_windows(&shared))?,
+            );
+        }
+        Ok(true)
+    }
+
+    /// The commit window's counters (all zero when windows are off).
+    pub fn window_stats(&self) -> Result<WindowStats> {
+        Ok(self.lock()?.window().1)
+    }
+
+    /// Commits the open window, if any (the next write opens a new one).
+    pub fn commit_window(&self) -> Result<()> {
+        self.lock()?.commit_window()
+    }
+
     fn wrap(path: &Path, conn: Connection) -> SqliteEngine {
         SqliteEngine {
             path: path.to_path_buf(),
-            conn: Mutex::new(conn),
+            shared: Arc::new(Shared {
+                conn: Mutex::new(Conn::new(conn)),
+                wake: Condvar::new(),
+                stop: AtomicBool::new(false),
+            }),
+            timer: Mutex::new(None),
             wal: Mutex::new(None),
             counters: Counters::default(),
             logging: AtomicBool::new(false),
         }
     }
 
-    /// Runs `body` in a transaction begun with `begin`, committing on `Ok`; retried (with
-    /// backoff) on retryable errors. Counts round trips, commits and retries.
-    fn run<T>(
-        &self,
-        begin: &str,
-        write: bool,
-        mut body: impl FnMut(&Connection) -> Result<T>,
-    ) -> Result<T> {
+    /// Runs `body` in a write (`BEGIN IMMEDIATE`, or the open commit window) or read
+    /// transaction, committing on `Ok` (a window commits later; the request is in the
+    /// redo log when this returns); retried (with backoff) on retryable errors. Counts
+    /// round trips, commits and retries.
+    fn run<T>(&self, write: bool, mut body: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
         let mut attempt = 0;
         loop {
             attempt += 1;
             let res = {
-                let conn = self.lock()?;
+                let mut conn = self.lock()?;
                 self.counters.round_trip();
-                exec(&conn, begin)
-                    .map_err(MetaError::from)
-                    .and_then(|()| match body(&conn) {
-                        Ok(v) => match exec(&conn, "COMMIT") {
-                            Ok(()) => Ok(v),
-                            Err(e) => {
-                                let _ = exec(&conn, "ROLLBACK");
-                                Err(e.into())
-                            }
-                        },
-                        Err(e) => {
-                            let _ = exec(&conn, "ROLLBACK");
-                            Err(e)
-                        }
-                    })
+                let res = if write {
+                    conn.write(&mut body)
+                } else {
+                    conn.read(&mut body)
+                };
+                if std::mem::take(&mut conn.opened) {
+                    self.shared.wake.notify_one();
+                }
+                res
             };
             match res {
                 Ok(v) => {
@@ -427,7 +488,8 @@ impl SqliteEngine {
 
     /// Runs SQLite's `PRAGMA integrity_check`; returns the problems found (empty = healthy).
     pub fn integrity_check(&self) -> Result<Vec<String>> {
-        let conn = self.lock()?;
+        let mut conn = self.lock()?;
+        conn.commit_window()?;
         let mut stmt = conn.prepare("PRAGMA integrity_check")?;
         let rows: Vec<String> = stmt
             .query_map([], |r| r.get::<_, String>(0))?
@@ -437,7 +499,8 @@ impl SqliteEngine {
 
     /// Writes a consistent copy of the database to `dest` (SQLite `VACUUM INTO`).
     pub fn backup_to(&self, dest: &Path) -> Result<()> {
-        let conn = self.lock()?;
+        let mut conn = self.lock()?;
+        conn.commit_window()?;
         let _ = std::fs::remove_file(dest);
         conn.execute("VACUUM INTO ?1", params![dest.to_string_lossy()])?;
         Ok(())
@@ -448,10 +511,50 @@ impl SqliteEngine {
         &self.path
     }
 
-    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Connection>> {
-        self.conn
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Conn>> {
+        self.shared
+            .conn
             .lock()
             .map_err(|_| MetaError::Internal("sqlite connection mutex poisoned".into()))
+    }
+}
+
+impl Drop for SqliteEngine {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        self.shared.wake.notify_all();
+        if let Some(t) = self.timer.get_mut().ok().and_then(|t| t.take()) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The window-commit thread: sleeps until a window opens, then commits it when its span
+/// is over (a request arriving after the deadline commits it too).
+fn commit_overdue_windows(shared: &Shared) {
+    let Ok(mut conn) = shared.conn.lock() else {
+        return;
+    };
+    while !shared.stop.load(Ordering::Relaxed) {
+        conn = match conn.deadline() {
+            None => match shared.wake.wait(conn) {
+                Ok(g) => g,
+                Err(_) => return,
+            },
+            Some(at) => {
+                let now = Instant::now();
+                if now >= at {
+                    if let Err(e) = conn.commit_window() {
+                        tracing::error!(error = %e, "metadata commit window failed");
+                    }
+                    continue;
+                }
+                match shared.wake.wait_timeout(conn, at - now) {
+                    Ok((g, _)) => g,
+                    Err(_) => return,
+                }
+            }
+        };
     }
 }
 
@@ -497,15 +600,15 @@ impl SqliteEngine {
 
 impl MetaEngine for SqliteEngine {
     fn txn(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()> {
-        self.run("BEGIN IMMEDIATE", true, |conn| f(&mut SqlTxn { conn }))
+        self.run(true, |conn| f(&mut SqlTxn { conn }))
     }
 
     fn read(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()> {
-        self.run("BEGIN DEFERRED", false, |conn| f(&mut SqlTxn { conn }))
+        self.run(false, |conn| f(&mut SqlTxn { conn }))
     }
 
     fn apply(&self, ops: &[Op]) -> Result<Vec<OpOut>> {
-        self.run("BEGIN IMMEDIATE", true, |conn| batch::apply_ops(conn, ops))
+        self.run(true, |conn| batch::apply_ops(conn, ops))
     }
 
     fn get_inode(&self, ino: Ino) -> Result<Option<InodeRow>> {
@@ -532,11 +635,22 @@ impl MetaEngine for SqliteEngine {
     }
 
     fn alloc_inos(&self, n: u64) -> Result<std::ops::Range<Ino>> {
-        self.run("BEGIN IMMEDIATE", true, |conn| batch::alloc_inos(conn, n))
+        self.run(true, |conn| batch::alloc_inos(conn, n))
+    }
+
+    fn settle(&self) -> Result<()> {
+        self.commit_window()
     }
 
     fn counters(&self) -> EngineCounters {
-        self.counters.snapshot()
+        let mut c = self.counters.snapshot();
+        if let Ok(w) = self.window_stats() {
+            c.window_commits = w.commits;
+            c.windowed = w.requests;
+            c.replayed = w.replayed;
+            c.redo_bytes = w.redo_bytes;
+        }
+        c
     }
 
     fn feed_start(&self) -> Result<FeedCursor> {
@@ -589,7 +703,8 @@ impl MetaEngine for SqliteEngine {
     }
 
     fn log_changes_as(&self, session: u64) -> Result<()> {
-        let conn = self.lock()?;
+        let mut conn = self.lock()?;
+        conn.set_session(session);
         let sql = CHANGE_TRIGGERS
             .replace("{S}", &session.to_string())
             .replace("{NOW}", SQL_NOW_MS);
@@ -605,6 +720,8 @@ impl MetaEngine for SqliteEngine {
     /// callers can flush their own files at the same time. Falls back to a FULL-sync
     /// commit when the WAL cannot be opened.
     fn make_durable(&self) -> Result<()> {
+        // A window's requests are in the redo log, which is never synced: commit them.
+        self.lock()?.commit_window()?;
         if self.sync_wal().unwrap_or(false) {
             return Ok(());
         }

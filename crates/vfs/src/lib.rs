@@ -415,7 +415,8 @@ impl Vfs {
                 .all(|r| self.uploader.is_elsewhere(r)))
     }
 
-    /// Commits all open files' writes (as `close` would) without waiting for uploads.
+    /// Commits all open files' writes (as `close` would) without waiting for uploads, and
+    /// the engine's commit window ([`deskfs_meta::MetaEngine::settle`]).
     pub fn commit_all(&self) -> Result<()> {
         let states: Vec<(u64, Arc<Mutex<InodeState>>)> = self
             .inodes
@@ -428,7 +429,9 @@ impl Vfs {
             let mut st = st.lock().map_err(|_| poisoned())?;
             self.commit_locked(ino, &mut st, crate::data::CommitSync::Commit)?;
         }
-        Ok(())
+        // For the processes that read the database file next (`deskfs umount`, `status`,
+        // `sync`'s waits): nothing acknowledged stays in a commit window.
+        Ok(self.meta.settle()?)
     }
 
     /// Stops the background uploader after committing open files. With `wait`, first
@@ -441,6 +444,11 @@ impl Vfs {
         self.flush_releases();
         self.flush_purges_after(Duration::ZERO);
         self.end_session();
+        // Other processes (the next mount, the metadata backup's final flush) read the
+        // database file: nothing may stay in a commit window.
+        if let Err(e) = self.meta.settle() {
+            tracing::warn!(error = %e, "cannot commit the last commit window at stop; the redo log keeps it for the next open");
+        }
         // Everything written is committed: the next mount needs no crash recovery.
         let marker = self.marker.lock().ok().and_then(|mut m| m.take());
         if let Some(m) = marker {

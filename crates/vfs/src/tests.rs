@@ -85,14 +85,32 @@ impl MetaDb {
         } else {
             let p = dir.join("meta.db");
             let e = SqliteEngine::create(&p, 0, 0, now_ns()).expect("create meta db");
+            // As the mount daemon runs it: commit windows while alone.
+            assert!(e
+                .enable_commit_window(deskfs_meta::sqlite::WindowConfig::default())
+                .expect("commit windows"));
             (MetaDb::Sqlite(p), Arc::new(e))
         }
     }
 
-    /// Another connection to the same database (a restart, or a second mount).
+    /// Another connection to the same database (a tool, or a second mount).
     pub(crate) fn open(&self) -> Arc<dyn MetaEngine> {
         match self {
             MetaDb::Sqlite(p) => Arc::new(SqliteEngine::open(p).expect("reopen meta db")),
+            MetaDb::Postgres(u) => Arc::new(PgEngine::open(u).expect("reopen PostgreSQL")),
+        }
+    }
+
+    /// The database as a restarted mount daemon opens it (SQLite: with commit windows).
+    pub(crate) fn open_mount(&self) -> Arc<dyn MetaEngine> {
+        match self {
+            MetaDb::Sqlite(p) => {
+                let e = SqliteEngine::open(p).expect("reopen meta db");
+                assert!(e
+                    .enable_commit_window(deskfs_meta::sqlite::WindowConfig::default())
+                    .expect("commit windows"));
+                Arc::new(e)
+            }
             MetaDb::Postgres(u) => Arc::new(PgEngine::open(u).expect("reopen PostgreSQL")),
         }
     }
@@ -279,7 +297,12 @@ impl Harness {
         );
         drop(vfs);
         let rt = runtime();
-        let vfs = Self::open_vfs(self.tmp.path(), self.db.open(), &self.cfg, rt.handle());
+        let vfs = Self::open_vfs(
+            self.tmp.path(),
+            self.db.open_mount(),
+            &self.cfg,
+            rt.handle(),
+        );
         self.rt = Some(rt);
         self.vfs = Some(vfs);
     }
@@ -290,7 +313,7 @@ impl Harness {
         f(self.tmp.path(), &self.db);
         let vfs = Self::open_vfs(
             self.tmp.path(),
-            self.db.open(),
+            self.db.open_mount(),
             &self.cfg,
             self.rt.as_ref().unwrap().handle(),
         );

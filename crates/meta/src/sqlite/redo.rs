@@ -1,0 +1,374 @@
+//! The redo log of a commit window (design record
+//! `docs/design/0009-commit-windows-and-a-redo-log.md`).
+//!
+//! While a commit window is open, acknowledged requests live in an uncommitted SQLite
+//! transaction; what makes each one survive `kill -9` is its **redo record**: the write
+//! statements the request executed, with their parameters bound in (SQLite's expanded
+//! SQL), appended to `<db>-redo` with one `write(2)` before the request returns. A record
+//! in the page cache outlives the process; power loss is covered by commit + WAL
+//! `fdatasync` on `fsync` (the log itself is never synced).
+//!
+//! Replay executes the records after the last one the database holds
+//! (`kv.redo_seq`, written in each window's own transaction) in order, on the very state
+//! they were recorded on — no other writer can commit while a window is open, and every
+//! opener replays before it writes — so triggers and `AUTOINCREMENT` counters produce
+//! the same rows again.
+//!
+//! Record layout (little endian): `magic u32 | payload length u32 | CRC-32C u32 of
+//! (seq ‖ payload) | seq u64 | payload`; the payload is a list of `length u32 | SQL
+//! bytes`. A torn or damaged tail ends the log (a torn record's request never returned).
+
+use std::cell::{Cell, RefCell};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use rusqlite::{ffi, Connection};
+
+use crate::{MetaError, Result};
+
+const MAGIC: u32 = 0x3152_4b44; // "DKR1"
+const HEADER: usize = 4 + 4 + 4 + 8;
+
+/// The redo log file beside a database, locked (`flock`) by the engine that owns it: the
+/// only one allowed to open commit windows, and the one that must replay it.
+pub(super) struct RedoLog {
+    file: File,
+    path: PathBuf,
+    len: u64,
+}
+
+/// One parsed record: the request's sequence number and its statements.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Record {
+    pub(super) seq: u64,
+    pub(super) statements: Vec<String>,
+}
+
+/// `<db>-redo`.
+pub(super) fn path_for(db: &Path) -> PathBuf {
+    let mut p = db.to_path_buf().into_os_string();
+    p.push("-redo");
+    PathBuf::from(p)
+}
+
+impl RedoLog {
+    /// Opens (creating) the log of `db` and takes its lock. `Ok(None)`: another engine —
+    /// in this process or another — holds it (it owns the windows and the replay).
+    pub(super) fn lock(db: &Path) -> Result<Option<RedoLog>> {
+        let path = path_for(db);
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(TryLockError::WouldBlock) => return Ok(None),
+            Err(TryLockError::Error(e)) => return Err(e.into()),
+        }
+        let len = file.metadata()?.len();
+        Ok(Some(RedoLog { file, path, len }))
+    }
+
+    /// Whether the log holds anything (a record not yet known to be in the database).
+    pub(super) fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The records after `after`, in order; a torn or damaged tail is reported and
+    /// ignored (its request never returned).
+    pub(super) fn records_after(&mut self, after: u64) -> Result<Vec<Record>> {
+        use std::io::Seek;
+        // The descriptor is O_APPEND: writes go to the end whatever the offset.
+        self.file.rewind()?;
+        let mut bytes = Vec::with_capacity(self.len as usize);
+        (&self.file).read_to_end(&mut bytes)?;
+        let (records, good) = parse(&bytes);
+        if good < bytes.len() {
+            tracing::warn!(
+                log = %self.path.display(),
+                dropped_bytes = bytes.len() - good,
+                "redo log ends in a torn or damaged record; it was never acknowledged"
+            );
+        }
+        Ok(records.into_iter().filter(|r| r.seq > after).collect())
+    }
+
+    /// Appends one record with a single `write(2)`. An error leaves the request
+    /// unacknowledged (the caller rolls it back); a short write is cut off again so the
+    /// next record starts on a boundary.
+    pub(super) fn append(&mut self, seq: u64, payload: &[u8]) -> Result<()> {
+        let mut buf = Vec::with_capacity(HEADER + payload.len());
+        buf.extend_from_slice(&MAGIC.to_le_bytes());
+        buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        buf.extend_from_slice(&checksum(seq, payload).to_le_bytes());
+        buf.extend_from_slice(&seq.to_le_bytes());
+        buf.extend_from_slice(payload);
+        if let Err(e) = (&self.file).write_all(&buf) {
+            let _ = self.file.set_len(self.len);
+            return Err(e.into());
+        }
+        self.len += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Empties the log once the database holds every record (after a window's commit).
+    pub(super) fn clear(&mut self) -> Result<()> {
+        self.file.set_len(0)?;
+        self.len = 0;
+        Ok(())
+    }
+
+    /// Bytes in the log.
+    pub(super) fn len(&self) -> u64 {
+        self.len
+    }
+}
+
+fn checksum(seq: u64, payload: &[u8]) -> u32 {
+    let mut d = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    d.update(&seq.to_le_bytes());
+    d.update(payload);
+    d.finalize() as u32
+}
+
+/// Parses records from the start of `bytes`; returns them and how many bytes were good.
+fn parse(bytes: &[u8]) -> (Vec<Record>, usize) {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while bytes.len() - at >= HEADER {
+        let word =
+            |o: usize| u32::from_le_bytes([bytes[o], bytes[o + 1], bytes[o + 2], bytes[o + 3]]);
+        let len = word(at + 4) as usize;
+        let sum = word(at + 8);
+        let mut seq8 = [0u8; 8];
+        seq8.copy_from_slice(&bytes[at + 12..at + 20]);
+        let seq = u64::from_le_bytes(seq8);
+        if word(at) != MAGIC || bytes.len() - at - HEADER < len {
+            break;
+        }
+        let payload = &bytes[at + HEADER..at + HEADER + len];
+        if checksum(seq, payload) != sum {
+            break;
+        }
+        let Some(statements) = statements_of(payload) else {
+            break;
+        };
+        out.push(Record { seq, statements });
+        at += HEADER + len;
+    }
+    (out, at)
+}
+
+fn statements_of(mut payload: &[u8]) -> Option<Vec<String>> {
+    let mut v = Vec::new();
+    while !payload.is_empty() {
+        let n = u32::from_le_bytes(payload.get(..4)?.try_into().ok()?) as usize;
+        let sql = payload.get(4..4 + n)?;
+        v.push(String::from_utf8(sql.to_vec()).ok()?);
+        payload = &payload[4 + n..];
+    }
+    Some(v)
+}
+
+/// Executes `records` (already filtered to those after the database's `redo_seq`) on
+/// `conn`, inside the caller's transaction, and records the last sequence number.
+/// A statement that fails with a constraint error failed the same way when it was
+/// recorded (the request handled it), so it is skipped; any other error aborts the
+/// replay.
+pub(super) fn replay(conn: &Connection, records: &[Record]) -> Result<u64> {
+    let mut last = 0;
+    for r in records {
+        for sql in &r.statements {
+            match conn.execute_batch(sql) {
+                Ok(()) => {}
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
+                Err(e) => {
+                    return Err(MetaError::Corrupt {
+                        path: "redo log".into(),
+                        detail: format!("record {} does not apply: {e}", r.seq),
+                    })
+                }
+            }
+        }
+        last = r.seq;
+    }
+    if last > 0 {
+        set_redo_seq(conn, last)?;
+    }
+    Ok(last)
+}
+
+/// The last record the database holds (0 when none was ever committed).
+pub(super) fn redo_seq(conn: &Connection) -> Result<u64> {
+    use rusqlite::OptionalExtension;
+    let v: Option<String> = conn
+        .prepare_cached("SELECT value FROM kv WHERE key='redo_seq'")?
+        .query_row([], |r| r.get(0))
+        .optional()?;
+    Ok(v.and_then(|s| s.parse().ok()).unwrap_or(0))
+}
+
+/// Records, in the open transaction, that the database holds every record up to `seq`.
+pub(super) fn set_redo_seq(conn: &Connection, seq: u64) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO kv(key,value) VALUES('redo_seq',?1)
+         ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+    )?
+    .execute([seq.to_string()])?;
+    Ok(())
+}
+
+/// Collects the write statements a connection executes while switched on: SQLite's
+/// statement trace (`sqlite3_trace_v2`, `SQLITE_TRACE_STMT`) hands over each statement as
+/// it starts; read-only ones and trigger bodies (replay fires the triggers again) are
+/// skipped; the rest are kept as expanded SQL (parameters bound in as literals).
+///
+/// Lives in a `Box` whose address is the trace context: it must outlive the hook, so the
+/// owner removes the hook ([`Capture::detach`]) before dropping it.
+pub(super) struct Capture {
+    on: Cell<bool>,
+    /// A statement could not be expanded (out of memory): the request cannot be logged.
+    lost: Cell<bool>,
+    buf: RefCell<Vec<u8>>,
+}
+
+impl Capture {
+    /// Installs the hook on `conn`.
+    pub(super) fn attach(conn: &Connection) -> Box<Capture> {
+        let c = Box::new(Capture {
+            on: Cell::new(false),
+            lost: Cell::new(false),
+            buf: RefCell::new(Vec::with_capacity(4096)),
+        });
+        // SAFETY: `conn.handle()` is the live connection; the context pointer stays valid
+        // until `detach` (the owner detaches before dropping the box) and the callback only
+        // runs on the thread executing a statement of this connection, which holds the
+        // engine's connection mutex, so the `Cell`s are never touched concurrently.
+        unsafe {
+            ffi::sqlite3_trace_v2(
+                conn.handle(),
+                ffi::SQLITE_TRACE_STMT as c_uint,
+                Some(on_statement),
+                &*c as *const Capture as *mut c_void,
+            );
+        }
+        c
+    }
+
+    /// Removes the hook from `conn`.
+    pub(super) fn detach(conn: &Connection) {
+        // SAFETY: clearing the trace callback of a live connection.
+        unsafe {
+            ffi::sqlite3_trace_v2(conn.handle(), 0, None, std::ptr::null_mut());
+        }
+    }
+
+    /// Starts collecting (clears what an earlier request left).
+    pub(super) fn start(&self) {
+        self.buf.borrow_mut().clear();
+        self.lost.set(false);
+        self.on.set(true);
+    }
+
+    /// Stops collecting; returns the payload (empty: the request wrote nothing) or `None`
+    /// when a statement could not be recorded.
+    pub(super) fn stop(&self) -> Option<std::cell::Ref<'_, Vec<u8>>> {
+        self.on.set(false);
+        if self.lost.get() {
+            return None;
+        }
+        Some(self.buf.borrow())
+    }
+}
+
+/// The `sqlite3_trace_v2` callback: `p` is the statement, `x` its unexpanded SQL text or,
+/// for a trigger body, a `-- TRIGGER name` comment.
+unsafe extern "C" fn on_statement(
+    _mask: c_uint,
+    ctx: *mut c_void,
+    p: *mut c_void,
+    x: *mut c_void,
+) -> c_int {
+    // SAFETY: ctx is the `Capture` registered in `attach`, alive while the hook is set.
+    let cap = unsafe { &*(ctx as *const Capture) };
+    if !cap.on.get() {
+        return 0;
+    }
+    let stmt = p as *mut ffi::sqlite3_stmt;
+    // SAFETY: x is a NUL-terminated string owned by SQLite for the callback's duration.
+    let text = unsafe { CStr::from_ptr(x as *const c_char) }.to_bytes();
+    if text.starts_with(b"--") {
+        return 0;
+    }
+    // SAFETY: stmt is the statement being run.
+    if unsafe { ffi::sqlite3_stmt_readonly(stmt) } != 0 {
+        return 0;
+    }
+    // SAFETY: expanded SQL is allocated by SQLite and freed with sqlite3_free below.
+    let expanded = unsafe { ffi::sqlite3_expanded_sql(stmt) };
+    if expanded.is_null() {
+        cap.lost.set(true);
+        return 0;
+    }
+    {
+        // SAFETY: a NUL-terminated string from sqlite3_expanded_sql.
+        let sql = unsafe { CStr::from_ptr(expanded) }.to_bytes();
+        let mut buf = cap.buf.borrow_mut();
+        buf.extend_from_slice(&(sql.len() as u32).to_le_bytes());
+        buf.extend_from_slice(sql);
+    }
+    // SAFETY: allocated by SQLite above.
+    unsafe { ffi::sqlite3_free(expanded as *mut c_void) };
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(stmts: &[&str]) -> Vec<u8> {
+        let mut v = Vec::new();
+        for s in stmts {
+            v.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            v.extend_from_slice(s.as_bytes());
+        }
+        v
+    }
+
+    #[test]
+    fn records_round_trip_and_a_torn_tail_is_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("m.db");
+        let mut log = RedoLog::lock(&db).unwrap().unwrap();
+        log.append(1, &payload(&["INSERT INTO t VALUES(1)"]))
+            .unwrap();
+        log.append(2, &payload(&["UPDATE t SET a=2", "DELETE FROM t"]))
+            .unwrap();
+        log.append(3, &payload(&["INSERT INTO t VALUES(3)"]))
+            .unwrap();
+        let all = log.records_after(0).unwrap();
+        assert_eq!(all.len(), 3);
+        assert_eq!(all[1].statements, vec!["UPDATE t SET a=2", "DELETE FROM t"]);
+        assert_eq!(log.records_after(2).unwrap().len(), 1);
+        // A second opener (another mount) does not get the lock while this one lives.
+        assert!(RedoLog::lock(&db).unwrap().is_none());
+        // Tear the last record: it is dropped, the others stay.
+        let full = log.len();
+        log.file.set_len(full - 3).unwrap();
+        let got = log.records_after(0).unwrap();
+        assert_eq!(got.iter().map(|r| r.seq).collect::<Vec<_>>(), vec![1, 2]);
+        // A flipped byte in the middle ends the log there.
+        drop(log);
+        let mut bytes = std::fs::read(path_for(&db)).unwrap();
+        bytes[HEADER + 5] ^= 0xff;
+        std::fs::write(path_for(&db), &bytes).unwrap();
+        let mut log = RedoLog::lock(&db).unwrap().unwrap();
+        assert!(log.records_after(0).unwrap().is_empty());
+        log.clear().unwrap();
+        assert!(log.is_empty());
+    }
+}
