@@ -312,7 +312,7 @@ impl SqliteEngine {
         }
         let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
             .map_err(|e| corrupt(path, e))?;
-        Self::replay_dead_owner(path, &conn).map_err(|e| corrupt(path, e))?;
+        Self::replay_dead_owner(path, &conn)?;
         Self::configure(&conn).map_err(|e| corrupt(path, e))?;
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
@@ -406,7 +406,7 @@ impl SqliteEngine {
         SqliteEngine {
             path: path.to_path_buf(),
             shared: Arc::new(Shared {
-                conn: Mutex::new(Conn::new(conn)),
+                conn: Mutex::new(Conn::new(conn, path)),
                 wake: Condvar::new(),
                 stop: AtomicBool::new(false),
             }),
@@ -511,6 +511,14 @@ impl SqliteEngine {
         &self.path
     }
 
+    /// The connection, with a window SQLite rolled back or whose commit failed replayed
+    /// first (reads must never see a state missing acknowledged requests).
+    fn lock_current(&self) -> Result<std::sync::MutexGuard<'_, Conn>> {
+        let mut conn = self.lock()?;
+        conn.current()?;
+        Ok(conn)
+    }
+
     fn lock(&self) -> Result<std::sync::MutexGuard<'_, Conn>> {
         self.shared
             .conn
@@ -521,8 +529,13 @@ impl SqliteEngine {
 
 impl Drop for SqliteEngine {
     fn drop(&mut self) {
-        self.shared.stop.store(true, Ordering::Relaxed);
-        self.shared.wake.notify_all();
+        {
+            // Under the mutex: the commit thread checks `stop` and waits under it, so it
+            // cannot miss this wake-up.
+            let _g = self.shared.conn.lock();
+            self.shared.stop.store(true, Ordering::Relaxed);
+            self.shared.wake.notify_all();
+        }
         if let Some(t) = self.timer.get_mut().ok().and_then(|t| t.take()) {
             let _ = t.join();
         }
@@ -612,7 +625,7 @@ impl MetaEngine for SqliteEngine {
     }
 
     fn get_inode(&self, ino: Ino) -> Result<Option<InodeRow>> {
-        let conn = self.lock()?;
+        let conn = self.lock_current()?;
         self.counters.round_trip();
         let mut st =
             conn.prepare_cached(&format!("SELECT {INODE_COLS} FROM inodes WHERE ino=?1"))?;
@@ -622,7 +635,7 @@ impl MetaEngine for SqliteEngine {
     }
 
     fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Option<InodeRow>> {
-        let conn = self.lock()?;
+        let conn = self.lock_current()?;
         self.counters.round_trip();
         let mut st = conn.prepare_cached(
             "SELECT i.ino,i.kind,i.perm,i.uid,i.gid,i.rdev,i.nlink,i.size,i.atime,i.mtime,
@@ -654,7 +667,7 @@ impl MetaEngine for SqliteEngine {
     }
 
     fn feed_start(&self) -> Result<FeedCursor> {
-        let conn = self.lock()?;
+        let conn = self.lock_current()?;
         self.counters.round_trip();
         let last: i64 = conn
             .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM changes")?
@@ -673,7 +686,7 @@ impl MetaEngine for SqliteEngine {
         not_session: u64,
         limit: usize,
     ) -> Result<(Vec<ChangeRow>, FeedCursor)> {
-        let conn = self.lock()?;
+        let conn = self.lock_current()?;
         self.counters.round_trip();
         let mut st = conn.prepare_cached(
             "SELECT seq, session, ino, parent, name FROM changes
@@ -704,6 +717,9 @@ impl MetaEngine for SqliteEngine {
 
     fn log_changes_as(&self, session: u64) -> Result<()> {
         let mut conn = self.lock()?;
+        // TEMP schema changes are transactional: made inside a window, a rollback of the
+        // window would drop the triggers (and replay would not bring them back).
+        conn.commit_window()?;
         conn.set_session(session);
         let sql = CHANGE_TRIGGERS
             .replace("{S}", &session.to_string())
@@ -725,17 +741,23 @@ impl MetaEngine for SqliteEngine {
         if self.sync_wal().unwrap_or(false) {
             return Ok(());
         }
-        let conn = self.lock()?;
+        let mut conn = self.lock()?;
+        // Under the same lock as the commit: no window can open in between.
+        conn.commit_window()?;
         // In WAL mode a commit with synchronous=FULL fsyncs the WAL, which holds every
         // earlier commit too.
-        conn.execute_batch(
-            "PRAGMA synchronous=FULL;
-             BEGIN IMMEDIATE;
+        conn.execute_batch("PRAGMA synchronous=FULL")?;
+        let res = conn.execute_batch(
+            "BEGIN IMMEDIATE;
              INSERT INTO kv(key,value) VALUES('durable_mark','1')
                ON CONFLICT(key) DO UPDATE SET value = CAST(value AS INTEGER) + 1;
-             COMMIT;
-             PRAGMA synchronous=NORMAL;",
-        )?;
+             COMMIT;",
+        );
+        if res.is_err() && !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
+        conn.execute_batch("PRAGMA synchronous=NORMAL")?;
+        res?;
         Ok(())
     }
 

@@ -37,6 +37,9 @@ pub(super) struct RedoLog {
     file: File,
     path: PathBuf,
     len: u64,
+    /// A short write could not be cut off: nothing may be appended after it (replay
+    /// would stop at the torn record) until the log is emptied.
+    broken: bool,
 }
 
 /// One parsed record: the request's sequence number and its statements.
@@ -50,6 +53,14 @@ pub(super) struct Record {
 pub(super) fn path_for(db: &Path) -> PathBuf {
     let mut p = db.to_path_buf().into_os_string();
     p.push("-redo");
+    PathBuf::from(p)
+}
+
+/// `<db>-join`: engines without windows hold it shared while they write (see
+/// [`super::window`]).
+pub(super) fn join_path_for(db: &Path) -> PathBuf {
+    let mut p = db.to_path_buf().into_os_string();
+    p.push("-join");
     PathBuf::from(p)
 }
 
@@ -69,7 +80,12 @@ impl RedoLog {
             Err(TryLockError::Error(e)) => return Err(e.into()),
         }
         let len = file.metadata()?.len();
-        Ok(Some(RedoLog { file, path, len }))
+        Ok(Some(RedoLog {
+            file,
+            path,
+            len,
+            broken: false,
+        }))
     }
 
     /// Whether the log holds anything (a record not yet known to be in the database).
@@ -87,7 +103,7 @@ impl RedoLog {
         (&self.file).read_to_end(&mut bytes)?;
         let (records, good) = parse(&bytes);
         if good < bytes.len() {
-            tracing::warn!(
+            tracing::error!(
                 log = %self.path.display(),
                 dropped_bytes = bytes.len() - good,
                 "redo log ends in a torn or damaged record; it was never acknowledged"
@@ -106,8 +122,15 @@ impl RedoLog {
         buf.extend_from_slice(&checksum(seq, payload).to_le_bytes());
         buf.extend_from_slice(&seq.to_le_bytes());
         buf.extend_from_slice(payload);
+        if self.broken {
+            return Err(MetaError::Internal(
+                "the metadata redo log ends in a torn record; commit first".into(),
+            ));
+        }
         if let Err(e) = (&self.file).write_all(&buf) {
-            let _ = self.file.set_len(self.len);
+            if self.file.set_len(self.len).is_err() {
+                self.broken = true;
+            }
             return Err(e.into());
         }
         self.len += buf.len() as u64;
@@ -118,6 +141,7 @@ impl RedoLog {
     pub(super) fn clear(&mut self) -> Result<()> {
         self.file.set_len(0)?;
         self.len = 0;
+        self.broken = false;
         Ok(())
     }
 

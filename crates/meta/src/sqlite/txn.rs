@@ -415,6 +415,8 @@ impl MetaTxn for SqlTxn<'_> {
     }
 
     fn fail_pending(&mut self, path: &[u8], gen: u64, error: &str, retry_at_ns: i64) -> Result<()> {
+        // A NUL would cut the value short in the redo log's expanded SQL.
+        let error = error.replace('\0', "\u{fffd}");
         self.conn
             .prepare_cached(
                 "UPDATE pending SET attempts=attempts+1, last_error=?3, due=?4

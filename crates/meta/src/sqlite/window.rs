@@ -11,10 +11,21 @@
 //! inside the `BEGIN IMMEDIATE` that opens it: no session can register while the window
 //! holds the write lock, and a newcomer's registration waits for the commit).
 //!
+//! Other writers are not starved by back-to-back windows: every engine that does not own
+//! the log holds a shared `flock` on `<db>-join` from before its `BEGIN IMMEDIATE` to its
+//! commit, and the owner opens a window only when it can take that lock exclusively
+//! (nobody waiting); otherwise it commits request by request, leaving gaps. Those engines
+//! also adopt a dead owner's log before they write (an owner killed while they were
+//! open), so nothing is ever written on top of a state missing acknowledged requests.
+//!
 //! States (one type, [`Window`]): `Off` → (redo log owned) `Closed` ⇄ `Open`;
-//! a failed commit → `NeedsReplay` → (replay from the log succeeds) `Closed`.
+//! a failed commit, or SQLite rolling the window back on an I/O error → `NeedsReplay` →
+//! (replay from the log succeeds) `Closed`. Nothing reads or commits in `NeedsReplay`
+//! before the replay.
 
+use std::fs::File;
 use std::ops::Deref;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
@@ -86,6 +97,13 @@ pub(super) struct Conn {
     stats: WindowStats,
     /// Set when a write opened a window (the engine wakes its commit timer).
     pub(super) opened: bool,
+    /// A redo append failed: commit the window after undoing the request.
+    commit_after: bool,
+    /// `<db>-join` (see the module doc); `None` when it cannot be opened (read-only
+    /// directory: nobody else writes there either).
+    join: Option<std::sync::Arc<File>>,
+    /// The database file.
+    path: PathBuf,
 }
 
 impl Deref for Conn {
@@ -96,8 +114,19 @@ impl Deref for Conn {
 }
 
 impl Conn {
-    pub(super) fn new(db: Connection) -> Conn {
+    pub(super) fn new(db: Connection, path: &Path) -> Conn {
+        let join = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(redo::join_path_for(path))
+            .ok()
+            .map(std::sync::Arc::new);
         Conn {
+            join,
+            commit_after: false,
+            path: path.to_path_buf(),
             db,
             window: Window::Off,
             redo: None,
@@ -147,8 +176,14 @@ impl Conn {
         if self.window != Window::Off {
             return Ok(true);
         }
-        let Some(mut log) = RedoLog::lock(db_path)? else {
-            return Ok(false);
+        // A process replaying a dead owner's log holds its lock for a moment: wait for it.
+        let until = Instant::now() + Duration::from_secs(2);
+        let mut log = loop {
+            match RedoLog::lock(db_path)? {
+                Some(log) => break log,
+                None if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
+                None => return Ok(false),
+            }
         };
         self.stats.replayed += Self::replay_log(&self.db, &mut log)?;
         self.next_seq = redo::redo_seq(&self.db)? + 1;
@@ -179,9 +214,24 @@ impl Conn {
         }
     }
 
+    /// Makes the connection's view whole before it is used: a window SQLite rolled back
+    /// on its own (an I/O or memory error, even in a read) and a window whose commit
+    /// failed are replayed from the redo log first. Errors: the replay's.
+    pub(super) fn current(&mut self) -> Result<()> {
+        if matches!(self.window, Window::Open { .. }) && self.db.is_autocommit() {
+            tracing::error!("SQLite rolled the open commit window back; replaying its redo log");
+            self.window = Window::NeedsReplay;
+        }
+        if self.window == Window::NeedsReplay {
+            self.replay_now()?;
+        }
+        Ok(())
+    }
+
     /// Runs a read-only `body`: inside the open window (it sees the window's rows), else
     /// in a deferred transaction of its own.
     pub(super) fn read<T>(&mut self, body: &mut impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        self.current()?;
         if matches!(self.window, Window::Open { .. }) {
             return body(&self.db);
         }
@@ -195,10 +245,17 @@ impl Conn {
         &mut self,
         body: &mut impl FnMut(&Connection) -> Result<T>,
     ) -> Result<T> {
+        self.current()?;
         self.settle()?;
-        if self.window == Window::Closed || self.window == Window::Off {
+        if self.window == Window::Off {
+            return self.write_alone_not(body);
+        }
+        if self.window == Window::Closed {
+            // Someone waits to write (or is writing): commit request by request so they
+            // get in between.
+            let waited = !self.nobody_waiting();
             exec(&self.db, "BEGIN IMMEDIATE")?;
-            let open = self.window == Window::Closed
+            let open = !waited
                 && match self.alone() {
                     Ok(a) => a,
                     Err(e) => {
@@ -224,6 +281,67 @@ impl Conn {
             }
         }
         out
+    }
+
+    /// A write of an engine without windows: one transaction, under the shared join lock
+    /// (the owner of the log opens no window meanwhile), adopting a dead owner's log
+    /// first.
+    fn write_alone_not<T>(&mut self, body: &mut impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        let join = self.join.clone();
+        let _waiting = join.as_deref().and_then(SharedLock::take);
+        exec(&self.db, "BEGIN IMMEDIATE")?;
+        let adopted = match self.adopt_dead_log() {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = exec(&self.db, "ROLLBACK");
+                return Err(e);
+            }
+        };
+        let out = finish(&self.db, body(&self.db))?;
+        if let Some(mut log) = adopted {
+            if let Err(e) = log.clear() {
+                tracing::warn!(error = %e, "cannot empty the adopted metadata redo log");
+            }
+        }
+        Ok(out)
+    }
+
+    /// Inside a write transaction of an engine without windows: when `<db>-redo` holds
+    /// records and nobody holds its lock (its owner died while this engine was open),
+    /// replays them into this transaction and returns the locked log (emptied by the
+    /// caller after the commit).
+    fn adopt_dead_log(&mut self) -> Result<Option<RedoLog>> {
+        let redo = redo::path_for(&self.path);
+        if std::fs::metadata(&redo).map_or(true, |m| m.len() == 0) {
+            return Ok(None);
+        }
+        let Some(mut log) = RedoLog::lock(&self.path)? else {
+            return Ok(None);
+        };
+        let records = log.records_after(redo::redo_seq(&self.db)?)?;
+        let n = redo::replay(&self.db, &records)?;
+        if n > 0 {
+            tracing::info!(
+                records = records.len(),
+                "replayed a dead mount's metadata redo log"
+            );
+            self.stats.replayed += records.len() as u64;
+        }
+        Ok(Some(log))
+    }
+
+    /// Whether no other engine waits to write (the owner's exclusive try on `<db>-join`).
+    fn nobody_waiting(&self) -> bool {
+        match &self.join {
+            Some(f) => match f.try_lock() {
+                Ok(()) => {
+                    let _ = f.unlock();
+                    true
+                }
+                Err(_) => false,
+            },
+            None => true,
+        }
     }
 
     /// Commits an overdue window and replays after a failed one, before a new request.
@@ -259,7 +377,13 @@ impl Conn {
             )),
             (Ok(_), Some(p)) if p.is_empty() => Ok(false),
             (Ok(_), Some(p)) => match self.redo.as_mut() {
-                Some(log) => log.append(self.next_seq, &p).map(|()| true),
+                Some(log) => log
+                    .append(self.next_seq, &p)
+                    .map(|()| true)
+                    .inspect_err(|_| {
+                        // Commit what the log holds so it can be emptied (a torn tail).
+                        self.commit_after = true;
+                    }),
                 None => Err(MetaError::Internal(
                     "commit window without a redo log".into(),
                 )),
@@ -267,18 +391,35 @@ impl Conn {
         };
         match (res, logged) {
             (Ok(v), Ok(logged)) => {
-                exec(&self.db, "RELEASE request")?;
                 if logged {
+                    // The record is in the log: the request will take effect, replayed if
+                    // need be, so its number is spent and it is acknowledged.
                     self.next_seq += 1;
                     self.stats.requests += 1;
                     if let Window::Open { requests, .. } = &mut self.window {
                         *requests += 1;
                     }
                 }
+                if let Err(e) = exec(&self.db, "RELEASE request") {
+                    tracing::error!(error = %e, "releasing a request's savepoint failed; replaying the window");
+                    if !self.db.is_autocommit() {
+                        let _ = exec(&self.db, "ROLLBACK");
+                    }
+                    self.window = Window::NeedsReplay;
+                    self.replay_now()?;
+                    if !logged {
+                        return Err(e.into());
+                    }
+                }
                 Ok(v)
             }
             (Err(e), _) | (Ok(_), Err(e)) => {
                 self.undo_request();
+                if std::mem::take(&mut self.commit_after) {
+                    if let Err(e2) = self.commit_window() {
+                        tracing::error!(error = %e2, "commit after a failed redo append failed");
+                    }
+                }
                 Err(e)
             }
         }
@@ -304,6 +445,7 @@ impl Conn {
     /// transaction is rolled back and replayed from the log (state `NeedsReplay` until
     /// that succeeds).
     pub(super) fn commit_window(&mut self) -> Result<()> {
+        self.current()?;
         if !matches!(self.window, Window::Open { .. }) {
             return Ok(());
         }
@@ -314,9 +456,12 @@ impl Conn {
                 self.window = Window::Closed;
                 self.stats.commits += 1;
                 if let Some(log) = self.redo.as_mut() {
-                    // Failing to empty it is harmless: redo_seq says what is applied.
+                    // Failing to empty it is harmless for replay (redo_seq says what is
+                    // applied), but appends after a torn record would be lost: no more
+                    // windows then.
                     if let Err(e) = log.clear() {
-                        tracing::warn!(error = %e, "cannot empty the metadata redo log");
+                        tracing::error!(error = %e, "cannot empty the metadata redo log; commit windows off");
+                        self.window = Window::Off;
                     }
                 }
                 Ok(())
@@ -371,5 +516,20 @@ fn finish<T>(db: &Connection, res: Result<T>) -> Result<T> {
             let _ = exec(db, "ROLLBACK");
             Err(e)
         }
+    }
+}
+
+/// A shared `flock` on `<db>-join`, held while an engine without windows writes.
+struct SharedLock<'f>(&'f File);
+
+impl<'f> SharedLock<'f> {
+    fn take(f: &'f File) -> Option<SharedLock<'f>> {
+        f.lock_shared().ok().map(|()| SharedLock(f))
+    }
+}
+
+impl Drop for SharedLock<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.unlock();
     }
 }
