@@ -147,7 +147,7 @@ impl MetaUrl {
         match self {
             MetaUrl::Sqlite(p) => {
                 let existed = p.exists();
-                for suffix in ["", "-wal", "-shm", "-redo"] {
+                for suffix in ["", "-wal", "-shm", "-redo", "-join"] {
                     let f = PathBuf::from(format!("{}{suffix}", p.display()));
                     match std::fs::remove_file(&f) {
                         Ok(()) => {}
