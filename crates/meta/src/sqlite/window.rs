@@ -154,7 +154,7 @@ impl Conn {
         match res.and_then(|n| exec(db, "COMMIT").map(|()| n).map_err(Into::into)) {
             Ok(n) => {
                 if n > 0 {
-                    tracing::info!(records = n, "replayed the metadata redo log");
+                    tracing::debug!(records = n, "replayed the metadata redo log");
                 }
                 log.clear()?;
                 Ok(n)
@@ -321,7 +321,7 @@ impl Conn {
         let records = log.records_after(redo::redo_seq(&self.db)?)?;
         let n = redo::replay(&self.db, &records)?;
         if n > 0 {
-            tracing::info!(
+            tracing::debug!(
                 records = records.len(),
                 "replayed a dead mount's metadata redo log"
             );
