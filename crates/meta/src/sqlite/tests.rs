@@ -4,10 +4,13 @@ use super::*;
 use crate::suite::{engine_suite, Fixture};
 use crate::{read, txn, Local};
 
-/// A fresh SQLite database in a temp dir.
+/// A fresh SQLite database in a temp dir; `windowed`: its engine owns commit windows, as
+/// the mount daemon's does, and `second()` is another mount, which registers its session —
+/// what closes the first one's windows, as between real mounts.
 struct SqliteFixture {
     dir: tempfile::TempDir,
     engine: Arc<SqliteEngine>,
+    windowed: bool,
 }
 
 impl Fixture for SqliteFixture {
@@ -15,14 +18,33 @@ impl Fixture for SqliteFixture {
         self.engine.clone()
     }
     fn second(&self) -> Arc<dyn MetaEngine> {
-        Arc::new(SqliteEngine::open(&self.dir.path().join("m.db")).unwrap())
+        let e = SqliteEngine::open(&self.dir.path().join("m.db")).unwrap();
+        if self.windowed {
+            assert!(!e.enable_commit_window(WindowConfig::default()).unwrap());
+            let s = crate::txn(&e, |t| t.register_session("second", 2, 1)).unwrap();
+            e.log_changes_as(s).unwrap();
+        }
+        Arc::new(e)
     }
 }
 
-fn fixture() -> Option<Box<dyn Fixture>> {
+fn fixture_with(windowed: bool) -> Option<Box<dyn Fixture>> {
     let dir = tempfile::tempdir().unwrap();
     let engine = Arc::new(SqliteEngine::create(&dir.path().join("m.db"), 0, 0, 5).unwrap());
-    Some(Box::new(SqliteFixture { dir, engine }))
+    if windowed {
+        assert!(engine
+            .enable_commit_window(WindowConfig::default())
+            .unwrap());
+    }
+    Some(Box::new(SqliteFixture {
+        dir,
+        engine,
+        windowed,
+    }))
+}
+
+fn fixture() -> Option<Box<dyn Fixture>> {
+    fixture_with(false)
 }
 
 engine_suite!(fixture());
@@ -217,40 +239,11 @@ fn query_plan(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> St
     steps.join("; ")
 }
 
-/// The whole engine suite again with commit windows on (as the daemon runs SQLite): the
-/// first engine owns the redo log; `second()` is another mount, which registers its
-/// session — that is what closes the first one's windows, as between real mounts.
+/// The whole engine suite again with commit windows on (as the daemon runs SQLite).
 mod windowed {
     use super::*;
 
-    struct WindowFixture {
-        dir: tempfile::TempDir,
-        engine: Arc<SqliteEngine>,
-    }
-
-    impl Fixture for WindowFixture {
-        fn engine(&self) -> Arc<dyn MetaEngine> {
-            self.engine.clone()
-        }
-        fn second(&self) -> Arc<dyn MetaEngine> {
-            let e = SqliteEngine::open(&self.dir.path().join("m.db")).unwrap();
-            assert!(!e.enable_commit_window(WindowConfig::default()).unwrap());
-            let s = crate::txn(&e, |t| t.register_session("second", 2, 1)).unwrap();
-            e.log_changes_as(s).unwrap();
-            Arc::new(e)
-        }
-    }
-
-    fn fixture() -> Option<Box<dyn Fixture>> {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = Arc::new(SqliteEngine::create(&dir.path().join("m.db"), 0, 0, 5).unwrap());
-        assert!(engine
-            .enable_commit_window(WindowConfig::default())
-            .unwrap());
-        Some(Box::new(WindowFixture { dir, engine }))
-    }
-
-    engine_suite!(fixture());
+    engine_suite!(fixture_with(true));
 }
 
 /// Every row of every table the namespace and the uploader keep (not the redo mark).
@@ -465,19 +458,26 @@ fn crash_copy(from: &std::path::Path, to: &std::path::Path) {
     }
 }
 
+/// A new database in `dir` whose engine owns commit windows of `span` / `max_requests`.
+fn windowed_engine(
+    dir: &std::path::Path,
+    span: Duration,
+    max_requests: u32,
+) -> (PathBuf, SqliteEngine) {
+    let db = dir.join("m.db");
+    let e = SqliteEngine::create(&db, 0, 0, 5).unwrap();
+    let config = WindowConfig { span, max_requests };
+    assert!(e.enable_commit_window(config).unwrap());
+    (db, e)
+}
+
 #[test]
 fn a_crash_inside_a_commit_window_loses_no_acknowledged_request() {
     // At random points of a random workload, snapshot the files as kill -9 would leave
     // them and open the snapshot: the replayed database must equal, row for row (triggers'
     // marks, AUTOINCREMENT counters and all), what the live engine answered at that point.
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("m.db");
-    let e = SqliteEngine::create(&db, 0, 0, 5).unwrap();
-    let config = WindowConfig {
-        span: Duration::from_secs(3600),
-        max_requests: 150,
-    };
-    assert!(e.enable_commit_window(config).unwrap());
+    let (db, e) = windowed_engine(dir.path(), Duration::from_secs(3600), 150);
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;
     let mut live = Vec::new();
     let mut checked = 0;
@@ -513,13 +513,7 @@ fn a_crash_inside_a_commit_window_loses_no_acknowledged_request() {
 #[test]
 fn a_window_commits_within_its_span_and_before_another_writer() {
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("m.db");
-    let e = SqliteEngine::create(&db, 0, 0, 5).unwrap();
-    let config = WindowConfig {
-        span: Duration::from_millis(50),
-        max_requests: 1_000_000,
-    };
-    assert!(e.enable_commit_window(config).unwrap());
+    let (db, e) = windowed_engine(dir.path(), Duration::from_millis(50), 1_000_000);
     let ino = txn(&e, |t| t.insert_inode(&file_row())).unwrap();
     assert_eq!(e.window_stats().unwrap().commits, 0);
     // Another process (here: connection) does not see the window until it commits…
@@ -622,13 +616,7 @@ fn an_engine_open_before_the_owner_died_replays_its_log_before_writing() {
     // A tool opened while the mount was alive; the mount is killed with records only in
     // its redo log; the tool's next write must not land on a state missing them.
     let dir = tempfile::tempdir().unwrap();
-    let db = dir.path().join("m.db");
-    let e = SqliteEngine::create(&db, 0, 0, 5).unwrap();
-    let config = WindowConfig {
-        span: Duration::from_secs(3600),
-        max_requests: 1_000_000,
-    };
-    assert!(e.enable_commit_window(config).unwrap());
+    let (db, e) = windowed_engine(dir.path(), Duration::from_secs(3600), 1_000_000);
     let ino = txn(&e, |t| t.insert_inode(&file_row())).unwrap();
     txn(&e, |t| t.insert_dentry(ROOT_INO, b"acked", ino)).unwrap();
     // The state kill -9 leaves, taken apart: the database and WAL first (the tool opens
