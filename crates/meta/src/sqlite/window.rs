@@ -176,12 +176,18 @@ impl Conn {
         if self.window != Window::Off {
             return Ok(true);
         }
-        // A process replaying a dead owner's log holds its lock for a moment: wait for it.
-        let until = Instant::now() + Duration::from_secs(2);
+        // A process replaying a dead owner's log holds its lock for a moment: wait for it
+        // while the log holds records (a live owner's log is mostly empty: another mount
+        // of this host then gives up at once).
+        let until = Instant::now() + Duration::from_secs(1);
         let mut log = loop {
             match RedoLog::lock(db_path)? {
                 Some(log) => break log,
-                None if Instant::now() < until => std::thread::sleep(Duration::from_millis(20)),
+                None if Instant::now() < until
+                    && std::fs::metadata(redo::path_for(db_path)).is_ok_and(|m| m.len() > 0) =>
+                {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
                 None => return Ok(false),
             }
         };
