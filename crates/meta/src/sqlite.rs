@@ -258,6 +258,12 @@ impl SqliteEngine {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
+        // A redo log left by a database that no longer exists must not meet this one.
+        match std::fs::remove_file(redo::path_for(path)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e.into()),
+        }
         let conn = Connection::open_with_flags(
             path,
             OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,

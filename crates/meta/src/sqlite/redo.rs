@@ -112,6 +112,31 @@ impl RedoLog {
         Ok(records.into_iter().filter(|r| r.seq > after).collect())
     }
 
+    /// The records to replay on a database that holds every record up to `applied`:
+    /// those after it, which must continue it (the first is `applied + 1`). A log that
+    /// does not continue the database — left beside a database that was re-created or
+    /// restored from a copy — is not applied: it is copied to `<db>-redo.unmatched` for
+    /// inspection and nothing is returned (the caller empties the log).
+    pub(super) fn replayable(&mut self, applied: u64) -> Result<Vec<Record>> {
+        let records = self.records_after(applied)?;
+        match records.first() {
+            Some(first) if first.seq != applied + 1 => {
+                let mut aside = self.path.clone().into_os_string();
+                aside.push(".unmatched");
+                std::fs::copy(&self.path, &aside)?;
+                tracing::error!(
+                    log = %self.path.display(),
+                    first = first.seq,
+                    database_at = applied,
+                    "the metadata redo log does not continue this database (re-created or restored?); not applied, kept as {}",
+                    PathBuf::from(&aside).display()
+                );
+                Ok(Vec::new())
+            }
+            _ => Ok(records),
+        }
+    }
+
     /// Appends one record with a single `write(2)`. An error leaves the request
     /// unacknowledged (the caller rolls it back); a short write is cut off again so the
     /// next record starts on a boundary.

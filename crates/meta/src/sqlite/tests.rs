@@ -642,3 +642,46 @@ fn an_engine_open_before_the_owner_died_replays_its_log_before_writing() {
     assert_eq!(std::fs::metadata(&redo_copy).unwrap().len(), 0);
     assert_eq!(tool.counters().replayed, 2);
 }
+
+#[test]
+fn a_redo_log_that_does_not_continue_the_database_is_set_aside() {
+    // kill -9 leaves a redo log; the operator then restores meta.db from an older copy.
+    // The log's records were made on a later state: replaying them would diverge.
+    let dir = tempfile::tempdir().unwrap();
+    let (db, e) = windowed_engine(dir.path(), Duration::from_secs(3600), 1_000_000);
+    let older = dir.path().join("older.db");
+    e.backup_to(&older).unwrap(); // commits the (empty) window: redo_seq 0
+    let ino = txn(&e, |t| t.insert_inode(&file_row())).unwrap();
+    e.commit_window().unwrap(); // redo_seq 1
+    txn(&e, |t| t.insert_dentry(ROOT_INO, b"late", ino)).unwrap(); // record 2, log only
+    let at = dir.path().join("crash");
+    crash_copy(&db, &at);
+    std::fs::copy(&older, at.join("m.db")).unwrap();
+    let _ = std::fs::remove_file(at.join("m.db-wal"));
+    let restored = SqliteEngine::open(&at.join("m.db")).unwrap();
+    assert!(read(&restored, |t| t.lookup(ROOT_INO, b"late"))
+        .unwrap()
+        .is_none());
+    assert!(
+        at.join("m.db-redo.unmatched").exists(),
+        "the log was not kept aside"
+    );
+    assert_eq!(std::fs::metadata(at.join("m.db-redo")).unwrap().len(), 0);
+    // The same log on the database it continues is replayed.
+    let live = dir.path().join("live");
+    crash_copy(&db, &live);
+    let reopened = SqliteEngine::open(&live.join("m.db")).unwrap();
+    assert!(read(&reopened, |t| t.lookup(ROOT_INO, b"late"))
+        .unwrap()
+        .is_some());
+    // A new database never meets a leftover log.
+    drop(restored);
+    std::fs::write(
+        at.join("m.db-redo"),
+        std::fs::read(db.with_extension("db-redo")).unwrap(),
+    )
+    .unwrap();
+    std::fs::remove_file(at.join("m.db")).unwrap();
+    SqliteEngine::create(&at.join("m.db"), 0, 0, 5).unwrap();
+    assert!(!at.join("m.db-redo").exists());
+}

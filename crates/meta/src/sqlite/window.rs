@@ -147,7 +147,7 @@ impl Conn {
         }
         exec(db, "BEGIN IMMEDIATE")?;
         let res = (|| {
-            let records = log.records_after(redo::redo_seq(db)?)?;
+            let records = log.replayable(redo::redo_seq(db)?)?;
             redo::replay(db, &records)?;
             Ok::<_, MetaError>(records.len() as u64)
         })();
@@ -324,7 +324,7 @@ impl Conn {
         let Some(mut log) = RedoLog::lock(&self.path)? else {
             return Ok(None);
         };
-        let records = log.records_after(redo::redo_seq(&self.db)?)?;
+        let records = log.replayable(redo::redo_seq(&self.db)?)?;
         let n = redo::replay(&self.db, &records)?;
         if n > 0 {
             tracing::debug!(
