@@ -318,8 +318,8 @@ impl SqliteEngine {
         }
         let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
             .map_err(|e| corrupt(path, e))?;
-        Self::replay_dead_owner(path, &conn)?;
         Self::configure(&conn).map_err(|e| corrupt(path, e))?;
+        Self::replay_dead_owner(path, &conn)?;
         let version: i64 = conn
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(|e| corrupt(path, e))?;
@@ -367,7 +367,6 @@ impl SqliteEngine {
         if !redo::path_for(path).exists() {
             return Ok(());
         }
-        conn.busy_timeout(Duration::from_secs(30))?;
         if let Some(mut log) = redo::RedoLog::lock(path)? {
             Conn::replay_log(conn, &mut log)?;
         }

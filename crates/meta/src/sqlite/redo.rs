@@ -251,6 +251,14 @@ pub(super) fn replay(conn: &Connection, records: &[Record]) -> Result<u64> {
     Ok(last)
 }
 
+/// Replays, inside the caller's transaction, the records of `log` that continue the
+/// database (see [`RedoLog::replayable`]); returns how many.
+pub(super) fn replay_pending(conn: &Connection, log: &mut RedoLog) -> Result<u64> {
+    let records = log.replayable(redo_seq(conn)?)?;
+    replay(conn, &records)?;
+    Ok(records.len() as u64)
+}
+
 /// The last record the database holds (0 when none was ever committed).
 pub(super) fn redo_seq(conn: &Connection) -> Result<u64> {
     use rusqlite::OptionalExtension;

@@ -146,11 +146,7 @@ impl Conn {
             return Ok(0);
         }
         exec(db, "BEGIN IMMEDIATE")?;
-        let res = (|| {
-            let records = log.replayable(redo::redo_seq(db)?)?;
-            redo::replay(db, &records)?;
-            Ok::<_, MetaError>(records.len() as u64)
-        })();
+        let res = redo::replay_pending(db, log);
         match res.and_then(|n| exec(db, "COMMIT").map(|()| n).map_err(Into::into)) {
             Ok(n) => {
                 if n > 0 {
@@ -254,7 +250,7 @@ impl Conn {
         self.current()?;
         self.settle()?;
         if self.window == Window::Off {
-            return self.write_alone_not(body);
+            return self.write_unwindowed(body);
         }
         if self.window == Window::Closed {
             // Someone waits to write (or is writing): commit request by request so they
@@ -292,7 +288,10 @@ impl Conn {
     /// A write of an engine without windows: one transaction, under the shared join lock
     /// (the owner of the log opens no window meanwhile), adopting a dead owner's log
     /// first.
-    fn write_alone_not<T>(&mut self, body: &mut impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+    fn write_unwindowed<T>(
+        &mut self,
+        body: &mut impl FnMut(&Connection) -> Result<T>,
+    ) -> Result<T> {
         let join = self.join.clone();
         let _waiting = join.as_deref().and_then(SharedLock::take);
         exec(&self.db, "BEGIN IMMEDIATE")?;
@@ -324,14 +323,10 @@ impl Conn {
         let Some(mut log) = RedoLog::lock(&self.path)? else {
             return Ok(None);
         };
-        let records = log.replayable(redo::redo_seq(&self.db)?)?;
-        let n = redo::replay(&self.db, &records)?;
+        let n = redo::replay_pending(&self.db, &mut log)?;
         if n > 0 {
-            tracing::debug!(
-                records = records.len(),
-                "replayed a dead mount's metadata redo log"
-            );
-            self.stats.replayed += records.len() as u64;
+            tracing::debug!(records = n, "replayed a dead mount's metadata redo log");
+            self.stats.replayed += n;
         }
         Ok(Some(log))
     }
@@ -350,10 +345,10 @@ impl Conn {
         }
     }
 
-    /// Commits an overdue window and replays after a failed one, before a new request.
+    /// Commits an overdue window before a new request (a window waiting for replay was
+    /// replayed by [`Conn::current`] already).
     fn settle(&mut self) -> Result<()> {
         match self.window {
-            Window::NeedsReplay => self.replay_now(),
             Window::Open { since, .. } if since.elapsed() >= self.config.span => {
                 self.commit_window()
             }
