@@ -111,6 +111,15 @@ enum OpenStep {
     },
 }
 
+/// What one attempt of a read from the bucket found.
+enum RemoteRead {
+    /// The bytes asked for (short at end of file).
+    Data(Vec<u8>),
+    /// The version the attempt resolved was replaced while it waited for another mount's
+    /// upload: the caller looks again from the top (the newer version may be local here).
+    Moved,
+}
+
 /// Readahead window of a reader's first sequential read, blocks (doubles from there).
 const RA_START_BLOCKS: u64 = 2;
 
@@ -683,32 +692,39 @@ impl Vfs {
         if let Some(f) = &s.staging {
             return Ok(f.clone());
         }
-        let row = self.current(ino)?;
-        if row.local == self.here() {
-            match self.cache.open_staging(ino, false) {
-                Ok(f) => {
-                    let f = Arc::new(f);
-                    s.staging = Some(f.clone());
-                    return Ok(f);
-                }
-                // An empty file whose staging file was never created (crash right after
-                // its create committed) falls through and gets an empty one.
-                Err(e) if row.size > 0 => {
-                    tracing::error!(ino, error = %e, "staging file missing for a local inode");
-                    if row.dirty {
-                        return Err(e.into());
+        let start = std::time::Instant::now();
+        let (row, tmp) = loop {
+            let row = self.current(ino)?;
+            if row.local == self.here() {
+                match self.cache.open_staging(ino, false) {
+                    Ok(f) => {
+                        let f = Arc::new(f);
+                        s.staging = Some(f.clone());
+                        return Ok(f);
                     }
+                    // An empty file whose staging file was never created (crash right
+                    // after its create committed) falls through and gets an empty one.
+                    Err(e) if row.size > 0 => {
+                        tracing::error!(ino, error = %e, "staging file missing for a local inode");
+                        if row.dirty {
+                            return Err(e.into());
+                        }
+                    }
+                    Err(_) => {}
                 }
-                Err(_) => {}
             }
-        }
-        let empty = row.size == 0 || truncating_to == Some(0);
-        let tmp = if empty {
-            None
-        } else {
-            // Content held by another cache is uploaded by its mount first.
-            self.await_remote_content(&row)?;
-            Some(self.download_full(&row)?)
+            if row.size == 0 || truncating_to == Some(0) {
+                break (row, None);
+            }
+            // Content held by another cache is uploaded by its mount first. A newer
+            // commit during that wait (perhaps this mount's own) is looked at afresh.
+            let now = self.await_remote_content(&row)?;
+            let moved = now.data_version != row.data_version || now.local == self.here();
+            if moved && start.elapsed() < self.cfg.remote_wait {
+                continue;
+            }
+            let tmp = self.download_full(&row)?;
+            break (row, Some(tmp));
         };
         self.adopt_local(&row, tmp.as_deref())?;
         let f = Arc::new(self.cache.open_staging(ino, false)?);
@@ -765,7 +781,7 @@ impl Vfs {
     /// the same inode at the same time), fsynced; returns its path. The object it reads
     /// may be replaced or removed meanwhile (an uploader's copy and delete after a rename,
     /// here or on another mount): then the source is resolved again, as
-    /// [`Vfs::read_remote`] does, for up to `remote_wait`. Errors: `EIO` (the content is
+    /// [`Vfs::read`] does, for up to `remote_wait`. Errors: `EIO` (the content is
     /// nowhere readable, or kept moving).
     pub(crate) fn download_full(&self, row: &InodeRow) -> Result<std::path::PathBuf> {
         let start = std::time::Instant::now();
@@ -863,64 +879,77 @@ impl Vfs {
         if !h.read || h.ino != ino {
             return Err(VfsError::BadHandle);
         }
-        let (staging, cur_size) = self.locked(ino, |s| {
-            if s.staging.is_none() {
-                let local = self
-                    .meta
-                    .get_inode(ino)?
-                    .is_some_and(|r| r.local == self.here());
-                if local {
-                    if let Ok(f) = self.cache.open_staging(ino, false) {
-                        s.staging = Some(Arc::new(f));
-                    }
-                }
-            }
-            Ok((s.staging.clone(), s.size))
-        })?;
-        if offset >= cur_size {
-            return Ok(Vec::new());
-        }
-        let len = (size as u64).min(cur_size - offset) as usize;
-        if let Some(f) = staging {
-            self.cache.touch_staging(ino);
-            let mut buf = vec![0u8; len];
-            let mut done = 0;
-            while done < len {
-                let n = f.read_at(&mut buf[done..], offset + done as u64)?;
-                if n == 0 {
-                    break; // hole at the end of a sparse file reads as zeros
-                }
-                done += n;
-            }
-            return Ok(buf);
-        }
-        self.read_remote(&h, ino, offset, len)
-    }
-
-    fn read_remote(&self, h: &Handle, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
         let start = std::time::Instant::now();
         let mut pause = std::time::Duration::from_millis(2);
         loop {
-            match self.read_remote_once(h, ino, offset, len) {
-                // The object was replaced or removed while we read it (a rename over the
-                // file's old name, the upload of a newer version, an orphan's content
-                // moving to its own key): the content moved. Resolve the source again;
-                // the conditional GET guarantees no bytes of another version were used.
-                Err(VfsError::Bucket(BucketError::Changed(key) | BucketError::NotFound(key)))
+            let (staging, cur_size) = self.locked(ino, |s| {
+                if s.staging.is_none() {
+                    let local = self
+                        .meta
+                        .get_inode(ino)?
+                        .is_some_and(|r| r.local == self.here());
+                    if local {
+                        if let Ok(f) = self.cache.open_staging(ino, false) {
+                            s.staging = Some(Arc::new(f));
+                        }
+                    }
+                }
+                Ok((s.staging.clone(), s.size))
+            })?;
+            if offset >= cur_size {
+                return Ok(Vec::new());
+            }
+            let len = (size as u64).min(cur_size - offset) as usize;
+            if let Some(f) = staging {
+                self.cache.touch_staging(ino);
+                let mut buf = vec![0u8; len];
+                let mut done = 0;
+                while done < len {
+                    let n = f.read_at(&mut buf[done..], offset + done as u64)?;
+                    if n == 0 {
+                        break; // hole at the end of a sparse file reads as zeros
+                    }
+                    done += n;
+                }
+                return Ok(buf);
+            }
+            match self.read_remote_once(&h, ino, offset, len) {
+                Ok(RemoteRead::Data(buf)) => return Ok(buf),
+                // The content moved: the object was replaced or removed while we read it
+                // (a rename over the file's old name, the upload of a newer version, an
+                // orphan's content moving to its own key), or a newer commit replaced the
+                // version we waited for (and may have made it local here). Look again from
+                // the top; the conditional GET guarantees no bytes of another version
+                // were used.
+                Ok(RemoteRead::Moved)
+                | Err(VfsError::Bucket(BucketError::Changed(_) | BucketError::NotFound(_)))
                     if start.elapsed() < self.cfg.remote_wait =>
                 {
-                    tracing::debug!(ino, key, "object replaced during the read; resolving again");
+                    tracing::debug!(ino, "content moved during the read; resolving again");
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(std::time::Duration::from_millis(100));
                 }
-                r => return r,
+                Ok(RemoteRead::Moved) => {
+                    return Err(io_err(format!(
+                        "inode {ino}: its content kept moving for {} s (newer versions committed on other mounts while this read waited)",
+                        self.cfg.remote_wait.as_secs()
+                    )))
+                }
+                Err(e) => return Err(e),
             }
         }
     }
 
-    /// One attempt of [`Vfs::read_remote`]. Errors: `Bucket(Changed | NotFound)` when
-    /// the object it resolved was replaced meanwhile (the caller resolves again).
-    fn read_remote_once(&self, h: &Handle, ino: Ino, offset: u64, len: usize) -> Result<Vec<u8>> {
+    /// One attempt of a read from the bucket (the caller [`Vfs::read`] tries again on
+    /// `Moved` and on `Bucket(Changed | NotFound)`, which mean the object it resolved was
+    /// replaced meanwhile).
+    fn read_remote_once(
+        &self,
+        h: &Handle,
+        ino: Ino,
+        offset: u64,
+        len: usize,
+    ) -> Result<RemoteRead> {
         let (row, src) = deskfs_meta::read(&*self.meta, |t| {
             let row = t.get_inode(ino)?;
             let src = match &row {
@@ -934,21 +963,22 @@ impl Vfs {
             Some(src) => src,
             None => {
                 // Only another cache holds this version: have it uploaded, then read.
-                self.await_remote_content(&row)?;
-                deskfs_meta::read(&*self.meta, |t| {
+                let now = self.await_remote_content(&row)?;
+                if now.data_version != row.data_version || now.local == self.here() {
+                    return Ok(RemoteRead::Moved);
+                }
+                match deskfs_meta::read(&*self.meta, |t| {
                     t.object_with_content(ino, row.data_version)
-                })?
-                .ok_or_else(|| {
-                    io_err(format!(
-                        "inode {ino}: content not in the bucket yet and not local"
-                    ))
-                })?
+                })? {
+                    Some(src) => src,
+                    None => return Ok(RemoteRead::Moved),
+                }
             }
         };
         let bs = self.cache.block_size();
         let end = (offset + len as u64).min(row.size);
         if offset >= end {
-            return Ok(Vec::new());
+            return Ok(RemoteRead::Data(Vec::new()));
         }
         let first = offset / bs;
         let last = (end - 1) / bs;
@@ -994,7 +1024,7 @@ impl Vfs {
                     if first == last {
                         // The whole answer is in one block (the usual 128 KiB read).
                         h.last_read_end.store(end, Ordering::Relaxed);
-                        return Ok(part);
+                        return Ok(RemoteRead::Data(part));
                     }
                     out.extend_from_slice(&part);
                     continue;
@@ -1008,7 +1038,7 @@ impl Vfs {
             }
         }
         h.last_read_end.store(end, Ordering::Relaxed);
-        Ok(out)
+        Ok(RemoteRead::Data(out))
     }
 
     fn block_future(&self, k: BlockKey, key: &str, etag: Option<String>, size: u64) -> BlockFuture {

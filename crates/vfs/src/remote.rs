@@ -108,8 +108,11 @@ const RECHECK: Duration = Duration::from_millis(25);
 impl Vfs {
     /// Makes sure the content of `row` can be read here: held in this cache or in the
     /// bucket. When only another cache holds it, asks that cache's mount to upload it now
-    /// and waits (bounded). Errors: `EIO` (timed out, or the content is nowhere).
-    pub(crate) fn await_remote_content(&self, row: &InodeRow) -> Result<()> {
+    /// and waits (bounded). Returns the row it settled on: a newer commit may replace
+    /// `row` during the wait, and then it is the newer version that is readable here
+    /// (held in this cache, or in the bucket), not necessarily `row`'s. Errors: `EIO`
+    /// (timed out, or the content is nowhere).
+    pub(crate) fn await_remote_content(&self, row: &InodeRow) -> Result<InodeRow> {
         let start = Instant::now();
         let mut asked: Vec<(Ino, u64)> = Vec::new();
         let res = self.await_remote_inner(row, start, &mut asked);
@@ -125,18 +128,18 @@ impl Vfs {
         row: &InodeRow,
         start: Instant,
         asked: &mut Vec<(Ino, u64)>,
-    ) -> Result<()> {
+    ) -> Result<InodeRow> {
         let mut row = row.clone();
         let mut last_ask: Option<(u64, u64, Instant)> = None;
         loop {
             if row.kind != Kind::File || row.size == 0 || row.local == self.here() {
-                return Ok(());
+                return Ok(row);
             }
             let have = deskfs_meta::read(&*self.meta, |t| {
                 t.object_with_content(row.ino, row.data_version)
             })?;
             if have.is_some() {
-                return Ok(());
+                return Ok(row);
             }
             let Local::At(holder) = row.local else {
                 return Err(VfsError::Io(std::io::Error::other(format!(
