@@ -255,6 +255,23 @@ impl Cache {
             .map_err(|e| CacheError::io(&p, e))
     }
 
+    /// A new, empty staging file for a freshly allocated inode `ino`, opened read/write:
+    /// a pre-made pool file renamed into place (or, with the pool empty, a file created
+    /// here). A file already at the path — only a stale one can be, left by an earlier
+    /// database with the same inode numbers — is replaced, so the result is always empty.
+    /// One rename and one open; no look at the path first. Errors: `Io` (`ENOSPC`, …).
+    pub fn create_staging(&self, ino: u64) -> Result<File> {
+        let p = self.staging_path(ino);
+        let pooled = self.pool.take_into(&p);
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(!pooled)
+            .open(&p)
+            .map_err(|e| CacheError::io(&p, e))
+    }
+
     /// Takes the staging-area lock (`flock` on `staging/.lock`), shared by every process
     /// using this cache dir; blocks until it is free.
     pub fn local_lock(&self) -> Result<LocalLock> {

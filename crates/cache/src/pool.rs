@@ -49,6 +49,12 @@ impl Pool {
         }
     }
 
+    /// Ready files now (tests).
+    #[cfg(test)]
+    pub(crate) fn ready_len(&self) -> usize {
+        self.ready.lock().map(|v| v.len()).unwrap_or(0)
+    }
+
     /// Renames a ready empty file to `dest`; false when the pool is empty (the caller then
     /// creates the file itself).
     pub(crate) fn take_into(&self, dest: &Path) -> bool {

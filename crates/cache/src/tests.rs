@@ -161,3 +161,38 @@ fn cache_ids_are_stable_and_old_caches_are_one() {
     std::fs::write(dir.path().join("a/cache-id"), b"junk").unwrap();
     assert!(Cache::open(&dir.path().join("a"), 1 << 20, 4096).is_err());
 }
+
+/// A new inode's staging file is empty, from the pool or made on the spot, even where a
+/// stale file with the same inode number was left (an earlier database's): its bytes
+/// must never show through a later extension of the new, empty file.
+#[test]
+fn a_new_staging_file_is_empty_whatever_was_at_its_path() {
+    use std::io::{Read, Write};
+    let d = tempfile::tempdir().unwrap();
+    let c = std::sync::Arc::new(Cache::open(d.path(), 100, 1024).unwrap());
+    for pooled in [false, true] {
+        if pooled {
+            c.start_pool(4);
+            let t = std::time::Instant::now();
+            while c.pool.ready_len() == 0 {
+                assert!(
+                    t.elapsed() < std::time::Duration::from_secs(10),
+                    "pool never filled"
+                );
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        let ino = 40 + pooled as u64;
+        std::fs::write(c.staging_path(ino), b"stale bytes of another database").unwrap();
+        let mut f = c.create_staging(ino).unwrap();
+        assert_eq!(f.metadata().unwrap().len(), 0, "pooled: {pooled}");
+        f.set_len(5).unwrap();
+        f.flush().unwrap();
+        let mut got = Vec::new();
+        std::fs::File::open(c.staging_path(ino))
+            .unwrap()
+            .read_to_end(&mut got)
+            .unwrap();
+        assert_eq!(got, vec![0u8; 5], "pooled: {pooled}");
+    }
+}

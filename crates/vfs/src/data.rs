@@ -16,7 +16,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 
 use crate::changes::{Batch, Plan};
 use crate::handles::{Handle, InodeState, OpenRecord};
-use crate::namespace::NodeSpec;
+use crate::namespace::{NewNode, NodeSpec};
 use crate::passthrough::Absorb;
 use crate::types::{Attr, Ctx, Opened};
 use crate::{now_ns, poisoned, Result, Vfs, VfsError};
@@ -622,7 +622,7 @@ impl Vfs {
         flags: i32,
     ) -> Result<(Attr, Opened)> {
         let tracked = self.shared();
-        let row = self.create_node(
+        let NewNode { row, staging } = self.create_node(
             ctx,
             parent,
             name,
@@ -641,12 +641,10 @@ impl Vfs {
                 // Dirty from birth, committed just now.
                 s.dirty_mark.committed(self.coherence.alone_period());
                 self.kernel_pages.opened(row.ino, s.version);
-                // Its staging file was made by `create_node`: the first write needs no
-                // look at the row to find where the content is.
+                // Its staging file was made (and opened) by `create_node`: the first
+                // write needs no look at the row to find where the content is.
                 if s.staging.is_none() {
-                    if let Ok(f) = self.cache.open_staging(row.ino, false) {
-                        s.staging = Some(Arc::new(f));
-                    }
+                    s.staging = staging.map(Arc::new);
                 }
                 // Written next, most likely: the row is dirty from its create, and the
                 // writer lock taken now keeps every uploader from marking it clean
@@ -1277,17 +1275,27 @@ impl Vfs {
             (CommitSync::Data, Some(Some(at))) if self.meta_flush.covers(at) => None,
             _ => Some(std::time::Instant::now()),
         };
-        std::thread::scope(|sc| -> Result<()> {
-            let data = staging.map(|f| sc.spawn(move || f.sync_data()));
-            let meta = since.map(|t| self.durable_since(t)).transpose();
-            if let Some(j) = data {
-                j.join().map_err(|_| {
-                    VfsError::Io(std::io::Error::other("fdatasync thread panicked"))
-                })??;
+        match (staging, since) {
+            (None, None) => {}
+            (Some(f), None) => f.sync_data()?,
+            (None, Some(t)) => self.durable_since(t)?,
+            // Both: the staging file's on a thread of the runtime's blocking pool (kept
+            // warm; a thread of its own per fsync cost more than the flush it overlaps).
+            (Some(f), Some(t)) => {
+                let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                self.rt.spawn_blocking(move || {
+                    let _ = tx.send(f.sync_data());
+                });
+                let meta = self.durable_since(t);
+                let data = rx.recv().map_err(|_| {
+                    VfsError::Io(std::io::Error::other(
+                        "the staging file's fdatasync never ran (the runtime is shutting down)",
+                    ))
+                })?;
+                data?;
+                meta?;
             }
-            meta?;
-            Ok(())
-        })?;
+        }
         s.dirty_mark.flushed(period);
         Ok(())
     }

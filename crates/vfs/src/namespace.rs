@@ -34,6 +34,13 @@ pub const FRESH_SHARED: std::time::Duration = std::time::Duration::from_millis(1
 /// Directory entries returned per readdir call.
 const READDIR_BATCH: usize = 128;
 
+/// What [`Vfs::create_node`] made: the committed row and, for a regular file, its new
+/// staging file, open read/write.
+pub(crate) struct NewNode {
+    pub(crate) row: InodeRow,
+    pub(crate) staging: Option<std::fs::File>,
+}
+
 /// What a new inode is: type, permission bits, device number, symlink target.
 pub(crate) struct NodeSpec<'a> {
     pub(crate) kind: Kind,
@@ -244,14 +251,15 @@ impl Vfs {
         Ok(p)
     }
 
-    /// Creates a new inode named `parent/name` in one batch.
+    /// Creates a new inode named `parent/name` in one batch; a regular file gets its
+    /// (empty) staging file, returned open.
     pub(crate) fn create_node(
         &self,
         ctx: &Ctx,
         parent: Ino,
         name: &[u8],
         spec: NodeSpec<'_>,
-    ) -> Result<InodeRow> {
+    ) -> Result<NewNode> {
         let NodeSpec {
             kind,
             perm,
@@ -320,15 +328,17 @@ impl Vfs {
             b.refresh(parent);
             Ok(Plan::Apply(b, Box::new(move |_| Ok(row))))
         })?;
-        if row.kind == Kind::File {
-            // The staging file exists from birth: the empty content is local.
-            self.cache.open_staging(row.ino, true)?;
-        }
+        // The staging file exists from birth: the empty content is local.
+        let staging = if row.kind == Kind::File {
+            Some(self.cache.create_staging(row.ino)?)
+        } else {
+            None
+        };
         self.hints.note_row(&row);
         self.hints.note_created(row.ino);
         self.hints.note_entry(parent, name, row.ino);
         self.refs.looked_up(row.ino);
-        Ok(row)
+        Ok(NewNode { row, staging })
     }
 
     /// `lookup`: the attributes of `parent/name` (the kernel now holds a reference to the
@@ -711,15 +721,17 @@ impl Vfs {
         if matches!(kind, Kind::Dir | Kind::Symlink) {
             return Err(VfsError::Invalid);
         }
-        let row = self.create_node(
-            ctx,
-            parent,
-            name,
-            NodeSpec {
-                rdev,
-                ..NodeSpec::new(kind, mode & !umask)
-            },
-        )?;
+        let row = self
+            .create_node(
+                ctx,
+                parent,
+                name,
+                NodeSpec {
+                    rdev,
+                    ..NodeSpec::new(kind, mode & !umask)
+                },
+            )?
+            .row;
         Ok(attr_of(&row))
     }
 
@@ -732,12 +744,14 @@ impl Vfs {
         mode: u32,
         umask: u32,
     ) -> Result<Attr> {
-        let row = self.create_node(
-            ctx,
-            parent,
-            name,
-            NodeSpec::new(Kind::Dir, mode & !umask & 0o7777),
-        )?;
+        let row = self
+            .create_node(
+                ctx,
+                parent,
+                name,
+                NodeSpec::new(Kind::Dir, mode & !umask & 0o7777),
+            )?
+            .row;
         self.hints.set_listed(row.ino);
         Ok(attr_of(&row))
     }
@@ -747,15 +761,17 @@ impl Vfs {
         if target.len() >= 4096 {
             return Err(VfsError::NameTooLong);
         }
-        let row = self.create_node(
-            ctx,
-            parent,
-            name,
-            NodeSpec {
-                target: Some(target),
-                ..NodeSpec::new(Kind::Symlink, 0o777)
-            },
-        )?;
+        let row = self
+            .create_node(
+                ctx,
+                parent,
+                name,
+                NodeSpec {
+                    target: Some(target),
+                    ..NodeSpec::new(Kind::Symlink, 0o777)
+                },
+            )?
+            .row;
         Ok(attr_of(&row))
     }
 

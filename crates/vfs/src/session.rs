@@ -17,11 +17,18 @@ use crate::{now_ns, Result, Vfs};
 /// The host name mounts are told apart by (the UTS name: network namespaces with their
 /// own UTS namespace count as hosts).
 pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| "localhost".into())
+    // Read once: the session rows this process registers carry this name, and the feed
+    // compares other sessions with it every poll (a later change of the host's name must
+    // not make this mount's own sessions look like another host's).
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "localhost".into())
+    })
+    .clone()
 }
 
 /// Whether process `pid` of this host exists (0 = unknown: treated as alive).
