@@ -15,6 +15,7 @@ use deskfs_meta::{AttrUpdate, Ino, InodeRow, Kind, Op, OpOut};
 use futures::future::{BoxFuture, FutureExt, Shared};
 
 use crate::changes::{Batch, Plan};
+use crate::datasync::DataSync;
 use crate::handles::{Handle, InodeState, OpenRecord};
 use crate::namespace::{NewNode, NodeSpec};
 use crate::passthrough::Absorb;
@@ -1275,27 +1276,23 @@ impl Vfs {
             (CommitSync::Data, Some(Some(at))) if self.meta_flush.covers(at) => None,
             _ => Some(std::time::Instant::now()),
         };
-        match (staging, since) {
-            (None, None) => {}
-            (Some(f), None) => f.sync_data()?,
-            (None, Some(t)) => self.durable_since(t)?,
-            // Both: the staging file's on a thread of the runtime's blocking pool (kept
-            // warm; a thread of its own per fsync cost more than the flush it overlaps).
-            (Some(f), Some(t)) => {
-                let (tx, rx) = std::sync::mpsc::sync_channel(1);
-                self.rt.spawn_blocking(move || {
-                    let _ = tx.send(f.sync_data());
-                });
-                let meta = self.durable_since(t);
-                let data = rx.recv().map_err(|_| {
-                    VfsError::Io(std::io::Error::other(
-                        "the staging file's fdatasync never ran (the runtime is shutting down)",
-                    ))
-                })?;
-                data?;
-                meta?;
+        // The data's flush: the one `fsync` started before its commit, else one of its
+        // own beside the metadata's (on the blocking pool), or right here when it is the
+        // only flush.
+        let data = match (s.data_sync.take(), staging, since) {
+            (Some(d), _, _) => Some(d),
+            (None, Some(f), Some(_)) => Some(DataSync::start(&self.rt, f)),
+            (None, Some(f), None) => {
+                f.sync_data()?;
+                None
             }
-        }
+            (None, None, _) => None,
+        };
+        let meta = since.map(|t| self.durable_since(t)).transpose();
+        // Both results are taken (a writeback error is reported only once).
+        let data = data.map(DataSync::wait).transpose();
+        data?;
+        meta?;
         s.dirty_mark.flushed(period);
         Ok(())
     }
@@ -1541,12 +1538,20 @@ impl Vfs {
     pub fn fsync(&self, ino: Ino, _fh: u64, datasync: bool) -> Result<()> {
         let version = self.locked(ino, |s| {
             self.absorb_backing(ino, s, Absorb::Commit)?;
+            // The data's flush starts now and runs while the metadata commits: it does
+            // not depend on the commit (see `flush_devices`).
+            s.data_sync = s.staging.clone().map(|f| DataSync::start(&self.rt, f));
             let how = if datasync {
                 CommitSync::Data
             } else {
                 CommitSync::Full
             };
-            self.commit_locked(ino, s, how)?;
+            let res = self.commit_locked(ino, s, how);
+            // `flush_devices` waited for it; a path that ended before it still waits
+            // here, so the flush's error is reported, never dropped.
+            let early = s.data_sync.take().map(DataSync::wait).transpose();
+            res?;
+            early?;
             Ok(s.version)
         })?;
         self.await_durable(ino, version)?;

@@ -21,6 +21,36 @@ use std::time::Instant;
 
 use crate::{Ino, Result, Vfs};
 
+/// The staging file's `fdatasync`, running on the runtime's blocking pool: started by
+/// `fsync` before its metadata commit (the data's flush does not depend on the commit),
+/// waited for after the metadata flush. Its result is always taken by [`DataSync::wait`]:
+/// a writeback error is reported once per file (`errseq`), so one dropped here would be
+/// lost for good.
+#[derive(Debug)]
+pub(crate) struct DataSync(std::sync::mpsc::Receiver<std::io::Result<()>>);
+
+impl DataSync {
+    /// Starts `f.sync_data()` on `rt`'s blocking pool.
+    pub(crate) fn start(rt: &tokio::runtime::Handle, f: std::sync::Arc<std::fs::File>) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        rt.spawn_blocking(move || {
+            let _ = tx.send(f.sync_data());
+        });
+        DataSync(rx)
+    }
+
+    /// Waits for the flush. Errors: the flush's (`EIO`, `ENOSPC`), or `EIO` when it never
+    /// ran (the runtime is shutting down).
+    pub(crate) fn wait(self) -> Result<()> {
+        self.0.recv().map_err(|_| {
+            crate::VfsError::Io(std::io::Error::other(
+                "the staging file's fdatasync never ran (the runtime is shutting down)",
+            ))
+        })??;
+        Ok(())
+    }
+}
+
 /// What this mount knows of the inode's row being dirty in the durable metadata log,
 /// within one alone period of the mount (`Coherence::alone_period`): while other mounts
 /// are live, their uploaders may mark rows clean, so nothing is known.
@@ -117,6 +147,26 @@ impl Vfs {
 #[cfg(test)]
 mod unit {
     use super::*;
+
+    /// A started flush reports its outcome; one that never ran (its runtime gone) is an
+    /// error, not a success: an fsync must not return 0 without its data flush.
+    #[test]
+    fn a_data_sync_reports_its_flush_and_one_that_never_ran_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = std::sync::Arc::new(std::fs::File::create(dir.path().join("f")).unwrap());
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .build()
+            .unwrap();
+        let h = rt.handle().clone();
+        DataSync::start(&h, f.clone()).wait().expect("flushed");
+        rt.shutdown_background();
+        let never = DataSync::start(&h, f);
+        assert!(
+            matches!(never.wait(), Err(crate::VfsError::Io(_))),
+            "a flush that never ran counted as done"
+        );
+    }
 
     #[test]
     fn the_earliest_dirty_commit_of_an_alone_period_counts_and_a_clean_mark_forgets_it() {

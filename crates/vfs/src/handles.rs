@@ -187,6 +187,9 @@ pub(crate) struct InodeState {
     /// Whether the row is known dirty in the durable metadata log (`fdatasync` then
     /// needs no flush of it: see `datasync`).
     pub(crate) dirty_mark: crate::datasync::DirtyMark,
+    /// The staging file's flush an `fsync` started before its commit, for
+    /// `Vfs::flush_devices` to wait for.
+    pub(crate) data_sync: Option<crate::datasync::DataSync>,
 }
 
 /// Whether `f` could be locked exclusively right now (`flock(LOCK_EX | LOCK_NB)`, released
