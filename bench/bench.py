@@ -35,6 +35,9 @@ import report  # noqa: E402
 
 STATE = T.STATE
 SRC = os.path.join(STATE, "src")
+# Cold 4 KiB files whose time to first byte is measured after the fresh-cache remount.
+TTFB_SAMPLES = 5
+
 WORKLOADS = ["smallfiles", "untar", "git", "cargo", "npm", "lsdir", "sqlite", "seq", "fio", "durable", "scale"]
 SHORT = os.environ.get("DESKFS_BENCH_SHORT") == "1"
 
@@ -557,9 +560,13 @@ def w_seq(c):
     src = c.meta["rand"]
     base = c.dir("seq")
     dst = os.path.join(base, "big")
-    small = os.path.join(base, "small-4k")
-    with open(small, "wb") as f:
-        f.write(os.urandom(4096))
+    # Several cold small files: the first read after a remount also pays for the daemon's
+    # first request (its connection to the server, its metadata pages), the others show a
+    # cold file on a running daemon; the figure is their median, every sample recorded.
+    smalls = [os.path.join(base, f"small-4k-{i}") for i in range(TTFB_SAMPLES)]
+    for p in smalls:
+        with open(p, "wb") as f:
+            f.write(os.urandom(4096))
     subprocess.run(["cat", src], stdout=subprocess.DEVNULL, timeout=300)  # source into page cache
     dt, rc, _ = run(["dd", f"if={src}", f"of={dst}", "bs=4M", "conv=fsync", "status=none"], 2 * PHASE + 240)
     c.emit("write", round(mb / dt, 1) if rc == 0 else None, "MiB/s", seconds=r2(dt), rc=rc, mib=mb)
@@ -568,7 +575,8 @@ def w_seq(c):
     if c.t.s3:
         st = c.t.settle("w-seq/big", mb << 20, timeout=600)
         c.emit("upload_settle", r2(st), "s", note="after dd returned, until the object is complete in the bucket")
-        c.t.settle("w-seq/small-4k", 4096, timeout=60)
+        for i in range(TTFB_SAMPLES):
+            c.t.settle(f"w-seq/small-4k-{i}", 4096, timeout=60)
     # Wait for every upload before the remount deletes the cache (which holds what is
     # not uploaded yet); settle above only sees sizes.
     c.t.sync_all(600)
@@ -576,8 +584,11 @@ def w_seq(c):
     c.t.remount(fresh_cache=True)
     if c.t.daemon and c.t.persistent:
         c.emit("remount", r2(time.monotonic() - t0), "s", note="unmount + mount with an empty cache")
-    dt, ok = ttfb(small)
-    c.emit("ttfb_small", round(dt * 1000, 2), "ms", ok=ok, note="open+read 1 byte of a 4 KiB file, cold")
+    samples = [ttfb(p) for p in smalls]
+    ms = sorted(round(dt * 1000, 2) for dt, _ in samples)
+    c.emit("ttfb_small", ms[len(ms) // 2], "ms", ok=all(ok for _, ok in samples),
+           samples=[round(dt * 1000, 2) for dt, _ in samples],
+           note=f"open+read 1 byte of a cold 4 KiB file, median of {len(ms)} files read one after another after the remount (the first pays for the daemon's first request)")
     dt, ok = ttfb(dst)
     c.emit("ttfb_big", round(dt * 1000, 2), "ms", ok=ok, note=f"open+read 1 byte of the {mb} MiB file, cold")
     for label in ("read_cold", "read_warm"):

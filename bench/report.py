@@ -37,7 +37,7 @@ ROWS = [
     ("seq", "write", "seq write {SEQ_MB} MiB + fsync", "up"),
     ("seq", "upload_settle", "…then until the object is complete in the bucket", "down"),
     ("seq", "remount", "unmount + mount with an empty cache", "down"),
-    ("seq", "ttfb_small", "time to first byte, cold, 4 KiB file", "down"),
+    ("seq", "ttfb_small", "time to first byte, cold 4 KiB file (median of 5)", "down"),
     ("seq", "ttfb_big", "time to first byte, cold, {SEQ_MB} MiB file", "down"),
     ("seq", "read_cold", "seq read after remount (empty cache)", "up"),
     ("seq", "read_warm", "seq read again (warm)", "up"),
