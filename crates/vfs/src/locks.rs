@@ -297,9 +297,10 @@ impl Vfs {
                 } else {
                     // Like NFS: taking a lock revalidates what this mount has cached, so
                     // the holder sees what the previous holder wrote on another mount.
-                    // Alone, there is none: a mount that joins serves nothing before this
-                    // one acknowledged it (`await_peer_acks`), and from then on this one
-                    // is shared. The row read is saved (SQLite takes 9 locks per commit).
+                    // Alone, there is none: a mount that joins waits for this one's
+                    // acknowledgement before it serves requests (`await_peer_acks`, up to
+                    // JOIN_WAIT), and from then on this one is shared. The row read is
+                    // saved (SQLite takes 9 locks per transaction).
                     if self.shared() {
                         self.revalidate(ino, true)?;
                     }
