@@ -871,6 +871,25 @@ impl Vfs {
         Ok(())
     }
 
+    /// The staging file of `ino` when this cache holds its content (opened and kept in
+    /// the state on first use), and the size including uncommitted writes, bytes.
+    fn staging_and_size(&self, ino: Ino) -> Result<(Option<Arc<File>>, u64)> {
+        self.locked(ino, |s| {
+            if s.staging.is_none() {
+                let local = self
+                    .meta
+                    .get_inode(ino)?
+                    .is_some_and(|r| r.local == self.here());
+                if local {
+                    if let Ok(f) = self.cache.open_staging(ino, false) {
+                        s.staging = Some(Arc::new(f));
+                    }
+                }
+            }
+            Ok((s.staging.clone(), s.size))
+        })
+    }
+
     /// `read`: up to `size` bytes at `offset` (short at end of file).
     /// Errors: `EBADF`, `EIO` (content neither cached nor readable from the bucket).
     pub fn read(&self, ino: Ino, fh: u64, offset: u64, size: u32) -> Result<Vec<u8>> {
@@ -881,20 +900,7 @@ impl Vfs {
         let start = std::time::Instant::now();
         let mut pause = std::time::Duration::from_millis(2);
         loop {
-            let (staging, cur_size) = self.locked(ino, |s| {
-                if s.staging.is_none() {
-                    let local = self
-                        .meta
-                        .get_inode(ino)?
-                        .is_some_and(|r| r.local == self.here());
-                    if local {
-                        if let Ok(f) = self.cache.open_staging(ino, false) {
-                            s.staging = Some(Arc::new(f));
-                        }
-                    }
-                }
-                Ok((s.staging.clone(), s.size))
-            })?;
+            let (staging, cur_size) = self.staging_and_size(ino)?;
             if offset >= cur_size {
                 return Ok(Vec::new());
             }
@@ -1638,20 +1644,7 @@ impl Vfs {
         if whence != libc::SEEK_DATA && whence != libc::SEEK_HOLE {
             return Err(VfsError::Invalid);
         }
-        let (staging, size) = self.locked(ino, |s| {
-            if s.staging.is_none() {
-                let local = self
-                    .meta
-                    .get_inode(ino)?
-                    .is_some_and(|r| r.local == self.here());
-                if local {
-                    if let Ok(f) = self.cache.open_staging(ino, false) {
-                        s.staging = Some(Arc::new(f));
-                    }
-                }
-            }
-            Ok((s.staging.clone(), s.size))
-        })?;
+        let (staging, size) = self.staging_and_size(ino)?;
         if offset < 0 || offset as u64 >= size {
             return Err(VfsError::NoSuchOffset);
         }

@@ -214,57 +214,50 @@ fn commit_held_then_uploaded(
     })
 }
 
+/// A mount with file `a` (imported: "version 1" in the bucket) open with `flags`, and
+/// another mount committing "version 2" (held in its cache only) now and "version 3"
+/// (uploaded) 300 ms later: the harness, the inode, the handle and that mount's thread.
+fn open_while_versions_move(flags: i32) -> (Harness, Ino, u64, std::thread::JoinHandle<()>) {
+    let h = Harness::build(
+        VfsConfig {
+            upload_delay: Duration::from_secs(3600),
+            ..test_cfg()
+        },
+        |b| std::fs::write(b.join("a"), b"version 1").unwrap(),
+    );
+    let a = h.walk("a").unwrap().ino;
+    let fh = h.op(a, flags);
+    let other = commit_held_then_uploaded(
+        &h,
+        a,
+        b"version 2",
+        b"version 3",
+        Duration::from_millis(300),
+    );
+    (h, a, fh, other)
+}
+
 /// A read waiting for another mount's upload of the version it found, which a newer
 /// commit replaces meanwhile, reads the newer version instead of failing with `EIO`
 /// (86p-coherence-pg: "request failed with EIO op=read error=inode 1356: content not in
 /// the bucket yet and not local" while SQLite writers on two mounts took turns).
 #[test]
 fn a_read_whose_awaited_version_is_replaced_reads_the_newer_one() {
-    let h = Harness::build(
-        VfsConfig {
-            upload_delay: Duration::from_secs(3600),
-            ..test_cfg()
-        },
-        |b| std::fs::write(b.join("a"), b"version 1").unwrap(),
-    );
-    let a = h.walk("a").unwrap();
-    let fh = h.op(a.ino, libc::O_RDONLY);
-    let other = commit_held_then_uploaded(
-        &h,
-        a.ino,
-        b"version 2",
-        b"version 3",
-        Duration::from_millis(300),
-    );
-    let got = h.read(a.ino, fh, 0, 64);
+    let (h, a, fh, other) = open_while_versions_move(libc::O_RDONLY);
+    let got = h.read(a, fh, 0, 64);
     other.join().unwrap();
     assert_eq!(got.expect("read while versions moved"), b"version 3");
-    h.release(a.ino, fh).unwrap();
+    h.release(a, fh).unwrap();
 }
 
 /// The same for a write, which makes the content local first: it waits for the version
 /// it found, and downloads the newer one that replaced it.
 #[test]
 fn a_write_whose_awaited_version_is_replaced_downloads_the_newer_one() {
-    let h = Harness::build(
-        VfsConfig {
-            upload_delay: Duration::from_secs(3600),
-            ..test_cfg()
-        },
-        |b| std::fs::write(b.join("a"), b"version 1").unwrap(),
-    );
-    let a = h.walk("a").unwrap();
-    let fh = h.op(a.ino, libc::O_RDWR);
-    let other = commit_held_then_uploaded(
-        &h,
-        a.ino,
-        b"version 2",
-        b"version 3",
-        Duration::from_millis(300),
-    );
-    let n = h.write(a.ino, fh, 0, b"V");
+    let (h, a, fh, other) = open_while_versions_move(libc::O_RDWR);
+    let n = h.write(a, fh, 0, b"V");
     other.join().unwrap();
     assert_eq!(n.expect("write while versions moved"), 1);
-    h.release(a.ino, fh).unwrap();
-    assert_eq!(h.cat(a.ino), b"Version 3");
+    h.release(a, fh).unwrap();
+    assert_eq!(h.cat(a), b"Version 3");
 }
