@@ -1282,18 +1282,12 @@ impl Vfs {
             (CommitSync::Data, Some(Some(at))) if self.meta_flush.covers(at) => None,
             _ => Some(std::time::Instant::now()),
         };
-        // The data's flush: the one `fsync` started before its commit, else one of its
-        // own beside the metadata's (on the blocking pool), or right here when it is the
-        // only flush.
-        let data = match (s.data_sync.take(), staging, since) {
-            (Some(d), _, _) => Some(d),
-            (None, Some(f), Some(_)) => Some(DataSync::start(&self.rt, f)),
-            (None, Some(f), None) => {
-                f.sync_data()?;
-                None
-            }
-            (None, None, _) => None,
-        };
+        // The data's flush: the one `fsync` started before its commit (else one of its
+        // own, beside the metadata's).
+        let data = s
+            .data_sync
+            .take()
+            .or_else(|| staging.map(|f| DataSync::start(&self.rt, f)));
         let meta = since.map(|t| self.durable_since(t)).transpose();
         // Both results are taken (a writeback error is reported only once).
         let data = data.map(DataSync::wait).transpose();

@@ -341,6 +341,18 @@ impl Vfs {
         Ok(NewNode { row, staging })
     }
 
+    /// [`Vfs::create_node`] for callers that keep only the row (`mknod`, `mkdir`,
+    /// `symlink`; a regular file's staging file is closed again).
+    fn create_row(
+        &self,
+        ctx: &Ctx,
+        parent: Ino,
+        name: &[u8],
+        spec: NodeSpec<'_>,
+    ) -> Result<InodeRow> {
+        self.create_node(ctx, parent, name, spec).map(|n| n.row)
+    }
+
     /// `lookup`: the attributes of `parent/name` (the kernel now holds a reference to the
     /// inode). Errors: `ENOENT`, `ENAMETOOLONG`. Lists the directory from the bucket
     /// first if it was never listed.
@@ -721,17 +733,15 @@ impl Vfs {
         if matches!(kind, Kind::Dir | Kind::Symlink) {
             return Err(VfsError::Invalid);
         }
-        let row = self
-            .create_node(
-                ctx,
-                parent,
-                name,
-                NodeSpec {
-                    rdev,
-                    ..NodeSpec::new(kind, mode & !umask)
-                },
-            )?
-            .row;
+        let row = self.create_row(
+            ctx,
+            parent,
+            name,
+            NodeSpec {
+                rdev,
+                ..NodeSpec::new(kind, mode & !umask)
+            },
+        )?;
         Ok(attr_of(&row))
     }
 
@@ -744,14 +754,12 @@ impl Vfs {
         mode: u32,
         umask: u32,
     ) -> Result<Attr> {
-        let row = self
-            .create_node(
-                ctx,
-                parent,
-                name,
-                NodeSpec::new(Kind::Dir, mode & !umask & 0o7777),
-            )?
-            .row;
+        let row = self.create_row(
+            ctx,
+            parent,
+            name,
+            NodeSpec::new(Kind::Dir, mode & !umask & 0o7777),
+        )?;
         self.hints.set_listed(row.ino);
         Ok(attr_of(&row))
     }
@@ -761,17 +769,15 @@ impl Vfs {
         if target.len() >= 4096 {
             return Err(VfsError::NameTooLong);
         }
-        let row = self
-            .create_node(
-                ctx,
-                parent,
-                name,
-                NodeSpec {
-                    target: Some(target),
-                    ..NodeSpec::new(Kind::Symlink, 0o777)
-                },
-            )?
-            .row;
+        let row = self.create_row(
+            ctx,
+            parent,
+            name,
+            NodeSpec {
+                target: Some(target),
+                ..NodeSpec::new(Kind::Symlink, 0o777)
+            },
+        )?;
         Ok(attr_of(&row))
     }
 
