@@ -63,6 +63,9 @@ pub struct EngineCounters {
     pub replayed: u64,
     /// Bytes in the redo log now: the open window's requests, not yet committed.
     pub redo_bytes: u64,
+    /// Device flushes (`fsync`, `fsyncdir`) answered by flushing the redo log instead of
+    /// committing the window (design record 0011).
+    pub redo_flushes: u64,
 }
 
 thread_local! {

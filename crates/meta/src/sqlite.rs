@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use rusqlite::{params, Connection, OpenFlags, OptionalExtension};
 
 mod batch;
+mod flush;
 mod redo;
 mod rows;
 mod txn;
@@ -184,8 +185,8 @@ pub struct SqliteEngine {
     shared: Arc<Shared>,
     /// The thread committing overdue windows (see [`SqliteEngine::enable_commit_window`]).
     timer: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// The write-ahead log, open for `fdatasync` (see [`MetaEngine::make_durable`]).
-    wal: Mutex<Option<std::fs::File>>,
+    /// The write-ahead log, for device flushes (see [`MetaEngine::make_durable`]).
+    wal: Arc<flush::Wal>,
     counters: Counters,
     /// This connection logs changes to the feed (see [`MetaEngine::log_changes_as`]).
     logging: AtomicBool,
@@ -368,7 +369,7 @@ impl SqliteEngine {
             return Ok(());
         }
         if let Some(mut log) = redo::RedoLog::lock(path)? {
-            Conn::replay_log(conn, &mut log)?;
+            Conn::replay_log(conn, &mut log, &flush::Wal::new(path))?;
         }
         Ok(())
     }
@@ -408,15 +409,16 @@ impl SqliteEngine {
     }
 
     fn wrap(path: &Path, conn: Connection) -> SqliteEngine {
+        let conn = Conn::new(conn, path);
         SqliteEngine {
             path: path.to_path_buf(),
+            wal: conn.wal(),
             shared: Arc::new(Shared {
-                conn: Mutex::new(Conn::new(conn, path)),
+                conn: Mutex::new(conn),
                 wake: Condvar::new(),
                 stop: AtomicBool::new(false),
             }),
             timer: Mutex::new(None),
-            wal: Mutex::new(None),
             counters: Counters::default(),
             logging: AtomicBool::new(false),
         }
@@ -582,40 +584,6 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     Ok(())
 }
 
-impl SqliteEngine {
-    /// `fdatasync` of the WAL file through a cached descriptor, reopened when the file
-    /// was replaced. `Ok(false)`: there is no WAL file to sync (use a FULL commit).
-    fn sync_wal(&self) -> std::io::Result<bool> {
-        use std::os::unix::fs::MetadataExt;
-        let path = {
-            let mut p = self.path.clone().into_os_string();
-            p.push("-wal");
-            PathBuf::from(p)
-        };
-        let mut guard = self
-            .wal
-            .lock()
-            .map_err(|_| std::io::Error::other("wal mutex poisoned"))?;
-        let current = match std::fs::metadata(&path) {
-            Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-            Err(e) => return Err(e),
-        };
-        let same = guard
-            .as_ref()
-            .and_then(|f| f.metadata().ok())
-            .is_some_and(|m| m.ino() == current.ino() && m.dev() == current.dev());
-        if !same {
-            *guard = Some(std::fs::OpenOptions::new().read(true).open(&path)?);
-        }
-        let f = guard
-            .as_ref()
-            .ok_or_else(|| std::io::Error::other("wal not open"))?;
-        f.sync_data()?;
-        Ok(true)
-    }
-}
-
 impl MetaEngine for SqliteEngine {
     fn txn(&self, f: &mut dyn FnMut(&mut dyn MetaTxn) -> Result<()>) -> Result<()> {
         self.run(true, |conn| f(&mut SqlTxn { conn }))
@@ -667,6 +635,7 @@ impl MetaEngine for SqliteEngine {
             c.windowed = w.requests;
             c.replayed = w.replayed;
             c.redo_bytes = w.redo_bytes;
+            c.redo_flushes = w.redo_flushes;
         }
         c
     }
@@ -735,15 +704,35 @@ impl MetaEngine for SqliteEngine {
     }
 
     /// Every committed transaction is in the WAL file (synchronous=NORMAL writes it
-    /// without fsync; checkpoints sync it first and the database after), so an
+    /// without a flush; a checkpoint flushes it first and the database after), so one
     /// `fdatasync` of the WAL makes all of them durable — done on a descriptor of our own,
     /// without holding the connection: other requests go on during the device flush, and
-    /// callers can flush their own files at the same time. Falls back to a FULL-sync
-    /// commit when the WAL cannot be opened.
+    /// callers flush their own files at the same time. Nothing is flushed when nothing was
+    /// committed since the last flush. Inside a commit window whose starting state is
+    /// durable, the window's requests are all in its redo log: that log is flushed instead
+    /// of committing (design record 0011; the window's commit later flushes the WAL before
+    /// emptying the log). Falls back to a FULL-sync commit when there is no WAL file.
+    /// Errors: the flush's ([`MetaError::Io`], `EIO`) — nothing is reported durable then.
     fn make_durable(&self) -> Result<()> {
-        // A window's requests are in the redo log, which is never synced: commit them.
-        self.lock()?.commit_window()?;
-        if self.sync_wal().unwrap_or(false) {
+        let mark = {
+            let mut conn = self.lock_current()?;
+            if let Some((log, path)) = conn.log_for_fsync() {
+                drop(conn);
+                return flush::sync_data(&log, &path).map_err(|e| {
+                    if let Ok(mut conn) = self.lock() {
+                        conn.log_flush_failed();
+                    }
+                    e.into()
+                });
+            }
+            conn.commit_window()?;
+            if conn.wal_durable()? {
+                return Ok(());
+            }
+            conn.wal_mark()?
+        };
+        if self.wal.sync()? {
+            self.lock()?.wal_flushed(mark);
             return Ok(());
         }
         let mut conn = self.lock()?;

@@ -5,8 +5,10 @@
 //! transaction; what makes each one survive `kill -9` is its **redo record**: the write
 //! statements the request executed, with their parameters bound in (SQLite's expanded
 //! SQL), appended to `<db>-redo` with one `write(2)` before the request returns. A record
-//! in the page cache outlives the process; power loss is covered by commit + WAL
-//! `fdatasync` on `fsync` (the log itself is never synced).
+//! in the page cache outlives the process. Power loss: an `fsync` inside a window whose
+//! starting state is durable flushes this log (design record 0011); otherwise it commits
+//! the window and flushes the WAL. A log that was flushed is emptied only after its
+//! window's commit is flushed too ([`RedoLog::acknowledged`]).
 //!
 //! Replay executes the records after the last one the database holds
 //! (`kv.redo_seq`, written in each window's own transaction) in order, on the very state
@@ -23,6 +25,7 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use rusqlite::{ffi, Connection};
 
@@ -34,12 +37,20 @@ const HEADER: usize = 4 + 4 + 4 + 8;
 /// The redo log file beside a database, locked (`flock`) by the engine that owns it: the
 /// only one allowed to open commit windows, and the one that must replay it.
 pub(super) struct RedoLog {
-    file: File,
+    file: Arc<File>,
     path: PathBuf,
     len: u64,
     /// A short write could not be cut off: nothing may be appended after it (replay
     /// would stop at the torn record) until the log is emptied.
     broken: bool,
+    /// A flush of the log was handed out for an `fsync`: its records may be the only
+    /// durable copy of acknowledged requests, so it is emptied only after the commit
+    /// holding them is flushed.
+    acknowledged: bool,
+    /// A flush failed: the kernel may have dropped the dirty pages, and a later flush
+    /// could report success without writing them ("fsyncgate"). No more flushes of this
+    /// log until it is emptied.
+    unreliable: bool,
 }
 
 /// One parsed record: the request's sequence number and its statements.
@@ -81,10 +92,13 @@ impl RedoLog {
         }
         let len = file.metadata()?.len();
         Ok(Some(RedoLog {
-            file,
+            file: Arc::new(file),
             path,
             len,
             broken: false,
+            // Records left by a dead owner may have been acknowledged by its fsyncs.
+            acknowledged: len > 0,
+            unreliable: false,
         }))
     }
 
@@ -98,9 +112,9 @@ impl RedoLog {
     pub(super) fn records_after(&mut self, after: u64) -> Result<Vec<Record>> {
         use std::io::Seek;
         // The descriptor is O_APPEND: writes go to the end whatever the offset.
-        self.file.rewind()?;
+        (&*self.file).rewind()?;
         let mut bytes = Vec::with_capacity(self.len as usize);
-        (&self.file).read_to_end(&mut bytes)?;
+        (&*self.file).read_to_end(&mut bytes)?;
         let (records, good) = parse(&bytes);
         if good < bytes.len() {
             tracing::error!(
@@ -152,7 +166,7 @@ impl RedoLog {
                 "the metadata redo log ends in a torn record; commit first".into(),
             ));
         }
-        if let Err(e) = (&self.file).write_all(&buf) {
+        if let Err(e) = (&*self.file).write_all(&buf) {
             if self.file.set_len(self.len).is_err() {
                 self.broken = true;
             }
@@ -162,12 +176,36 @@ impl RedoLog {
         Ok(())
     }
 
-    /// Empties the log once the database holds every record (after a window's commit).
+    /// Empties the log once the database holds every record (after a window's commit;
+    /// when [`RedoLog::acknowledged`], after that commit was flushed too).
     pub(super) fn clear(&mut self) -> Result<()> {
         self.file.set_len(0)?;
         self.len = 0;
         self.broken = false;
+        self.acknowledged = false;
+        self.unreliable = false;
         Ok(())
+    }
+
+    /// The descriptor and path to flush for an `fsync`, marking the log acknowledged
+    /// (see the field); `None` when an earlier flush failed.
+    pub(super) fn flush_for_fsync(&mut self) -> Option<(Arc<File>, PathBuf)> {
+        if self.unreliable {
+            return None;
+        }
+        self.acknowledged = true;
+        Some((self.file.clone(), self.path.clone()))
+    }
+
+    /// A flush handed out by [`RedoLog::flush_for_fsync`] failed.
+    pub(super) fn flush_failed(&mut self) {
+        self.unreliable = true;
+    }
+
+    /// Whether the log may hold the only durable copy of acknowledged requests: it must
+    /// not be emptied before the commit holding them is flushed.
+    pub(super) fn acknowledged(&self) -> bool {
+        self.acknowledged
     }
 
     /// Bytes in the log.

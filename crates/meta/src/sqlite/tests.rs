@@ -685,3 +685,160 @@ fn a_redo_log_that_does_not_continue_the_database_is_set_aside() {
     SqliteEngine::create(&at.join("m.db"), 0, 0, 5).unwrap();
     assert!(!at.join("m.db-redo").exists());
 }
+
+/// What a file holds after a power cut: its content as of its last device flush, or
+/// everything written since (each unflushed write may or may not have reached the disk).
+#[derive(Clone, Copy, Debug)]
+enum AfterCut {
+    LastFlush,
+    Written,
+}
+
+/// Builds in `to` the files a power cut could leave: the database file as written (it
+/// changes only at checkpoints, which flush the WAL first; none run in these tests), the
+/// WAL and the redo log each as `wal` / `log` say (a file never flushed is empty at
+/// `LastFlush`).
+fn power_cut_copy(db: &std::path::Path, to: &std::path::Path, wal: AfterCut, log: AfterCut) {
+    std::fs::create_dir_all(to).unwrap();
+    std::fs::copy(db, to.join("m.db")).unwrap();
+    for (suffix, state) in [("-wal", wal), ("-redo", log)] {
+        let src = PathBuf::from(format!("{}{suffix}", db.display()));
+        let bytes = match state {
+            AfterCut::LastFlush => flush::durable_image(&src).unwrap_or_default(),
+            AfterCut::Written => std::fs::read(&src).unwrap_or_default(),
+        };
+        let dest = to.join(format!("m.db{suffix}"));
+        std::fs::write(&dest, bytes).unwrap();
+        // What survived the cut is on the disk.
+        flush::sync_data(&std::fs::File::open(&dest).unwrap(), &dest).unwrap();
+    }
+}
+
+#[test]
+fn what_make_durable_returned_survives_a_power_cut() {
+    // Design record 0011: inside a commit window on a durable base, `make_durable` flushes
+    // the redo log instead of committing. After every step, each of the four states a
+    // power cut may leave (WAL and log each as last flushed or as written) must hold
+    // every key written before the last `make_durable` returned. Rule 1 (a window on an
+    // unflushed commit commits and flushes the WAL) and rule 2 (a window whose log answered
+    // an fsync flushes its commit before emptying the log) each fail here when dropped.
+    let dir = tempfile::tempdir().unwrap();
+    let (db, e) = windowed_engine(dir.path(), Duration::from_secs(3600), 1_000_000);
+    let mut durable: Vec<(String, String)> = Vec::new();
+    let mut written: Vec<(String, String)> = Vec::new();
+    let mut cuts = 0;
+    let mut check = |step: &str, durable: &[(String, String)]| {
+        for wal in [AfterCut::LastFlush, AfterCut::Written] {
+            for log in [AfterCut::LastFlush, AfterCut::Written] {
+                cuts += 1;
+                let at = dir.path().join(format!("cut-{cuts}"));
+                power_cut_copy(&db, &at, wal, log);
+                let copy = SqliteEngine::open(&at.join("m.db")).unwrap();
+                // A second cut right after the reopening replayed the log and emptied it:
+                // the replay's commit must have been flushed first.
+                let again = dir.path().join(format!("cut-{cuts}-again"));
+                power_cut_copy(
+                    &at.join("m.db"),
+                    &again,
+                    AfterCut::LastFlush,
+                    AfterCut::Written,
+                );
+                let copy2 = SqliteEngine::open(&again.join("m.db")).unwrap();
+                for (k, v) in durable {
+                    for (c, when) in [(&copy, "after"), (&copy2, "twice, right after")] {
+                        assert_eq!(
+                            read(c, |t| t.get_kv(k)).unwrap().as_deref(),
+                            Some(v.as_str()),
+                            "{k} {when} a power cut {step} (WAL {wal:?}, log {log:?})"
+                        );
+                    }
+                }
+            }
+        }
+    };
+    let put = |k: &str, written: &mut Vec<(String, String)>| {
+        txn(&e, |t| t.set_kv(k, &format!("v-{k}"))).unwrap();
+        written.push((k.to_string(), format!("v-{k}")));
+    };
+    let flushes = |e: &SqliteEngine| e.window_stats().unwrap().redo_flushes;
+
+    // The first flush knows nothing about earlier commits: it flushes the WAL.
+    e.make_durable().unwrap();
+    put("k1", &mut written);
+    e.make_durable().unwrap();
+    assert_eq!(
+        flushes(&e),
+        1,
+        "a window on a flushed base answers from its log"
+    );
+    durable.clone_from(&written);
+    check("after the log answered an fsync", &durable);
+    put("k2", &mut written);
+    e.make_durable().unwrap();
+    assert_eq!(flushes(&e), 2);
+    durable.clone_from(&written);
+    check("after a second fsync of the same window", &durable);
+
+    // Rule 2: the window's commit empties the log only after flushing the commit.
+    e.commit_window().unwrap();
+    check(
+        "after the commit of a window whose log answered fsyncs",
+        &durable,
+    );
+
+    // That flush covered the commit: the next window answers from its log too.
+    put("k3", &mut written);
+    e.make_durable().unwrap();
+    assert_eq!(flushes(&e), 3);
+    durable.clone_from(&written);
+    check("in a window opened on a flushed commit", &durable);
+    e.commit_window().unwrap();
+
+    // Rule 1: a window opened on a commit nobody flushed (k4's window had no fsync) must
+    // not answer from its log: after a cut, the log would not continue the database.
+    put("k4", &mut written);
+    e.commit_window().unwrap();
+    put("k5", &mut written);
+    e.make_durable().unwrap();
+    assert_eq!(
+        flushes(&e),
+        3,
+        "a window on an unflushed commit flushes the WAL"
+    );
+    durable.clone_from(&written);
+    check(
+        "after an fsync in a window opened on an unflushed commit",
+        &durable,
+    );
+
+    // The same for a commit made by another connection (SQLite's data_version).
+    {
+        let other = rusqlite::Connection::open(&db).unwrap();
+        other
+            .execute("INSERT INTO kv(key,value) VALUES('other','v-other')", [])
+            .unwrap();
+    }
+    written.push(("other".into(), "v-other".into()));
+    put("k6", &mut written);
+    e.make_durable().unwrap();
+    assert_eq!(
+        flushes(&e),
+        3,
+        "another connection's commit is not flushed yet"
+    );
+    durable.clone_from(&written);
+    check(
+        "after an fsync following another connection's commit",
+        &durable,
+    );
+
+    // Nothing committed since the last flush: nothing to flush, and the next window's
+    // fsync answers from its log again.
+    e.make_durable().unwrap();
+    put("k7", &mut written);
+    e.make_durable().unwrap();
+    assert_eq!(flushes(&e), 4);
+    durable.clone_from(&written);
+    check("at the end", &durable);
+    assert_eq!(cuts, 28);
+}

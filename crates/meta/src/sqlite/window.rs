@@ -26,11 +26,13 @@
 use std::fs::File;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rusqlite::Connection;
 
 use super::exec;
+use super::flush::{Synced, Wal, WalMark};
 use super::redo::{self, Capture, RedoLog};
 use crate::{MetaError, Result};
 
@@ -62,8 +64,14 @@ pub(super) enum Window {
     /// Windows allowed; no transaction open.
     Closed,
     /// A transaction is open since `since` holding `requests` acknowledged requests (each
-    /// in the redo log).
-    Open { since: Instant, requests: u32 },
+    /// in the redo log). `durable_base`: every commit before it was flushed to the device
+    /// when it opened, so flushing the redo log makes its requests durable (design record
+    /// 0011); otherwise an `fsync` commits it and flushes the WAL.
+    Open {
+        since: Instant,
+        requests: u32,
+        durable_base: bool,
+    },
     /// A window's commit failed: its requests are only in the redo log until a replay
     /// succeeds (tried before the next write).
     NeedsReplay,
@@ -80,6 +88,8 @@ pub struct WindowStats {
     pub replayed: u64,
     /// Bytes in the redo log now (requests of the open window).
     pub redo_bytes: u64,
+    /// Device flushes answered by flushing the redo log (design record 0011).
+    pub redo_flushes: u64,
 }
 
 /// The engine's connection and its window. Derefs to the [`Connection`] for reads.
@@ -101,9 +111,13 @@ pub(super) struct Conn {
     commit_after: bool,
     /// `<db>-join` (see the module doc); `None` when it cannot be opened (read-only
     /// directory: nobody else writes there either).
-    join: Option<std::sync::Arc<File>>,
+    join: Option<Arc<File>>,
     /// The database file.
     path: PathBuf,
+    /// The database's WAL, for device flushes.
+    wal: Arc<Wal>,
+    /// Which commits the last WAL flush covered.
+    synced: Synced,
 }
 
 impl Deref for Conn {
@@ -115,6 +129,7 @@ impl Deref for Conn {
 
 impl Conn {
     pub(super) fn new(db: Connection, path: &Path) -> Conn {
+        let synced = Synced::attach(&db);
         let join = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -122,9 +137,11 @@ impl Conn {
             .truncate(false)
             .open(redo::join_path_for(path))
             .ok()
-            .map(std::sync::Arc::new);
+            .map(Arc::new);
         Conn {
             join,
+            synced,
+            wal: Arc::new(Wal::new(path)),
             commit_after: false,
             path: path.to_path_buf(),
             db,
@@ -140,8 +157,10 @@ impl Conn {
     }
 
     /// Replays what `redo` holds beyond the database's `redo_seq` in one transaction and
-    /// empties it. Returns the number of records replayed.
-    pub(super) fn replay_log(db: &Connection, log: &mut RedoLog) -> Result<u64> {
+    /// empties it — after flushing `wal` when the log may hold acknowledged requests (an
+    /// `fsync` answered from it). Returns the number of records replayed. Errors: the
+    /// replay's, the commit's, the flush's (the log is kept then).
+    pub(super) fn replay_log(db: &Connection, log: &mut RedoLog, wal: &Wal) -> Result<u64> {
         if log.is_empty() {
             return Ok(0);
         }
@@ -151,6 +170,11 @@ impl Conn {
             Ok(n) => {
                 if n > 0 {
                     tracing::debug!(records = n, "replayed the metadata redo log");
+                }
+                if log.acknowledged() && !wal.sync()? {
+                    return Err(MetaError::Internal(
+                        "no WAL file to flush after replaying the redo log".into(),
+                    ));
                 }
                 log.clear()?;
                 Ok(n)
@@ -187,7 +211,7 @@ impl Conn {
                 None => return Ok(false),
             }
         };
-        self.stats.replayed += Self::replay_log(&self.db, &mut log)?;
+        self.stats.replayed += Self::replay_log(&self.db, &mut log, &self.wal)?;
         self.next_seq = redo::redo_seq(&self.db)? + 1;
         self.capture = Some(Capture::attach(&self.db));
         self.redo = Some(log);
@@ -268,9 +292,17 @@ impl Conn {
             if !open {
                 return finish(&self.db, body(&self.db));
             }
+            let durable_base = match self.synced.all_durable(&self.db) {
+                Ok(d) => d,
+                Err(e) => {
+                    let _ = exec(&self.db, "ROLLBACK");
+                    return Err(e);
+                }
+            };
             self.window = Window::Open {
                 since: Instant::now(),
                 requests: 0,
+                durable_base,
             };
             self.opened = true;
         }
@@ -304,8 +336,18 @@ impl Conn {
         };
         let out = finish(&self.db, body(&self.db))?;
         if let Some(mut log) = adopted {
-            if let Err(e) = log.clear() {
-                tracing::warn!(error = %e, "cannot empty the adopted metadata redo log");
+            // The dead owner may have answered fsyncs from it: its records must be durable
+            // in the WAL before they leave the log (they are skipped by a later replay).
+            match self.wal.sync() {
+                Ok(true) => {
+                    if let Err(e) = log.clear() {
+                        tracing::warn!(error = %e, "cannot empty the adopted metadata redo log");
+                    }
+                }
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::error!(error = %e, "flushing the WAL after adopting a redo log failed; the log is kept")
+                }
             }
         }
         Ok(out)
@@ -442,9 +484,10 @@ impl Conn {
         }
     }
 
-    /// Commits the open window (no-op otherwise) and empties the redo log. On failure the
-    /// transaction is rolled back and replayed from the log (state `NeedsReplay` until
-    /// that succeeds).
+    /// Commits the open window (no-op otherwise) and empties the redo log — after a WAL
+    /// flush when an `fsync` was answered from the log (rule 2 of design record 0011; a
+    /// failed flush keeps the log, and windows stay off). On failure the transaction is
+    /// rolled back and replayed from the log (state `NeedsReplay` until that succeeds).
     pub(super) fn commit_window(&mut self) -> Result<()> {
         self.current()?;
         if !matches!(self.window, Window::Open { .. }) {
@@ -456,6 +499,11 @@ impl Conn {
             Ok(()) => {
                 self.window = Window::Closed;
                 self.stats.commits += 1;
+                if self.redo.as_ref().is_some_and(RedoLog::acknowledged) && !self.flush_wal() {
+                    tracing::error!("the WAL flush after a commit window failed; the redo log keeps its requests, commit windows off");
+                    self.window = Window::Off;
+                    return Ok(());
+                }
                 if let Some(log) = self.redo.as_mut() {
                     // Failing to empty it is harmless for replay (redo_seq says what is
                     // applied), but appends after a torn record would be lost: no more
@@ -480,12 +528,79 @@ impl Conn {
         }
     }
 
+    /// Flushes the WAL and records what the flush covered; `false` when it failed (logged)
+    /// or there is no WAL.
+    fn flush_wal(&mut self) -> bool {
+        let mark = match self.synced.mark(&self.db) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the database's data version");
+                return false;
+            }
+        };
+        match self.wal.sync() {
+            Ok(true) => {
+                self.synced.flushed(mark);
+                true
+            }
+            Ok(false) => false,
+            Err(e) => {
+                tracing::error!(error = %e, "flushing the metadata WAL failed");
+                false
+            }
+        }
+    }
+
+    /// The database's WAL (flushed by `make_durable` without the connection).
+    pub(super) fn wal(&self) -> Arc<Wal> {
+        self.wal.clone()
+    }
+
+    /// What the WAL holds now (taken before a flush; see [`Conn::wal_flushed`]).
+    pub(super) fn wal_mark(&self) -> Result<WalMark> {
+        self.synced.mark(&self.db)
+    }
+
+    /// A WAL flush that began at `mark` succeeded.
+    pub(super) fn wal_flushed(&mut self, mark: WalMark) {
+        self.synced.flushed(mark);
+    }
+
+    /// Whether the mark taken before the last successful WAL flush is still current
+    /// (nothing committed since, here or by another connection).
+    pub(super) fn wal_durable(&self) -> Result<bool> {
+        self.synced.all_durable(&self.db)
+    }
+
+    /// For an `fsync` inside a window on a durable base: the redo log to flush instead of
+    /// committing (design record 0011). `None`: commit and flush the WAL.
+    pub(super) fn log_for_fsync(&mut self) -> Option<(Arc<File>, PathBuf)> {
+        match self.window {
+            Window::Open {
+                durable_base: true, ..
+            } => {
+                let out = self.redo.as_mut()?.flush_for_fsync();
+                self.stats.redo_flushes += u64::from(out.is_some());
+                out
+            }
+            _ => None,
+        }
+    }
+
+    /// The flush handed out by [`Conn::log_for_fsync`] failed: later `fsync`s commit and
+    /// flush the WAL until the log is emptied.
+    pub(super) fn log_flush_failed(&mut self) {
+        if let Some(log) = self.redo.as_mut() {
+            log.flush_failed();
+        }
+    }
+
     fn replay_now(&mut self) -> Result<()> {
         let Some(log) = self.redo.as_mut() else {
             self.window = Window::Off;
             return Ok(());
         };
-        let n = Self::replay_log(&self.db, log)?;
+        let n = Self::replay_log(&self.db, log, &self.wal)?;
         self.stats.replayed += n;
         self.window = Window::Closed;
         Ok(())

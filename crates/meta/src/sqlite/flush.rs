@@ -1,0 +1,164 @@
+//! Device flushes of the files whose durability the SQLite engine decides itself: the
+//! write-ahead log `<db>-wal` (every committed transaction is in it: `synchronous=NORMAL`
+//! writes it without a flush; a checkpoint flushes it before copying it into the database)
+//! and the redo log of a commit window (design records 0005, 0009 and
+//! `docs/design/0011-fsync-through-the-redo-log.md`).
+//!
+//! [`WalMark`] says which commits a WAL flush covered: this connection's commits are
+//! counted by a commit hook, other connections' by `PRAGMA data_version` (SQLite: "changes
+//! committed by any other connection"); a flush covers the mark taken before it began.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::Connection;
+
+use crate::Result;
+
+/// `fdatasync(2)` of `file` (found at `path`). Under test, what it made durable is
+/// recorded for the power-loss tests ([`durable_image`]).
+pub(super) fn sync_data(file: &File, path: &Path) -> std::io::Result<()> {
+    file.sync_data()?;
+    #[cfg(test)]
+    images::record(path);
+    #[cfg(not(test))]
+    let _ = path;
+    Ok(())
+}
+
+/// `<db>-wal`, open for `fdatasync` through a cached descriptor (reopened when SQLite
+/// replaced the file).
+pub(super) struct Wal {
+    path: PathBuf,
+    file: Mutex<Option<Arc<File>>>,
+}
+
+impl Wal {
+    /// The WAL of the database at `db`.
+    pub(super) fn new(db: &Path) -> Wal {
+        let mut p = db.to_path_buf().into_os_string();
+        p.push("-wal");
+        Wal {
+            path: PathBuf::from(p),
+            file: Mutex::new(None),
+        }
+    }
+
+    /// Flushes the WAL to the device; the connection is not needed (other requests go on
+    /// meanwhile). `Ok(false)`: there is no WAL file to flush. Errors: the flush's
+    /// (`EIO`): the caller must not report the commits durable.
+    pub(super) fn sync(&self) -> std::io::Result<bool> {
+        use std::os::unix::fs::MetadataExt;
+        let current = match std::fs::metadata(&self.path) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let file = {
+            let mut guard = self
+                .file
+                .lock()
+                .map_err(|_| std::io::Error::other("wal mutex poisoned"))?;
+            let same = guard
+                .as_ref()
+                .and_then(|f| f.metadata().ok())
+                .is_some_and(|m| m.ino() == current.ino() && m.dev() == current.dev());
+            if !same {
+                *guard = Some(Arc::new(
+                    std::fs::OpenOptions::new().read(true).open(&self.path)?,
+                ));
+            }
+            guard
+                .clone()
+                .ok_or_else(|| std::io::Error::other("wal not open"))?
+        };
+        sync_data(&file, &self.path)?;
+        Ok(true)
+    }
+}
+
+/// Which commits the WAL holds at one moment: this connection's commit count and the
+/// database's `data_version` as this connection sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct WalMark {
+    commits: u64,
+    data_version: i64,
+}
+
+/// Counts this connection's commits (a commit hook) and remembers the mark the last
+/// successful WAL flush covered.
+pub(super) struct Synced {
+    commits: Arc<AtomicU64>,
+    /// `None` until a flush by this process: a database opened after a `kill -9` may hold
+    /// commits nobody flushed.
+    last: Option<WalMark>,
+}
+
+impl Synced {
+    /// Installs the commit hook on `db`.
+    pub(super) fn attach(db: &Connection) -> Synced {
+        let commits = Arc::new(AtomicU64::new(0));
+        let hook = commits.clone();
+        db.commit_hook(Some(move || {
+            hook.fetch_add(1, Ordering::Relaxed);
+            false
+        }));
+        Synced {
+            commits,
+            last: None,
+        }
+    }
+
+    /// The mark of what the WAL holds now. Errors: the `PRAGMA`'s.
+    pub(super) fn mark(&self, db: &Connection) -> Result<WalMark> {
+        let data_version: i64 = db
+            .prepare_cached("PRAGMA data_version")?
+            .query_row([], |r| r.get(0))?;
+        Ok(WalMark {
+            commits: self.commits.load(Ordering::Relaxed),
+            data_version,
+        })
+    }
+
+    /// Records that a flush which began at `mark` succeeded.
+    pub(super) fn flushed(&mut self, mark: WalMark) {
+        if self.last.is_none_or(|l| l.commits <= mark.commits) {
+            self.last = Some(mark);
+        }
+    }
+
+    /// Whether every commit in the WAL (this connection's and others') is durable.
+    pub(super) fn all_durable(&self, db: &Connection) -> Result<bool> {
+        Ok(self.last == Some(self.mark(db)?))
+    }
+}
+
+/// What the last `fdatasync` of a file made durable (test builds only): the harness of
+/// the power-loss tests builds the files a power cut would leave from these images.
+#[cfg(test)]
+pub(super) fn durable_image(path: &Path) -> Option<Vec<u8>> {
+    images::get(path)
+}
+
+#[cfg(test)]
+mod images {
+    use std::collections::HashMap;
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    static SYNCED: Mutex<Option<HashMap<PathBuf, Vec<u8>>>> = Mutex::new(None);
+
+    pub(super) fn record(path: &Path) {
+        let content = std::fs::read(path).unwrap_or_default();
+        let mut g = SYNCED.lock().unwrap_or_else(|p| p.into_inner());
+        g.get_or_insert_with(HashMap::new)
+            .insert(path.to_path_buf(), content);
+    }
+
+    pub(super) fn get(path: &Path) -> Option<Vec<u8>> {
+        let g = SYNCED.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().and_then(|m| m.get(path).cloned())
+    }
+}
