@@ -256,15 +256,18 @@ impl Vfs {
             if self.coherence.owes_ack(peer) {
                 self.publish_opens(peer)?;
             }
+        } else {
+            self.locks_alone()?;
         }
         Ok(())
     }
 
     /// Another mount (newest session `peer`) is live: the opens made while alone are
     /// recorded in the open-file table now (so its `unlink` keeps an inode this mount has
-    /// open), and the acknowledgement it waits for at mount time is written (kv
-    /// `feed_ack.<session>` = newest peer seen). New opens are recorded as they happen
-    /// while shared.
+    /// open), the locks decided in memory are written to the lock table, and the
+    /// acknowledgement it waits for at mount time is written (kv `feed_ack.<session>` =
+    /// newest peer seen), all in one transaction. New opens are recorded as they happen
+    /// while shared, and lock decisions are transactions on the lock table.
     pub(crate) fn publish_opens(&self, peer: u64) -> crate::Result<()> {
         let handles: Vec<_> = self
             .handles
@@ -277,13 +280,20 @@ impl Vfs {
         // Claim the unrecorded ones first (outside the transaction: it may run twice).
         let claimed: Vec<_> = handles.into_iter().filter(|h| h.claim_record()).collect();
         let me = self.coherence.session();
+        // Held across the transaction: no lock is decided in memory after the publication.
+        let mut table = self.locks_table()?;
         let res = deskfs_meta::txn(&*self.meta, |t| {
             t.check_session(me)?;
             for h in &claimed {
                 t.add_open(h.ino, me, 1)?;
             }
+            self.publish_locks(t, &table)?;
             t.set_kv(&format!("feed_ack.{me}"), &peer.to_string())
         });
+        if res.is_ok() {
+            *table = crate::locks::Table::Database;
+        }
+        drop(table);
         match res {
             Ok(()) => {
                 for h in &claimed {
@@ -312,24 +322,11 @@ impl Vfs {
         let me = self.coherence.session();
         let start = Instant::now();
         loop {
-            let pending = deskfs_meta::read(&*self.meta, |t| {
-                let mut v = Vec::new();
-                for s in t.sessions()? {
-                    if s.id == me {
-                        continue;
-                    }
-                    let ack = t
-                        .get_kv(&format!("feed_ack.{}", s.id))?
-                        .and_then(|v| v.parse::<u64>().ok())
-                        .unwrap_or(0);
-                    if ack < me {
-                        v.push(s.id);
-                    }
+            match self.unacked_peers() {
+                Ok(v) if v.is_empty() => {
+                    self.locks.all_acked(me);
+                    return;
                 }
-                Ok::<_, deskfs_meta::MetaError>(v)
-            });
-            match pending {
-                Ok(v) if v.is_empty() => return,
                 Ok(v) if start.elapsed() >= limit => {
                     tracing::warn!(sessions = ?v, "other mounts did not acknowledge this one in time; continuing");
                     return;
@@ -344,6 +341,27 @@ impl Vfs {
                 }
             }
         }
+    }
+
+    /// The other live mounts that have not acknowledged this mount's session yet.
+    pub(crate) fn unacked_peers(&self) -> crate::Result<Vec<u64>> {
+        let me = self.coherence.session();
+        Ok(deskfs_meta::read(&*self.meta, |t| {
+            let mut v = Vec::new();
+            for s in t.sessions()? {
+                if s.id == me {
+                    continue;
+                }
+                let ack = t
+                    .get_kv(&format!("feed_ack.{}", s.id))?
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+                if ack < me {
+                    v.push(s.id);
+                }
+            }
+            Ok::<_, deskfs_meta::MetaError>(v)
+        })?)
     }
 
     /// Whether other mounts of the workspace are live (as of the last look at the

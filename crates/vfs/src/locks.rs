@@ -10,10 +10,20 @@
 //! A blocked `F_SETLKW`/`flock` waits for a wake-up: an unlock on this mount, or a
 //! [`Signal::LockFreed`] from another (PostgreSQL `NOTIFY`), with a slow poll as the
 //! fallback for engines without notifications and for holders that die.
+//!
+//! While the mount is alone on its workspace its locks are decided in memory
+//! ([`Table::Memory`]: no database transaction per `fcntl`; SQLite takes and drops a lock
+//! several times per transaction). Locks die with the session anyway, so nothing about
+//! them needs to survive a crash. Before this mount acknowledges a newcomer
+//! ([`Vfs::publish_opens`](crate::Vfs)), the locks are written to the lock table in the
+//! acknowledgement's own transaction and decisions move to the database; the newcomer
+//! makes no lock decision before every older mount acknowledged it (or its session
+//! expired: [`Vfs::await_lock_acks`]).
 
-use std::collections::HashSet;
-use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use deskfs_meta::{Ino, LockRow, MetaError, MetaTxn, Signal};
 
@@ -28,15 +38,35 @@ const LOCK_POLL_MAX: Duration = Duration::from_millis(50);
 /// waiter; looking is only the fallback for holders that die and leases that expire.
 const LOCK_POLL_NOTIFIED: Duration = Duration::from_secs(1);
 
+/// Where this mount's lock decisions are made.
+#[derive(Default)]
+pub(crate) enum Table {
+    /// Other mounts may be live: every decision is a transaction on the database's lock
+    /// table, keyed by the inode (two mounts deciding on one file are serialised).
+    #[default]
+    Database,
+    /// Alone on the workspace: this session's locks, by inode, are decided here and
+    /// nowhere else. `in_db`: inodes on which the database may still hold rows of this
+    /// session from before (replaced when the locks are published).
+    Memory {
+        rows: HashMap<Ino, Vec<LockRow>>,
+        in_db: HashSet<Ino>,
+    },
+}
+
 /// This mount's side of the lock table: which inodes it may hold locks on (closes of
-/// other files skip the lock table), and the wake-up of blocked requests.
+/// other files skip the lock table), where decisions are made, and the wake-up of
+/// blocked requests.
 #[derive(Default)]
 pub(crate) struct LocalLocks {
     /// Inodes this mount may hold locks on. Changed only while `mu`'s guard is held,
-    /// around the transaction that changes the locks, so it never misses one.
+    /// around the decision that changes the locks, so it never misses one.
     held: Mutex<HashSet<Ino>>,
-    /// Serialises this mount's lock transactions with `held`.
-    mu: Mutex<()>,
+    /// Serialises this mount's lock decisions with `held`, and says where they are made.
+    mu: Mutex<Table>,
+    /// The session every older mount has acknowledged (0: not known yet): lock decisions
+    /// wait for that before the first one (see [`Vfs::await_lock_acks`]).
+    acked_session: AtomicU64,
     /// Bumped on every wake-up.
     gen: Mutex<u64>,
     cv: Condvar,
@@ -65,13 +95,39 @@ impl LocalLocks {
         let _ = self.cv.wait_timeout_while(g, d, |v| *v == seen);
     }
 
-    /// The session these locks were held through is gone (fenced).
+    /// The session these locks were held through is gone (fenced): decisions go back to
+    /// the database until this mount is seen alone again.
     pub(crate) fn forget_all(&self) {
+        if let Ok(mut t) = self.mu.lock() {
+            *t = Table::Database;
+        }
         if let Ok(mut m) = self.held.lock() {
             m.clear();
         }
         self.wake();
     }
+
+    /// Every older mount acknowledged `session` (the mount-time handshake completed).
+    pub(crate) fn all_acked(&self, session: u64) {
+        self.acked_session.store(session, Ordering::SeqCst);
+    }
+
+    fn table(&self) -> Result<MutexGuard<'_, Table>> {
+        self.mu.lock().map_err(|_| crate::poisoned())
+    }
+}
+
+/// The first lock of `rows` held by another owner than `owner` that blocks `[start,
+/// end]` (a write lock conflicts with any lock, a read lock with write locks).
+fn first_conflict(
+    rows: &[LockRow],
+    owner: u64,
+    start: u64,
+    end: u64,
+    write: bool,
+) -> Option<&LockRow> {
+    rows.iter()
+        .find(|l| l.owner != owner && overlaps(l, start, end) && (l.write || write))
 }
 
 /// `F_RDLCK` / `F_WRLCK` / `F_UNLCK` (Linux values, as the FUSE protocol passes them).
@@ -179,6 +235,110 @@ impl Vfs {
         }))
     }
 
+    /// The decision lock (see [`Table`]).
+    pub(crate) fn locks_table(&self) -> Result<MutexGuard<'_, Table>> {
+        self.locks.table()
+    }
+
+    /// Makes lock decisions in memory from now on, if this mount is alone (checked again
+    /// here, under the decision lock: an acknowledgement given since a stale look at the
+    /// session table keeps them in the database). Loads this session's rows from the
+    /// database first.
+    pub(crate) fn locks_alone(&self) -> Result<()> {
+        let mut table = self.locks.table()?;
+        if matches!(*table, Table::Memory { .. }) {
+            return Ok(());
+        }
+        let me = self.coherence.session();
+        let held: Vec<Ino> = self
+            .locks
+            .held
+            .lock()
+            .map_err(|_| crate::poisoned())?
+            .iter()
+            .copied()
+            .collect();
+        let mine = deskfs_meta::read(&*self.meta, |t| {
+            if t.sessions()?.iter().any(|s| s.id != me) {
+                return Ok(None);
+            }
+            let mut rows: HashMap<Ino, Vec<LockRow>> = HashMap::new();
+            for &ino in &held {
+                let v: Vec<LockRow> = t
+                    .locks_on(ino)?
+                    .into_iter()
+                    .filter(|l| l.session == me)
+                    .collect();
+                if !v.is_empty() {
+                    rows.insert(ino, v);
+                }
+            }
+            Ok::<_, MetaError>(Some(rows))
+        })?;
+        if let Some(rows) = mine {
+            let in_db = rows.keys().copied().collect();
+            *table = Table::Memory { rows, in_db };
+            tracing::debug!("alone: lock decisions in memory");
+        }
+        Ok(())
+    }
+
+    /// Inside the transaction that acknowledges another mount: writes the locks decided
+    /// in memory to the lock table (replacing this session's older rows). The caller
+    /// holds the decision lock (`table`) across the transaction and moves it to
+    /// [`Table::Database`] once it committed.
+    pub(crate) fn publish_locks(
+        &self,
+        t: &mut dyn MetaTxn,
+        table: &Table,
+    ) -> deskfs_meta::Result<()> {
+        let Table::Memory { rows, in_db } = table else {
+            return Ok(());
+        };
+        let me = self.coherence.session();
+        for &ino in rows.keys().chain(in_db.iter()).collect::<HashSet<_>>() {
+            let mut owners: HashSet<u64> = t
+                .locks_on(ino)?
+                .into_iter()
+                .filter(|l| l.session == me)
+                .map(|l| l.owner)
+                .collect();
+            let mine = rows.get(&ino).map(Vec::as_slice).unwrap_or(&[]);
+            owners.extend(mine.iter().map(|l| l.owner));
+            for owner in owners {
+                let v: Vec<LockRow> = mine.iter().filter(|l| l.owner == owner).cloned().collect();
+                t.set_owner_locks(ino, me, owner, &v)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Before this mount's first lock decision in a session: waits until every older
+    /// mount has acknowledged the session (they publish the locks they decided in memory
+    /// before they do) or its session expired (a paused mount: at most a lease). Usually
+    /// the mount-time handshake settled it already.
+    fn await_lock_acks(&self) -> Result<()> {
+        let me = self.coherence.session();
+        if self.locks.acked_session.load(Ordering::SeqCst) == me {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut warned = false;
+        loop {
+            let pending = self.unacked_peers()?;
+            if pending.is_empty() {
+                self.locks.all_acked(me);
+                return Ok(());
+            }
+            if !warned && start.elapsed() >= crate::feed::JOIN_WAIT {
+                warned = true;
+                tracing::warn!(sessions = ?pending, "a lock request waits for other mounts to acknowledge this one (or for their sessions to expire)");
+            }
+            let _ = self.meta.signal(&Signal::Sessions);
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// `F_GETLK`: the first lock that would block `typ` on `[start, end]` for `owner`, or
     /// `typ = Unlock` when none would.
     pub fn getlk(&self, ino: Ino, owner: u64, start: u64, end: u64, typ: i32) -> Result<LockInfo> {
@@ -186,9 +346,17 @@ impl Vfs {
         if start > end {
             return Err(VfsError::Invalid);
         }
-        let c = deskfs_meta::read(&*self.meta, |t| {
-            self.conflict(t, ino, owner, start, end, typ == LockType::Write)
-        })?;
+        self.await_lock_acks()?;
+        let write = typ == LockType::Write;
+        let c = match &*self.locks.table()? {
+            Table::Memory { rows, .. } => rows
+                .get(&ino)
+                .and_then(|v| first_conflict(v, owner, start, end, write))
+                .cloned(),
+            Table::Database => deskfs_meta::read(&*self.meta, |t| {
+                self.conflict(t, ino, owner, start, end, write)
+            })?,
+        };
         Ok(match c {
             Some(l) => LockInfo {
                 typ: if l.write {
@@ -250,46 +418,85 @@ impl Vfs {
             // which revalidates when it takes the lock — reads it.
             self.commit_pending(ino)?;
         }
+        self.await_lock_acks()?;
         let mut wait = Duration::from_millis(1);
         loop {
             let seen = self.locks.generation();
             let granted = {
-                let _mu = self.locks.mu.lock().map_err(|_| crate::poisoned())?;
+                let mut table = self.locks.table()?;
                 let s = self.coherence.session();
-                // Keyed by the inode: two mounts deciding on locks of one file at once are
-                // serialised (each sees the other's grant).
-                let granted = deskfs_meta::txn_keyed(&*self.meta, ino, |t| {
-                    t.check_session(s)?;
-                    if typ != LockType::Unlock
-                        && self
-                            .conflict(t, ino, owner, start, end, typ == LockType::Write)?
-                            .is_some()
-                    {
-                        return Ok(false);
+                if let Table::Memory { rows, .. } = &mut *table {
+                    let mine = rows.entry(ino).or_default();
+                    let write = typ == LockType::Write;
+                    let granted = typ == LockType::Unlock
+                        || first_conflict(mine, owner, start, end, write).is_none();
+                    if granted {
+                        let new = LockRow {
+                            ino,
+                            session: s,
+                            owner,
+                            write,
+                            start,
+                            end,
+                            pid,
+                            fh,
+                        };
+                        let (theirs, own): (Vec<LockRow>, Vec<LockRow>) =
+                            mine.drain(..).partition(|l| l.owner != owner);
+                        *mine = theirs;
+                        mine.extend(apply(&own, &new, typ));
                     }
-                    let mine: Vec<LockRow> = t
-                        .locks_on(ino)?
-                        .into_iter()
-                        .filter(|l| l.session == s && l.owner == owner)
-                        .collect();
-                    let new = LockRow {
-                        ino,
-                        session: s,
-                        owner,
-                        write: typ == LockType::Write,
-                        start,
-                        end,
-                        pid,
-                        fh,
+                    if mine.is_empty() {
+                        rows.remove(&ino);
+                        self.forget_locks(ino);
+                    } else if granted {
+                        self.note_locks(ino);
+                    }
+                    granted
+                } else {
+                    // Keyed by the inode: two mounts deciding on locks of one file at once are
+                    // serialised (each sees the other's grant).
+                    let granted = deskfs_meta::txn_keyed(&*self.meta, ino, |t| {
+                        t.check_session(s)?;
+                        if typ != LockType::Unlock
+                            && self
+                                .conflict(t, ino, owner, start, end, typ == LockType::Write)?
+                                .is_some()
+                        {
+                            return Ok(false);
+                        }
+                        let mine: Vec<LockRow> = t
+                            .locks_on(ino)?
+                            .into_iter()
+                            .filter(|l| l.session == s && l.owner == owner)
+                            .collect();
+                        let new = LockRow {
+                            ino,
+                            session: s,
+                            owner,
+                            write: typ == LockType::Write,
+                            start,
+                            end,
+                            pid,
+                            fh,
+                        };
+                        t.set_owner_locks(ino, s, owner, &apply(&mine, &new, typ))?;
+                        Ok::<_, MetaError>(true)
+                    });
+                    let granted = match granted {
+                        Ok(g) => g,
+                        Err(e) => {
+                            // A lost session re-registers (and looks at the session table,
+                            // which takes the decision lock): not under it.
+                            drop(table);
+                            return Err(self.on_meta_error(e));
+                        }
                     };
-                    t.set_owner_locks(ino, s, owner, &apply(&mine, &new, typ))?;
-                    Ok::<_, MetaError>(true)
-                })
-                .map_err(|e| self.on_meta_error(e))?;
-                if granted && typ != LockType::Unlock {
-                    self.note_locks(ino);
+                    if granted && typ != LockType::Unlock {
+                        self.note_locks(ino);
+                    }
+                    granted
                 }
-                granted
             };
             if granted {
                 if typ == LockType::Unlock {
@@ -357,7 +564,25 @@ impl Vfs {
             return Ok(());
         }
         self.commit_pending(ino)?;
-        let _mu = self.locks.mu.lock().map_err(|_| crate::poisoned())?;
+        let mut table = self.locks.table()?;
+        if let Table::Memory { rows, .. } = &mut *table {
+            let Some(v) = rows.get_mut(&ino) else {
+                return Ok(());
+            };
+            let before = v.len();
+            v.retain(|l| l.owner != owner);
+            let freed = v.len() < before;
+            if v.is_empty() {
+                rows.remove(&ino);
+                self.forget_locks(ino);
+            }
+            drop(table);
+            if freed {
+                self.lock_freed(ino);
+            }
+            return Ok(());
+        }
+        let _mu = table;
         let s = self.coherence.session();
         let (freed, none_left) = deskfs_meta::txn_keyed(&*self.meta, ino, |t| {
             let all = t.locks_on(ino)?;
@@ -401,8 +626,21 @@ impl Vfs {
         self.commit_pending(ino)?;
         let s = self.coherence.session();
         {
-            let _mu = self.locks.mu.lock().map_err(|_| crate::poisoned())?;
-            deskfs_meta::txn_keyed(&*self.meta, ino, |t| t.delete_fh_locks(ino, s, owner, fh))?;
+            let mut table = self.locks.table()?;
+            match &mut *table {
+                Table::Memory { rows, .. } => {
+                    if let Some(v) = rows.get_mut(&ino) {
+                        v.retain(|l| !(l.owner == owner && l.fh == fh));
+                        if v.is_empty() {
+                            rows.remove(&ino);
+                            self.forget_locks(ino);
+                        }
+                    }
+                }
+                Table::Database => deskfs_meta::txn_keyed(&*self.meta, ino, |t| {
+                    t.delete_fh_locks(ino, s, owner, fh)
+                })?,
+            }
         }
         self.lock_freed(ino);
         Ok(())

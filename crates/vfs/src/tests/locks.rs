@@ -3,6 +3,7 @@
 //! file` addresses, and RELEASE is asynchronous).
 
 use super::*;
+use crate::locks::LockType;
 
 const W: i32 = libc::F_WRLCK;
 const ALL: u64 = u64::MAX;
@@ -47,4 +48,72 @@ fn a_late_release_does_not_drop_the_lock_of_a_new_open_file_with_the_same_owner(
     );
     h.release_fh_locks(f.ino, 7, fh2).unwrap();
     h.setlk(f.ino, fh3, 9, 0, ALL, W, 300, false).unwrap();
+}
+
+const R: i32 = libc::F_RDLCK;
+
+#[test]
+fn locks_decided_in_memory_while_alone_reach_a_mount_that_joins() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    let fh1 = h.op(f.ino, libc::O_RDWR);
+    // Alone: taking locks costs no database round trip.
+    assert!(!h.shared());
+    let before = h.meta.counters().round_trips;
+    h.setlk(f.ino, fh1, 1, 0, 99, W, 100, false).unwrap();
+    h.setlk(f.ino, fh1, 1, 200, ALL, R, 100, false).unwrap();
+    assert_eq!(
+        h.meta.counters().round_trips,
+        before,
+        "a lock decided alone went to the database"
+    );
+    // A second mount joins: it is acknowledged with the locks in the lock table.
+    let b = h.second_mount("cache-b");
+    let fhb = b.open(&CTX, f.ino, libc::O_RDWR).unwrap().fh;
+    assert_eq!(
+        errno(b.setlk(f.ino, fhb, 2, 50, 60, W, 200, false)),
+        libc::EAGAIN,
+        "the joining mount does not see a write lock taken while the first was alone"
+    );
+    let seen = b.getlk(f.ino, 2, 0, 10, W).unwrap();
+    assert_eq!((seen.typ, seen.start, seen.end), (LockType::Write, 0, 99));
+    b.setlk(f.ino, fhb, 2, 300, 400, R, 200, false).unwrap();
+    assert_eq!(
+        errno(b.setlk(f.ino, fhb, 2, 500, 600, W, 200, false)),
+        libc::EAGAIN,
+        "a read lock taken while alone must block a write lock"
+    );
+    // Decisions are shared now: the first mount sees the second's read lock.
+    assert_eq!(
+        errno(h.setlk(f.ino, fh1, 1, 300, 300, W, 100, false)),
+        libc::EAGAIN
+    );
+    h.setlk(f.ino, fh1, 1, 0, ALL, libc::F_UNLCK, 100, false)
+        .unwrap();
+    b.setlk(f.ino, fhb, 2, 50, 60, W, 200, false).unwrap();
+}
+
+#[test]
+fn a_joining_mount_decides_no_lock_before_the_alone_mount_acknowledged_it() {
+    // The first mount is "paused" (its decision lock held here): it cannot publish its
+    // locks, so it does not acknowledge the newcomer, whose mount goes on after
+    // JOIN_WAIT — but whose first lock request must wait for that acknowledgement.
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    let fh1 = h.op(f.ino, libc::O_RDWR);
+    h.setlk(f.ino, fh1, 1, 0, ALL, W, 100, false).unwrap();
+    let paused = h.locks_table().unwrap();
+    let b = h.second_mount("cache-b");
+    let fhb = b.open(&CTX, f.ino, libc::O_RDWR).unwrap().fh;
+    let asked = {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || b.setlk(f.ino, fhb, 2, 0, ALL, W, 200, false))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !asked.is_finished(),
+        "a lock was decided before the alone mount acknowledged the newcomer"
+    );
+    drop(paused);
+    assert_eq!(errno(asked.join().unwrap()), libc::EAGAIN);
 }
