@@ -716,14 +716,9 @@ impl MetaEngine for SqliteEngine {
     fn make_durable(&self) -> Result<()> {
         let mark = {
             let mut conn = self.lock_current()?;
-            if let Some((log, path)) = conn.log_for_fsync() {
+            if let Some(log) = conn.log_for_fsync() {
                 drop(conn);
-                return flush::sync_data(&log, &path).map_err(|e| {
-                    if let Ok(mut conn) = self.lock() {
-                        conn.log_flush_failed();
-                    }
-                    e.into()
-                });
+                return Ok(log.sync()?);
             }
             conn.commit_window()?;
             if conn.wal_durable()? {

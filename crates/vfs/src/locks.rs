@@ -67,6 +67,9 @@ pub(crate) struct LocalLocks {
     /// The session every older mount has acknowledged (0: not known yet): lock decisions
     /// wait for that before the first one (see [`Vfs::await_lock_acks`]).
     acked_session: AtomicU64,
+    /// When the last successful lease renewal (or registration) of this mount's session
+    /// began: decisions in memory are made only while the lease is surely still held.
+    renewed: Mutex<Option<Instant>>,
     /// Bumped on every wake-up.
     gen: Mutex<u64>,
     cv: Condvar,
@@ -105,6 +108,29 @@ impl LocalLocks {
             m.clear();
         }
         self.wake();
+    }
+
+    /// A renewal of the session's lease that began at `at` succeeded.
+    pub(crate) fn renewed(&self, at: Instant) {
+        let mut r = self.renewed.lock().unwrap_or_else(|p| p.into_inner());
+        if r.is_none_or(|t| t < at) {
+            *r = Some(at);
+        }
+    }
+
+    /// Whether the session's lease is surely held (another mount expires it a lease after
+    /// its last renewal; `lease - lease/3` leaves two heartbeat periods of margin).
+    fn lease_held(&self, lease: Duration) -> bool {
+        self.renewed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|t| t.elapsed() < lease - lease / 3)
+    }
+
+    /// Forgets the last renewal, as if the mount had been paused past its lease.
+    #[cfg(test)]
+    pub(crate) fn forget_renewal(&self) {
+        *self.renewed.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 
     /// Every older mount acknowledged `session` (the mount-time handshake completed).
@@ -313,11 +339,34 @@ impl Vfs {
         Ok(())
     }
 
+    /// Before a lock decision in memory: the session's lease must surely be held (a mount
+    /// paused or cut off past its lease may have been expired, and another mount may
+    /// decide alone now). When the last renewal is too old, renews it here (which fences
+    /// a lost session); when that fails, no decision is made (`EIO`).
+    fn lease_for_memory(&self) -> Result<()> {
+        if !matches!(*self.locks.table()?, Table::Memory { .. }) {
+            return Ok(());
+        }
+        let lease = self.cfg.lease;
+        if self.locks.lease_held(lease) {
+            return Ok(());
+        }
+        self.heartbeat();
+        if self.locks.lease_held(lease) || !matches!(*self.locks.table()?, Table::Memory { .. }) {
+            return Ok(());
+        }
+        Err(VfsError::Meta(MetaError::Internal(
+            "cannot renew this mount's session lease: no lock decision without it".into(),
+        )))
+    }
+
     /// Before this mount's first lock decision in a session: waits until every older
     /// mount has acknowledged the session (they publish the locks they decided in memory
     /// before they do) or its session expired (a paused mount: at most a lease). Usually
-    /// the mount-time handshake settled it already.
-    fn await_lock_acks(&self) -> Result<()> {
+    /// the mount-time handshake settled it already. `pid`/`sleep`: the request's — a
+    /// non-blocking request gives up with `EAGAIN` after `JOIN_WAIT`, a blocking one with
+    /// `EINTR` when its process is gone.
+    fn await_lock_acks(&self, pid: u32, sleep: bool) -> Result<()> {
         let me = self.coherence.session();
         if self.locks.acked_session.load(Ordering::SeqCst) == me {
             return Ok(());
@@ -329,6 +378,12 @@ impl Vfs {
             if pending.is_empty() {
                 self.locks.all_acked(me);
                 return Ok(());
+            }
+            if !sleep && start.elapsed() >= crate::feed::JOIN_WAIT {
+                return Err(VfsError::WouldBlock);
+            }
+            if sleep && pid != 0 && !pid_alive(pid) {
+                return Err(VfsError::Interrupted);
             }
             if !warned && start.elapsed() >= crate::feed::JOIN_WAIT {
                 warned = true;
@@ -346,7 +401,8 @@ impl Vfs {
         if start > end {
             return Err(VfsError::Invalid);
         }
-        self.await_lock_acks()?;
+        self.await_lock_acks(0, true)?;
+        self.lease_for_memory()?;
         let write = typ == LockType::Write;
         let c = match &*self.locks.table()? {
             Table::Memory { rows, .. } => rows
@@ -418,10 +474,11 @@ impl Vfs {
             // which revalidates when it takes the lock — reads it.
             self.commit_pending(ino)?;
         }
-        self.await_lock_acks()?;
+        self.await_lock_acks(pid, sleep)?;
         let mut wait = Duration::from_millis(1);
         loop {
             let seen = self.locks.generation();
+            self.lease_for_memory()?;
             let granted = {
                 let mut table = self.locks.table()?;
                 let s = self.coherence.session();

@@ -51,6 +51,7 @@ impl Vfs {
     pub(crate) fn start_session(&self) -> Result<()> {
         let host = hostname();
         let me = self.pid;
+        let began = std::time::Instant::now();
         let (id, dead) = deskfs_meta::txn(&*self.meta, |t| {
             let now = t.db_now_ns()?;
             let dead = self.dead_sessions(&t.sessions()?, now, None);
@@ -58,6 +59,7 @@ impl Vfs {
         })?;
         self.expire(&dead);
         self.coherence.set_session(id);
+        self.locks.renewed(began);
         // Log ours while others are live; follow theirs from here on.
         self.meta.log_changes_as(id)?;
         self.coherence.set_cursor(self.meta.feed_start()?);
@@ -133,6 +135,7 @@ impl Vfs {
     /// feed. Called every [`Vfs::heartbeat_period`] by the feed thread.
     pub(crate) fn heartbeat(&self) {
         let me = self.coherence.session();
+        let began = std::time::Instant::now();
         let r = deskfs_meta::txn(&*self.meta, |t| {
             let now = t.db_now_ns()?;
             t.heartbeat(me, now)?;
@@ -141,7 +144,10 @@ impl Vfs {
             Ok::<_, MetaError>(dead)
         });
         match r {
-            Ok(dead) => self.expire(&dead),
+            Ok(dead) => {
+                self.locks.renewed(began);
+                self.expire(&dead)
+            }
             Err(MetaError::NotFound(_)) => self.fenced(me),
             Err(e) => tracing::warn!(error = %e, "lease renewal failed; retrying"),
         }

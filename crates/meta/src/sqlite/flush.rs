@@ -10,7 +10,7 @@
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rusqlite::Connection;
@@ -33,6 +33,10 @@ pub(super) fn sync_data(file: &File, path: &Path) -> std::io::Result<()> {
 pub(super) struct Wal {
     path: PathBuf,
     file: Mutex<Option<Arc<File>>>,
+    /// A flush failed: the kernel may have dropped the dirty pages and report the next
+    /// flush of the same file successful without writing them ("fsyncgate"). Every later
+    /// flush fails until the database is opened again.
+    failed: AtomicBool,
 }
 
 impl Wal {
@@ -43,6 +47,7 @@ impl Wal {
         Wal {
             path: PathBuf::from(p),
             file: Mutex::new(None),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -50,7 +55,18 @@ impl Wal {
     /// meanwhile). `Ok(false)`: there is no WAL file to flush. Errors: the flush's
     /// (`EIO`): the caller must not report the commits durable.
     pub(super) fn sync(&self) -> std::io::Result<bool> {
+        let res = self.sync_once();
+        if res.is_err() {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        res
+    }
+
+    fn sync_once(&self) -> std::io::Result<bool> {
         use std::os::unix::fs::MetadataExt;
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(failed_before("metadata WAL"));
+        }
         let current = match std::fs::metadata(&self.path) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
@@ -76,6 +92,44 @@ impl Wal {
         };
         sync_data(&file, &self.path)?;
         Ok(true)
+    }
+}
+
+/// The error of a flush refused because an earlier one of the same file failed.
+fn failed_before(what: &str) -> std::io::Error {
+    std::io::Error::other(format!(
+        "an earlier flush of the {what} failed (EIO): nothing since is reported durable; remount after fixing the disk"
+    ))
+}
+
+/// Flushes of one redo log, one at a time: a failed flush makes every later one fail
+/// (until the log is emptied), so a flush racing a failed one cannot report success for
+/// pages the failure dropped.
+#[derive(Default)]
+pub(super) struct LogFlush {
+    serial: Mutex<()>,
+    failed: AtomicBool,
+}
+
+impl LogFlush {
+    /// Whether a flush failed since the log was last emptied.
+    pub(super) fn failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// The log was emptied after its records were made durable in the WAL.
+    pub(super) fn reset(&self) {
+        self.failed.store(false, Ordering::SeqCst);
+    }
+
+    /// `fdatasync` of the log `file` at `path`. Errors: the flush's, or an earlier
+    /// failure's.
+    pub(super) fn sync(&self, file: &File, path: &Path) -> std::io::Result<()> {
+        let _one = self.serial.lock().unwrap_or_else(|p| p.into_inner());
+        if self.failed() {
+            return Err(failed_before("metadata redo log"));
+        }
+        sync_data(file, path).inspect_err(|_| self.failed.store(true, Ordering::SeqCst))
     }
 }
 

@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use rusqlite::{ffi, Connection};
 
+use super::flush::LogFlush;
 use crate::{MetaError, Result};
 
 const MAGIC: u32 = 0x3152_4b44; // "DKR1"
@@ -47,10 +48,22 @@ pub(super) struct RedoLog {
     /// durable copy of acknowledged requests, so it is emptied only after the commit
     /// holding them is flushed.
     acknowledged: bool,
-    /// A flush failed: the kernel may have dropped the dirty pages, and a later flush
-    /// could report success without writing them ("fsyncgate"). No more flushes of this
-    /// log until it is emptied.
-    unreliable: bool,
+    /// Its flushes (serialised; a failure refuses later ones until the log is emptied).
+    flush: Arc<LogFlush>,
+}
+
+/// A redo log's flush, handed out to run without the connection.
+pub(super) struct LogHandout {
+    file: Arc<File>,
+    path: PathBuf,
+    flush: Arc<LogFlush>,
+}
+
+impl LogHandout {
+    /// `fdatasync` of the log. Errors: the flush's or an earlier one's (`EIO`).
+    pub(super) fn sync(&self) -> std::io::Result<()> {
+        self.flush.sync(&self.file, &self.path)
+    }
 }
 
 /// One parsed record: the request's sequence number and its statements.
@@ -80,6 +93,7 @@ impl RedoLog {
     /// in this process or another — holds it (it owns the windows and the replay).
     pub(super) fn lock(db: &Path) -> Result<Option<RedoLog>> {
         let path = path_for(db);
+        let created = !path.exists();
         let file = OpenOptions::new()
             .read(true)
             .append(true)
@@ -90,6 +104,13 @@ impl RedoLog {
             Err(TryLockError::WouldBlock) => return Ok(None),
             Err(TryLockError::Error(e)) => return Err(e.into()),
         }
+        if created {
+            // The log's name must survive a power cut too (records in it may be the only
+            // durable copy of acknowledged requests).
+            if let Some(dir) = path.parent() {
+                File::open(dir)?.sync_all()?;
+            }
+        }
         let len = file.metadata()?.len();
         Ok(Some(RedoLog {
             file: Arc::new(file),
@@ -98,7 +119,7 @@ impl RedoLog {
             broken: false,
             // Records left by a dead owner may have been acknowledged by its fsyncs.
             acknowledged: len > 0,
-            unreliable: false,
+            flush: Arc::new(LogFlush::default()),
         }))
     }
 
@@ -183,23 +204,23 @@ impl RedoLog {
         self.len = 0;
         self.broken = false;
         self.acknowledged = false;
-        self.unreliable = false;
+        self.flush.reset();
         Ok(())
     }
 
-    /// The descriptor and path to flush for an `fsync`, marking the log acknowledged
-    /// (see the field); `None` when an earlier flush failed.
-    pub(super) fn flush_for_fsync(&mut self) -> Option<(Arc<File>, PathBuf)> {
-        if self.unreliable {
+    /// What an `fsync` flushes instead of committing: the log, marked acknowledged (see
+    /// the field); `None` when an earlier flush failed (the caller commits and flushes
+    /// the WAL instead).
+    pub(super) fn flush_for_fsync(&mut self) -> Option<LogHandout> {
+        if self.flush.failed() {
             return None;
         }
         self.acknowledged = true;
-        Some((self.file.clone(), self.path.clone()))
-    }
-
-    /// A flush handed out by [`RedoLog::flush_for_fsync`] failed.
-    pub(super) fn flush_failed(&mut self) {
-        self.unreliable = true;
+        Some(LogHandout {
+            file: self.file.clone(),
+            path: self.path.clone(),
+            flush: self.flush.clone(),
+        })
     }
 
     /// Whether the log may hold the only durable copy of acknowledged requests: it must

@@ -574,7 +574,7 @@ impl Conn {
 
     /// For an `fsync` inside a window on a durable base: the redo log to flush instead of
     /// committing (design record 0011). `None`: commit and flush the WAL.
-    pub(super) fn log_for_fsync(&mut self) -> Option<(Arc<File>, PathBuf)> {
+    pub(super) fn log_for_fsync(&mut self) -> Option<redo::LogHandout> {
         match self.window {
             Window::Open {
                 durable_base: true, ..
@@ -584,14 +584,6 @@ impl Conn {
                 out
             }
             _ => None,
-        }
-    }
-
-    /// The flush handed out by [`Conn::log_for_fsync`] failed: later `fsync`s commit and
-    /// flush the WAL until the log is emptied.
-    pub(super) fn log_flush_failed(&mut self) {
-        if let Some(log) = self.redo.as_mut() {
-            log.flush_failed();
         }
     }
 

@@ -107,7 +107,8 @@ fn a_joining_mount_decides_no_lock_before_the_alone_mount_acknowledged_it() {
     let fhb = b.open(&CTX, f.ino, libc::O_RDWR).unwrap().fh;
     let asked = {
         let b = Arc::clone(&b);
-        std::thread::spawn(move || b.setlk(f.ino, fhb, 2, 0, ALL, W, 200, false))
+        let me = std::process::id();
+        std::thread::spawn(move || b.setlk(f.ino, fhb, 2, 0, ALL, W, me, false))
     };
     std::thread::sleep(Duration::from_millis(300));
     assert!(
@@ -116,4 +117,24 @@ fn a_joining_mount_decides_no_lock_before_the_alone_mount_acknowledged_it() {
     );
     drop(paused);
     assert_eq!(errno(asked.join().unwrap()), libc::EAGAIN);
+}
+
+#[test]
+fn a_mount_past_its_lease_decides_no_lock_in_memory() {
+    // Paused past its lease, a mount may have been expired by another, which may be
+    // deciding alone now: the first decision after the pause renews the lease (and finds
+    // the session gone) instead of granting from memory.
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    let fh1 = h.op(f.ino, libc::O_RDWR);
+    h.setlk(f.ino, fh1, 1, 0, ALL, W, 100, false).unwrap();
+    let lost = h.coherence.session();
+    deskfs_meta::txn(&*h.meta, |t| t.delete_session(lost)).unwrap();
+    h.locks.forget_renewal();
+    let fh2 = h.op(f.ino, libc::O_RDWR);
+    assert!(
+        h.setlk(f.ino, fh2, 2, 0, ALL, W, 200, false).is_ok(),
+        "the lost session's lock still blocks (decided from memory after the lease)"
+    );
+    assert_ne!(h.coherence.session(), lost, "the mount registered anew");
 }
