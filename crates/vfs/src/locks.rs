@@ -482,22 +482,23 @@ impl Vfs {
             let granted = {
                 let mut table = self.locks.table()?;
                 let s = self.coherence.session();
+                let write = typ == LockType::Write;
+                // The range as this owner asks for it (see `apply`).
+                let new = LockRow {
+                    ino,
+                    session: s,
+                    owner,
+                    write,
+                    start,
+                    end,
+                    pid,
+                    fh,
+                };
                 if let Table::Memory { rows, .. } = &mut *table {
                     let mine = rows.entry(ino).or_default();
-                    let write = typ == LockType::Write;
                     let granted = typ == LockType::Unlock
                         || first_conflict(mine, owner, start, end, write).is_none();
                     if granted {
-                        let new = LockRow {
-                            ino,
-                            session: s,
-                            owner,
-                            write,
-                            start,
-                            end,
-                            pid,
-                            fh,
-                        };
                         let (theirs, own): (Vec<LockRow>, Vec<LockRow>) =
                             mine.drain(..).partition(|l| l.owner != owner);
                         *mine = theirs;
@@ -516,9 +517,7 @@ impl Vfs {
                     let granted = deskfs_meta::txn_keyed(&*self.meta, ino, |t| {
                         t.check_session(s)?;
                         if typ != LockType::Unlock
-                            && self
-                                .conflict(t, ino, owner, start, end, typ == LockType::Write)?
-                                .is_some()
+                            && self.conflict(t, ino, owner, start, end, write)?.is_some()
                         {
                             return Ok(false);
                         }
@@ -527,16 +526,6 @@ impl Vfs {
                             .into_iter()
                             .filter(|l| l.session == s && l.owner == owner)
                             .collect();
-                        let new = LockRow {
-                            ino,
-                            session: s,
-                            owner,
-                            write: typ == LockType::Write,
-                            start,
-                            end,
-                            pid,
-                            fh,
-                        };
                         t.set_owner_locks(ino, s, owner, &apply(&mine, &new, typ))?;
                         Ok::<_, MetaError>(true)
                     });
