@@ -158,16 +158,29 @@ class Fsx:
         st = os.fstat(self.test.fd(name)).st_size
         sr = os.fstat(self.ref.fd(name)).st_size
         if st != sr:
-            raise Mismatch(f"{name}: size {st} (fstat), reference {sr}")
+            raise Mismatch(f"{name}: size {st} (fstat), reference {sr}" + self.second_look(name, off, n))
         sp = os.stat(self.test.path(name)).st_size
         if sp != sr:
-            raise Mismatch(f"{name}: size {sp} (stat by path), reference {sr}")
+            raise Mismatch(f"{name}: size {sp} (stat by path), reference {sr}" + self.second_look(name, off, n))
         if n <= 0:
             return
         bt = os.pread(self.test.fd(name), n, off)
         br = os.pread(self.ref.fd(name), n, off)
         if bt != br:
             raise Mismatch(f"{name}: range [{off}, {off + n}) differs: " + describe_diff(bt, br, off))
+
+    def second_look(self, name, off, n):
+        """After a size mismatch: what the test side says 0.3 s later (a transient answer
+        of the attributes, or a lost write), for the failure message."""
+        time.sleep(0.3)
+        try:
+            st = os.fstat(self.test.fd(name)).st_size
+            sp = os.stat(self.test.path(name)).st_size
+            same = n <= 0 or os.pread(self.test.fd(name), n, off) == os.pread(self.ref.fd(name), n, off)
+            return (f"; 0.3 s later: fstat {st}, stat by path {sp}, bytes [{off}, {off + n}) "
+                    + ("match the reference" if same else "differ from the reference"))
+        except OSError as e:
+            return f"; 0.3 s later: {e}"
 
     def full_check(self, why):
         lt = sorted(n for n in os.listdir(self.test.root))

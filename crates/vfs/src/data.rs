@@ -1584,7 +1584,7 @@ impl Vfs {
         f.set_len(size)?;
         s.size = size;
         s.note_change(now_ns(), self.coherence.session());
-        Self::passthrough_own_change(s)?;
+        self.passthrough_own_change(ino, s)?;
         self.commit_locked(ino, s, CommitSync::Commit)
     }
 }
@@ -1627,7 +1627,7 @@ impl Vfs {
                 s.size = s.size.max(end);
             }
             s.note_change(now_ns(), self.coherence.session());
-            Self::passthrough_own_change(s)
+            self.passthrough_own_change(ino, s)
         })
     }
 

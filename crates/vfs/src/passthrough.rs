@@ -390,12 +390,41 @@ impl Vfs {
         Ok(())
     }
 
-    /// After the daemon itself changed the backing file (truncate, fallocate): its new
-    /// state is no write of the kernel's.
-    pub(crate) fn passthrough_own_change(s: &mut InodeState) -> Result<()> {
-        if let Some(f) = s.pt.file.clone() {
-            s.pt.seen = Some(BackingLook::of(&f)?);
+    /// After the daemon itself changed the backing file (truncate, fallocate; `s.size`
+    /// already says the size it made): the file's new state is no write of the kernel's
+    /// and becomes the last look. A kernel write through the backing file may still have
+    /// landed between the daemon's change and this look (the kernel takes no daemon lock):
+    /// a size the daemon did not make is such a write, and is absorbed like one.
+    /// Errors: `fstat` of the staging file (`EIO`).
+    pub(crate) fn passthrough_own_change(&self, ino: Ino, s: &mut InodeState) -> Result<()> {
+        let Some(f) = s.pt.file.clone() else {
+            return Ok(());
+        };
+        #[cfg(test)]
+        if let Some(race) = tests::BEFORE_OWN_LOOK.with(|r| r.borrow_mut().take()) {
+            race();
+        }
+        let look = BackingLook::of(&f)?;
+        s.pt.seen = Some(look);
+        if look.size != s.size && s.pt.writers > 0 {
+            s.size = look.size;
+            s.note_change(look.mtime_ns.max(s.mtime_ns), self.coherence.session());
+            s.ctime_ns = look.ctime_ns.max(s.ctime_ns);
+            self.kernel_pages.forget(ino);
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// Run once by the next [`super::Vfs::passthrough_own_change`] on this thread,
+        /// between the daemon's change and its look at the backing file: a kernel write
+        /// landing there.
+        pub(crate) static BEFORE_OWN_LOOK: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
     }
 }

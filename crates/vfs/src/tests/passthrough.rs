@@ -223,3 +223,38 @@ fn the_daemons_own_changes_and_explicit_times_are_not_taken_for_kernel_writes() 
     h.sync_all();
     assert_eq!(h.bucket_file("f").as_deref(), Some(&b"012345"[..]));
 }
+
+#[test]
+fn a_kernel_write_landing_during_the_daemons_truncate_is_absorbed() {
+    let h = pt_harness();
+    let (a, o) = create_pt(&h, "f");
+    kernel_write(&o, 0, b"0123456789");
+    // A second thread of the writer extends the file through the backing file while the
+    // daemon's truncate holds the inode's lock, after its `set_len`: the size the daemon
+    // did not make is that write's, not to be taken for the daemon's own change.
+    let backing = o.backing.clone().expect("a passthrough open");
+    crate::passthrough::tests::BEFORE_OWN_LOOK.with(|r| {
+        *r.borrow_mut() = Some(Box::new(move || {
+            backing
+                .write_all_at(b"late", 20)
+                .expect("write to the backing file");
+        }))
+    });
+    let set = SetAttr {
+        size: Some(4),
+        ..Default::default()
+    };
+    h.setattr(&CTX, a.ino, &set).unwrap();
+    assert_eq!(
+        h.getattr(a.ino).unwrap().size,
+        24,
+        "the kernel write after the truncate sets the size"
+    );
+    h.release(a.ino, o.fh).unwrap();
+    drop(o);
+    h.sync_all();
+    let mut want = b"0123".to_vec();
+    want.resize(20, 0);
+    want.extend_from_slice(b"late");
+    assert_eq!(h.bucket_file("f"), Some(want), "uploaded whole");
+}
