@@ -68,6 +68,9 @@ pub struct CacheStats {
     pub clean_staging_bytes: u64,
     /// Size cap for evictable data, bytes.
     pub capacity: u64,
+    /// Empty files ready for new staging files (the reserve that keeps inode allocation
+    /// off the request path).
+    pub reserve_files: u64,
 }
 
 /// Removes partial downloads (`<ino>.part.<pid>.<n>`, and the older `<ino>.part`) left in
@@ -412,6 +415,7 @@ impl Cache {
             blocks: lru.block_count() as u64,
             clean_staging_bytes: lru.staging_bytes,
             capacity: self.capacity,
+            reserve_files: self.pool.ready() as u64,
         }
     }
 

@@ -196,3 +196,82 @@ fn a_new_staging_file_is_empty_whatever_was_at_its_path() {
         assert_eq!(got, vec![0u8; 5], "pooled: {pooled}");
     }
 }
+
+#[test]
+fn the_pool_of_a_gone_process_is_adopted_and_its_recycled_files_come_back_empty() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    // A pool left by a mount that is gone (no such pid): one empty file, one recycled
+    // staging file still holding the content of a purged inode.
+    let dead = dir.path().join("pools").join("999999999");
+    std::fs::create_dir_all(&dead).unwrap();
+    std::fs::write(dead.join("5"), b"").unwrap();
+    std::fs::write(dead.join("r7"), b"content of a purged inode").unwrap();
+    let mut before: Vec<u64> = ["5", "r7"]
+        .iter()
+        .map(|n| std::fs::metadata(dead.join(n)).unwrap().ino())
+        .collect();
+    before.sort();
+    let cache = std::sync::Arc::new(Cache::open(dir.path(), 1 << 30, 1 << 20).unwrap());
+    cache.start_pool(2);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while cache.pool.ready_len() < 2 {
+        assert!(std::time::Instant::now() < deadline, "pool never filled");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    assert!(!dead.exists(), "the gone process's pool dir is taken over");
+    assert_eq!(cache.stats().reserve_files, 2);
+    // The ready files are the adopted ones (no inode allocated), both empty.
+    let ours = dir
+        .path()
+        .join("pools")
+        .join(std::process::id().to_string());
+    let mut got = Vec::new();
+    for e in std::fs::read_dir(&ours).unwrap() {
+        let m = e.unwrap().metadata().unwrap();
+        assert_eq!(m.len(), 0, "a ready file is empty");
+        got.push(m.ino());
+    }
+    got.sort();
+    assert_eq!(got, before, "the reserve survived the process that made it");
+    let f = cache.create_staging(1).unwrap();
+    assert_eq!(
+        f.metadata().unwrap().len(),
+        0,
+        "a new staging file starts empty"
+    );
+    assert!(before.contains(&f.metadata().unwrap().ino()));
+}
+
+#[test]
+fn the_reserve_takes_a_bounded_share_of_free_inodes() {
+    use crate::pool::goal_for;
+    assert_eq!(goal_for(8192, Some((1_000_000, 900_000))), 8192);
+    // 1/8 of the free inodes at most, and a small floor while that is still cheap.
+    assert_eq!(goal_for(8192, Some((16_384, 16_000))), 2000);
+    assert_eq!(goal_for(8192, Some((4096, 300))), 64);
+    assert_eq!(goal_for(8192, Some((4096, 100))), 12);
+    assert_eq!(goal_for(8192, Some((4096, 0))), 0);
+    // No inode counts (btrfs): not limited; counts unknown: the floor only.
+    assert_eq!(goal_for(8192, Some((0, 0))), 8192);
+    assert_eq!(goal_for(8192, None), 64);
+}
+
+#[test]
+fn the_reserve_grows_after_a_burst_never_during_one() {
+    use crate::pool::Sizing;
+    let mut s = Sizing::new(8192, 0);
+    assert_eq!(
+        (s.want(true), s.want(false)),
+        (64, 64),
+        "a new mount keeps a few"
+    );
+    s.burst_ended(5000);
+    assert_eq!(s.want(true), 8192, "twice the burst, at most the bound");
+    assert_eq!(s.want(false), 64, "during a burst only a few are made");
+    s.burst_ended(10);
+    assert_eq!(s.want(true), 8192, "never shrinks");
+    // A remount starts from the reserve it adopted.
+    assert_eq!(Sizing::new(8192, 3000).want(true), 3000);
+    assert_eq!(Sizing::new(16, 3000).want(true), 16);
+}

@@ -67,6 +67,7 @@ fn workspace_status(name: &str) -> Result<Value> {
                 "block_bytes": l.get("cache_block_bytes"),
                 "clean_bytes": l.get("cache_clean_bytes"),
                 "capacity": l.get("cache_capacity"),
+                "reserve_files": l.get("cache_reserve_files"),
             })
         })
         .unwrap_or(Value::Null);
@@ -257,11 +258,12 @@ pub fn run(a: StatusArgs) -> Result<()> {
                     None => {}
                 }
                 println!(
-                    "  cache         {} in blocks, {} clean copies, cap {}; {} open files",
+                    "  cache         {} in blocks, {} clean copies, cap {}; {} open files; {} empty files ready for new ones",
                     human(lg("cache_block_bytes")),
                     human(lg("cache_clean_bytes")),
                     human(lg("cache_capacity")),
-                    lg("open_files")
+                    lg("open_files"),
+                    lg("cache_reserve_files")
                 );
                 if let Some(line) = requests_line(l.get("requests")) {
                     println!("  requests      {line}");

@@ -34,6 +34,8 @@ pub struct VfsStatus {
     pub cache_clean_bytes: u64,
     /// Cache size cap, bytes.
     pub cache_capacity: u64,
+    /// Empty files ready for new staging files (see `deskfs_cache`'s pool).
+    pub cache_reserve_files: u64,
     /// Inodes in the namespace.
     pub inodes: u64,
     /// Sum of file sizes, bytes.
@@ -86,6 +88,7 @@ impl Vfs {
             cache_block_bytes: c.block_bytes,
             cache_clean_bytes: c.clean_staging_bytes,
             cache_capacity: c.capacity,
+            cache_reserve_files: c.reserve_files,
             inodes: usage.inodes,
             bytes: usage.bytes,
             dirty_files: usage.dirty_inodes,
