@@ -14,6 +14,7 @@ mod keeper;
 mod manual_cmd;
 mod metadb;
 mod resume_cmd;
+mod serve_cmd;
 mod size;
 mod status;
 mod task_cmd;
@@ -100,6 +101,16 @@ enum Cmd {
         after_help = "Examples:\n  deskfs exec alice -- cargo --version\n  deskfs exec alice --task fix-login -- npm test\n  deskfs exec alice --net none -- sh -c 'make && make check'\n  deskfs exec alice -e GITHUB_TOKEN -e RUST_LOG=debug -- cargo test\n\nInside: the desk at /desk (also HOME, so `git config --global` lands in /desk/.gitconfig),\nthe working dir /desk or /desk/tasks/TASK, system dirs read-only, /tmp private,\nPATH = /desk/tools/bin, the host's Rust toolchain (read-only), system dirs. The environment\nis built from scratch: caches on the desk (CARGO_HOME, npm_config_cache, PIP_CACHE_DIR,\nUV_CACHE_DIR, GOPATH under /desk/.cache), the caller's GIT_AUTHOR_*/GIT_COMMITTER_*, and\nwhat --env adds. No other desk, no deskfs data, no credentials.\n\nExit status: the command's (128 + signal when a signal killed it)."
     )]
     Exec(exec_cmd::ExecArgs),
+    /// Serve the desks over HTTP (the /v1 API; bearer tokens from `deskfs token`).
+    #[command(
+        after_help = "Examples:\n  deskfs serve                                  # 127.0.0.1:8765, desks/ of the mounted workspace\n  deskfs serve --listen 127.0.0.1:0 --root /mnt/work/desks\n  deskfs serve --socket /run/deskfs/desks.sock\n  TOKEN=$(deskfs token create alice)\n  curl -H \"Authorization: Bearer $TOKEN\" http://127.0.0.1:8765/v1/desks/alice/list\n\nThe API is described at GET /v1/openapi.json."
+    )]
+    Serve(serve_cmd::ServeArgs),
+    /// Bearer tokens that open one desk over HTTP: create, list, revoke.
+    #[command(
+        after_help = "Examples:\n  deskfs token create alice --expires 7d\n  deskfs token create alice --read-only\n  deskfs token list\n  deskfs token revoke 3fa2c1"
+    )]
+    Token(serve_cmd::TokenArgs),
     /// Run a mount daemon in the foreground (used by `mount`; not for direct use).
     #[command(hide = true)]
     Daemon(daemon::MountArgs),
@@ -146,6 +157,14 @@ fn main() -> ExitCode {
         Cmd::Manual(mut a) => {
             a.root.default_to(cli.root);
             done(manual_cmd::run(a))
+        }
+        Cmd::Serve(mut a) => {
+            a.root.default_to(cli.root);
+            done(serve_cmd::serve(a))
+        }
+        Cmd::Token(mut a) => {
+            a.root.default_to(cli.root);
+            done(serve_cmd::token(a))
         }
         // The command's own exit status, passed through.
         Cmd::Exec(mut a) => {

@@ -1,0 +1,197 @@
+//! `deskfs serve` (the desks' HTTP API) and `deskfs token create|list|revoke` (bearer
+//! tokens scoped to one desk). The work is in the deskfs-serve crate.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::{Args, Subcommand};
+use deskfs_desk::fsutil::utc_iso;
+use deskfs_serve::tokens::{parse_ttl, Scope, TokenStore};
+use deskfs_serve::Listen;
+use serde_json::json;
+
+use crate::desk_root::RootArgs;
+
+/// Arguments of `deskfs serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub root: RootArgs,
+    /// TCP address to listen on (loopback by default; port 0 picks a free one).
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8765",
+        conflicts_with = "socket"
+    )]
+    pub listen: String,
+    /// Listen on a Unix socket instead of TCP.
+    #[arg(long, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+}
+
+/// Arguments of `deskfs token`.
+#[derive(Args, Debug)]
+pub struct TokenArgs {
+    #[command(flatten)]
+    pub root: RootArgs,
+    #[command(subcommand)]
+    pub cmd: TokenCmd,
+}
+
+/// `deskfs token` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum TokenCmd {
+    /// Make a bearer token that opens AGENT's desk (printed once; only its hash is kept).
+    #[command(
+        after_help = "Examples:\n  deskfs token create alice\n  deskfs token create alice --read-only --expires 7d\n  TOKEN=$(deskfs token create alice --expires 12h)"
+    )]
+    Create {
+        /// Agent whose desk the token opens.
+        agent: String,
+        /// Reads only: changes and commands are refused.
+        #[arg(long)]
+        read_only: bool,
+        /// Lifetime: a number with s, m, h, d or w (default: no expiry).
+        #[arg(long, value_name = "TTL")]
+        expires: Option<String>,
+    },
+    /// List tokens (ids, desks, scopes, expiry, revocation; never the tokens).
+    #[command(after_help = "Examples:\n  deskfs token list\n  deskfs token list --json")]
+    List {
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by its id (at least 6 characters of it, from `token list`).
+    #[command(after_help = "Examples:\n  deskfs token revoke 3fa2c1")]
+    Revoke {
+        /// Token id (or its first characters).
+        id: String,
+    },
+}
+
+/// `deskfs serve`.
+pub fn serve(a: ServeArgs) -> Result<()> {
+    let root = a.root.resolve()?;
+    if !root.is_dir() {
+        bail!(
+            "desk root {} does not exist; create a desk first (`deskfs desk create AGENT`) or pass --root",
+            root.display()
+        );
+    }
+    let listen = match a.socket {
+        Some(p) => Listen::Unix(crate::absolute(&p)),
+        None => Listen::Tcp(a.listen.parse::<SocketAddr>().map_err(|_| {
+            anyhow!(
+                "invalid --listen {:?}: give IP:PORT, e.g. 127.0.0.1:8765",
+                a.listen
+            )
+        })?),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("deskfs-serve")
+        .build()
+        .context("cannot start the server's runtime")?;
+    rt.block_on(async move {
+        let shutdown = async {
+            let mut term =
+                match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                    Ok(s) => s,
+                    Err(_) => return std::future::pending().await,
+                };
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        };
+        let shown_root = root.display().to_string();
+        deskfs_serve::serve(
+            &root,
+            listen,
+            move |addr| {
+                println!(
+                    "serving the desks of {shown_root} at {addr} (API under /v1; stop with Ctrl-C)"
+                );
+            },
+            shutdown,
+        )
+        .await
+        .map_err(|e| anyhow!(e))
+    })
+}
+
+/// `deskfs token …`.
+pub fn token(a: TokenArgs) -> Result<()> {
+    let root = a.root.resolve()?;
+    let store = TokenStore::at(&root);
+    match a.cmd {
+        TokenCmd::Create {
+            agent,
+            read_only,
+            expires,
+        } => {
+            let desk = a.root.open(&agent)?;
+            let ttl = expires.as_deref().map(parse_ttl).transpose()?;
+            let scope = if read_only {
+                Scope::ReadOnly
+            } else {
+                Scope::ReadWrite
+            };
+            let (tok, rec) = store.create(desk.agent(), scope, ttl)?;
+            println!("{tok}");
+            eprintln!(
+                "token {} for the desk of {} ({}{}); shown once, keep it secret",
+                rec.id,
+                rec.agent,
+                if read_only { "read-only" } else { "read-write" },
+                rec.expires
+                    .map(|e| format!(", expires {}", utc_iso(e)))
+                    .unwrap_or_default()
+            );
+        }
+        TokenCmd::List { json } => {
+            let list = store.list()?;
+            if json {
+                let v: Vec<_> = list
+                    .iter()
+                    .map(|t| {
+                        json!({"id": t.id, "agent": t.agent, "scope": t.scope, "created": t.created,
+                               "expires": t.expires, "revoked": t.revoked})
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else if list.is_empty() {
+                println!("no tokens; make one with `deskfs token create AGENT`");
+            } else {
+                let now = deskfs_serve::tokens::now_secs();
+                for t in list {
+                    let state = match (t.revoked, t.expires) {
+                        (Some(r), _) => format!("revoked {}", utc_iso(r)),
+                        (None, Some(e)) if e <= now => format!("expired {}", utc_iso(e)),
+                        (None, Some(e)) => format!("expires {}", utc_iso(e)),
+                        (None, None) => "no expiry".to_owned(),
+                    };
+                    let scope = match t.scope {
+                        Scope::ReadWrite => "read-write",
+                        Scope::ReadOnly => "read-only",
+                    };
+                    println!(
+                        "{}  {:<20} {:<10} made {}  {state}",
+                        t.id,
+                        t.agent,
+                        scope,
+                        utc_iso(t.created)
+                    );
+                }
+            }
+        }
+        TokenCmd::Revoke { id } => {
+            let t = store.revoke(&id)?;
+            println!("revoked token {} of the desk of {}", t.id, t.agent);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,515 @@
+//! The HTTP API under `/v1` (axum). Every request but the OpenAPI document carries
+//! `Authorization: Bearer <token>`; the token is resolved to one desk first, and every
+//! path is then resolved beneath that desk ([`crate::confine`]). Errors are JSON:
+//! `{"error": {"code": "<stable code>", "message": "<one line>"}}` with the code's HTTP
+//! status ([`crate::error::Code`]).
+//!
+//! | method and path | what |
+//! |---|---|
+//! | `GET /v1/openapi.json` | this API as an OpenAPI 3.1 document (no token) |
+//! | `GET /v1/desks` | the desks the token opens |
+//! | `POST /v1/desks` `{"agent"}` | create the token's desk |
+//! | `GET /v1/desks/{agent}` | one desk: created, repos, tasks |
+//! | `GET /v1/desks/{agent}/files/{path}` | content; one `Range`; `ETag`; `If-None-Match` → 304 |
+//! | `PUT /v1/desks/{agent}/files/{path}` | atomic replace; `If-Match` / `If-None-Match: *` |
+//! | `DELETE /v1/desks/{agent}/files/{path}[?recursive=true]` | remove |
+//! | `GET /v1/desks/{agent}/stat[/{path}]` | attributes (`lstat`) |
+//! | `GET /v1/desks/{agent}/list[/{path}]` | directory entries with attributes |
+//! | `POST /v1/desks/{agent}/mkdir` `{"path", "parents"}` | make a directory |
+//! | `POST /v1/desks/{agent}/move` `{"from", "to", "overwrite"}` | rename inside the desk |
+
+use std::collections::HashMap;
+use std::io::{Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path as UrlPath, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use deskfs_desk::{Desk, DeskError};
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::confine::{DeskDir, Precondition, RelPath};
+use crate::error::{Code, Result, ServeError};
+use crate::tokens::{now_secs, Grant, TokenStore};
+
+/// How long a conditional write waits for another process's write lock of the desk.
+const WRITE_LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// The server's state: the desk root and its tokens.
+pub struct App {
+    root: PathBuf,
+    tokens: TokenStore,
+    /// One queue per desk for the check-and-rename step of writes (in this process;
+    /// the desk's `files.lock` covers other processes and hosts).
+    write_queues: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl App {
+    /// Serves the desks under `root`, with the tokens of its store.
+    pub fn new(root: &Path) -> Arc<App> {
+        Arc::new(App {
+            root: root.to_path_buf(),
+            tokens: TokenStore::at(root),
+            write_queues: Default::default(),
+        })
+    }
+
+    fn write_queue(&self, agent: &str) -> Arc<tokio::sync::Mutex<()>> {
+        self.write_queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(agent.to_owned())
+            .or_default()
+            .clone()
+    }
+}
+
+impl IntoResponse for ServeError {
+    fn into_response(self) -> Response {
+        let status =
+            StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = json!({"error": {"code": self.code.as_str(), "message": self.message}});
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+/// Runs blocking file-system work off the async workers.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ServeError::new(Code::Io, format!("a worker failed: {e}")))?
+}
+
+fn desk_error(e: DeskError) -> ServeError {
+    match e {
+        DeskError::InvalidAgent { .. } => ServeError::new(Code::BadRequest, e.to_string()),
+        DeskError::UnknownAgent { .. } => ServeError::new(Code::UnknownDesk, e.to_string()),
+        DeskError::DeskExists { .. } => ServeError::new(Code::Exists, e.to_string()),
+        e => ServeError::new(Code::Io, e.to_string()),
+    }
+}
+
+/// The grant of the request's bearer token.
+async fn grant(app: &Arc<App>, headers: &HeaderMap) -> Result<Grant> {
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_owned())
+        .ok_or_else(|| {
+            ServeError::new(
+                Code::Unauthorized,
+                "no token; send `Authorization: Bearer <token>` with a token from `deskfs token create AGENT`",
+            )
+        })?;
+    let tokens = app.tokens.clone();
+    blocking(move || tokens.verify(&token, now_secs())).await
+}
+
+/// Checks the token for `agent` (a change when `write`) and holds that desk.
+async fn open_desk(
+    app: &Arc<App>,
+    headers: &HeaderMap,
+    agent: &str,
+    write: bool,
+) -> Result<(Desk, DeskDir)> {
+    grant(app, headers).await?.allows(agent, write)?;
+    let root = app.root.clone();
+    let agent = agent.to_owned();
+    blocking(move || {
+        let desk = Desk::open(&root, &agent).map_err(desk_error)?;
+        let dir = DeskDir::open(desk.dir())?;
+        Ok((desk, dir))
+    })
+    .await
+}
+
+fn json_body<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T> {
+    serde_json::from_slice(body).map_err(|e| {
+        ServeError::new(
+            Code::BadRequest,
+            format!("request body is not the JSON this call takes: {e}"),
+        )
+    })
+}
+
+fn flag(query: &Option<String>, name: &str) -> bool {
+    query.as_deref().is_some_and(|q| {
+        q.split('&').any(|kv| {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, "true"));
+            k == name && matches!(v, "true" | "1" | "yes")
+        })
+    })
+}
+
+/// The whole router.
+pub fn router(app: Arc<App>) -> Router {
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/desks", get(list_desks).post(create_desk))
+        .route("/v1/desks/{agent}", get(show_desk))
+        .route(
+            "/v1/desks/{agent}/files/{*path}",
+            get(read_file).put(write_file).delete(delete_file),
+        )
+        .route("/v1/desks/{agent}/stat", get(stat_root))
+        .route("/v1/desks/{agent}/stat/{*path}", get(stat_path))
+        .route("/v1/desks/{agent}/list", get(list_root))
+        .route("/v1/desks/{agent}/list/{*path}", get(list_path))
+        .route("/v1/desks/{agent}/mkdir", post(mkdir))
+        .route("/v1/desks/{agent}/move", post(move_path))
+        .fallback(|| async {
+            ServeError::new(Code::NotFound, "no such endpoint; see GET /v1/openapi.json")
+        })
+        .with_state(app)
+}
+
+async fn openapi() -> axum::Json<Value> {
+    axum::Json(crate::openapi::document())
+}
+
+async fn list_desks(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<Response> {
+    let g = grant(&app, &headers).await?;
+    let root = app.root.clone();
+    let desks = blocking(move || deskfs_desk::list(&root).map_err(desk_error)).await?;
+    let v: Vec<Value> = desks
+        .into_iter()
+        .filter(|d| d.agent == g.agent)
+        .map(|d| json!({"agent": d.agent, "created": d.created}))
+        .collect();
+    Ok(axum::Json(json!({ "desks": v })).into_response())
+}
+
+#[derive(Deserialize)]
+struct CreateDesk {
+    agent: String,
+}
+
+async fn create_desk(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let req: CreateDesk = json_body(&body)?;
+    grant(&app, &headers).await?.allows(&req.agent, true)?;
+    let root = app.root.clone();
+    let desk = blocking(move || Desk::create(&root, &req.agent).map_err(desk_error)).await?;
+    let v = json!({"agent": desk.agent(), "created": desk.meta().created});
+    Ok((StatusCode::CREATED, axum::Json(v)).into_response())
+}
+
+async fn show_desk(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let (desk, _) = open_desk(&app, &headers, &agent, false).await?;
+    let v = json!({
+        "agent": desk.agent(),
+        "created": desk.meta().created,
+        "repos": desk.repo_names(),
+        "tasks": desk.task_names(),
+    });
+    Ok(axum::Json(v).into_response())
+}
+
+/// One `Range: bytes=…` of a file of `size` bytes: `Some((start, len))`, `None` to
+/// serve the whole file (no header, or several ranges, which RFC 9110 lets a server
+/// ignore).
+fn range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>> {
+    let Some(v) = headers.get(header::RANGE) else {
+        return Ok(None);
+    };
+    let bad = || {
+        ServeError::new(
+            Code::RangeNotSatisfiable,
+            format!("cannot serve that Range of a {size}-byte file; use bytes=START-END within it"),
+        )
+    };
+    let s = v.to_str().map_err(|_| bad())?;
+    let Some(spec) = s.strip_prefix("bytes=") else {
+        return Err(bad());
+    };
+    if spec.contains(',') {
+        return Ok(None);
+    }
+    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
+    let (start, end) = match (a.trim(), b.trim()) {
+        ("", n) => {
+            let n: u64 = n.parse().map_err(|_| bad())?;
+            if n == 0 {
+                return Err(bad());
+            }
+            (size.saturating_sub(n), size.saturating_sub(1))
+        }
+        (a, "") => (a.parse().map_err(|_| bad())?, size.saturating_sub(1)),
+        (a, b) => {
+            let a: u64 = a.parse().map_err(|_| bad())?;
+            let b: u64 = b.parse().map_err(|_| bad())?;
+            if b < a {
+                return Err(bad());
+            }
+            (a, b.min(size.saturating_sub(1)))
+        }
+    };
+    if start >= size {
+        return Err(bad());
+    }
+    Ok(Some((start, end - start + 1)))
+}
+
+async fn read_file(
+    State(app): State<Arc<App>>,
+    UrlPath((agent, path)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let rel = RelPath::parse(&path)?;
+    let (_, dir) = open_desk(&app, &headers, &agent, false).await?;
+    let (file, st) = blocking(move || dir.open_read(&rel)).await?;
+    let etag =
+        HeaderValue::from_str(&st.etag).map_err(|e| ServeError::new(Code::Io, e.to_string()))?;
+    if headers
+        .get(header::IF_NONE_MATCH)
+        .is_some_and(|v| v.as_bytes() == st.etag.as_bytes() || v.as_bytes() == b"*")
+    {
+        return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response());
+    }
+    let size = st.size;
+    let want = match range(&headers, size) {
+        Ok(r) => r,
+        Err(e) => {
+            let mut resp = e.into_response();
+            if let Ok(v) = HeaderValue::from_str(&format!("bytes */{size}")) {
+                resp.headers_mut().insert(header::CONTENT_RANGE, v);
+            }
+            return Ok(resp);
+        }
+    };
+    let (start, len) = want.unwrap_or((0, size));
+    let mut file = file;
+    if start > 0 {
+        file.seek(SeekFrom::Start(start))
+            .map_err(|e| ServeError::io("read", &st.path, e))?;
+    }
+    let reader = tokio::fs::File::from_std(file).take(len);
+    let body = Body::from_stream(tokio_util::io::ReaderStream::new(reader));
+    let mut resp = Response::new(body);
+    let h = resp.headers_mut();
+    h.insert(header::ETAG, etag);
+    h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
+    if let Some((s, l)) = want {
+        *resp.status_mut() = StatusCode::PARTIAL_CONTENT;
+        if let Ok(v) = HeaderValue::from_str(&format!("bytes {s}-{}/{size}", s + l - 1)) {
+            resp.headers_mut().insert(header::CONTENT_RANGE, v);
+        }
+    }
+    Ok(resp)
+}
+
+/// The write condition of a PUT's headers.
+fn precondition(headers: &HeaderMap) -> Result<Precondition> {
+    let text = |h| {
+        headers
+            .get(h)
+            .map(|v| {
+                v.to_str().map(|s| s.trim().to_owned()).map_err(|_| {
+                    ServeError::new(Code::BadRequest, "a condition header is not text")
+                })
+            })
+            .transpose()
+    };
+    match (text(header::IF_MATCH)?, text(header::IF_NONE_MATCH)?) {
+        (Some(_), Some(_)) => Err(ServeError::new(
+            Code::BadRequest,
+            "send If-Match or If-None-Match, not both",
+        )),
+        (Some(m), None) if m == "*" => Ok(Precondition::Exists),
+        (Some(m), None) => Ok(Precondition::Etag(m)),
+        (None, Some(n)) if n == "*" => Ok(Precondition::Absent),
+        (None, Some(_)) => Err(ServeError::new(
+            Code::BadRequest,
+            "a PUT takes only If-None-Match: * (create only)",
+        )),
+        (None, None) => Ok(Precondition::None),
+    }
+}
+
+async fn write_file(
+    State(app): State<Arc<App>>,
+    UrlPath((agent, path)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response> {
+    let rel = RelPath::parse(&path)?;
+    let pre = precondition(&headers)?;
+    let (desk, dir) = open_desk(&app, &headers, &agent, true).await?;
+    let mut staged = blocking(move || dir.stage(&rel)).await?;
+    let shown = path.clone();
+    let Some(f) = staged.take_file() else {
+        return Err(ServeError::new(Code::Io, "no temporary file"));
+    };
+    let mut out = tokio::fs::File::from_std(f);
+    let mut stream = body.into_data_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| {
+            ServeError::new(
+                Code::BadRequest,
+                format!("the request body broke off ({e}); nothing was written"),
+            )
+        })?;
+        out.write_all(&chunk)
+            .await
+            .map_err(|e| ServeError::io("write", &shown, e))?;
+    }
+    out.flush()
+        .await
+        .map_err(|e| ServeError::io("write", &shown, e))?;
+    staged.put_back(out.into_std().await);
+    // Check and rename one at a time per desk: in this process by its queue, across
+    // processes and hosts by the desk's lock file.
+    let queue = app.write_queue(&agent);
+    let _turn = queue.lock().await;
+    let lock_path = desk.locks_dir().join("files.lock");
+    let done = blocking(move || {
+        let _lock = deskfs_desk::lock::FileLock::acquire(
+            &lock_path,
+            "the desk's file writes",
+            WRITE_LOCK_WAIT,
+            false,
+        )
+        .map_err(desk_error)?;
+        staged.commit(&pre)
+    })
+    .await?;
+    let status = if done.replaced {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    let etag = HeaderValue::from_str(&done.stat.etag)
+        .map_err(|e| ServeError::new(Code::Io, e.to_string()))?;
+    Ok((status, [(header::ETAG, etag)], axum::Json(done.stat)).into_response())
+}
+
+async fn delete_file(
+    State(app): State<Arc<App>>,
+    UrlPath((agent, path)): UrlPath<(String, String)>,
+    RawQuery(query): RawQuery,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let rel = RelPath::parse(&path)?;
+    let recursive = flag(&query, "recursive");
+    let (_, dir) = open_desk(&app, &headers, &agent, true).await?;
+    blocking(move || dir.remove(&rel, recursive)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn stat_of(app: Arc<App>, agent: String, path: &str, headers: HeaderMap) -> Result<Response> {
+    let rel = RelPath::parse(path)?;
+    let (_, dir) = open_desk(&app, &headers, &agent, false).await?;
+    let st = blocking(move || dir.stat(&rel)).await?;
+    Ok(axum::Json(st).into_response())
+}
+
+async fn stat_root(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    stat_of(app, agent, "", headers).await
+}
+
+async fn stat_path(
+    State(app): State<Arc<App>>,
+    UrlPath((agent, path)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    stat_of(app, agent, &path, headers).await
+}
+
+async fn list_of(app: Arc<App>, agent: String, path: &str, headers: HeaderMap) -> Result<Response> {
+    let rel = RelPath::parse(path)?;
+    let (_, dir) = open_desk(&app, &headers, &agent, false).await?;
+    let shown = rel.display();
+    let entries = blocking(move || dir.list(&rel)).await?;
+    Ok(axum::Json(json!({"path": shown, "entries": entries})).into_response())
+}
+
+async fn list_root(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    list_of(app, agent, "", headers).await
+}
+
+async fn list_path(
+    State(app): State<Arc<App>>,
+    UrlPath((agent, path)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    list_of(app, agent, &path, headers).await
+}
+
+#[derive(Deserialize)]
+struct Mkdir {
+    path: String,
+    #[serde(default)]
+    parents: bool,
+}
+
+async fn mkdir(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let req: Mkdir = json_body(&body)?;
+    let rel = RelPath::parse(&req.path)?;
+    let (_, dir) = open_desk(&app, &headers, &agent, true).await?;
+    let st = blocking(move || {
+        dir.mkdir(&rel, req.parents)?;
+        dir.stat(&rel)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, axum::Json(st)).into_response())
+}
+
+#[derive(Deserialize)]
+struct Move {
+    from: String,
+    to: String,
+    #[serde(default)]
+    overwrite: bool,
+}
+
+async fn move_path(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let req: Move = json_body(&body)?;
+    let from = RelPath::parse(&req.from)?;
+    let to = RelPath::parse(&req.to)?;
+    let (_, dir) = open_desk(&app, &headers, &agent, true).await?;
+    let st = blocking(move || {
+        dir.rename(&from, &to, req.overwrite)?;
+        dir.stat(&to)
+    })
+    .await?;
+    Ok(axum::Json(st).into_response())
+}

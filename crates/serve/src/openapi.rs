@@ -1,0 +1,94 @@
+//! The OpenAPI 3.1 document of the `/v1` API, served at `GET /v1/openapi.json`.
+
+use serde_json::{json, Value};
+
+fn path_param(name: &str, what: &str) -> Value {
+    json!({"name": name, "in": "path", "required": true, "description": what, "schema": {"type": "string"}})
+}
+
+fn errors(codes: &[u16]) -> Value {
+    let mut m = serde_json::Map::new();
+    for c in codes {
+        m.insert(
+            c.to_string(),
+            json!({"description": "error", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}),
+        );
+    }
+    Value::Object(m)
+}
+
+fn with(mut base: Value, extra: Value) -> Value {
+    if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+        for (k, v) in e {
+            b.insert(k.clone(), v.clone());
+        }
+    }
+    base
+}
+
+fn json_ok(schema: &str) -> Value {
+    json!({"description": "ok", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}})
+}
+
+/// The document.
+pub fn document() -> Value {
+    let agent = path_param("agent", "the desk's agent name");
+    let path = path_param("path", "a path inside the desk (relative; no `..`)");
+    let auth_errors = [401, 403, 404, 500];
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "deskfs desks",
+            "version": "1",
+            "description": "An agent's desk (files, tasks) on a deskfs workspace. Every call but this document needs `Authorization: Bearer <token>` (`deskfs token create AGENT`); a token opens one desk. Errors are `{\"error\": {\"code\", \"message\"}}` with stable codes."
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": {
+                "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
+                    "code": {"type": "string", "enum": ["bad_request", "bad_path", "outside_desk", "name_too_long", "path_too_long", "not_found", "exists", "is_dir", "not_dir", "not_empty", "etag_mismatch", "range_not_satisfiable", "unauthorized", "token_expired", "token_revoked", "token_scope", "read_only_token", "unknown_desk", "io"]},
+                    "message": {"type": "string"}}}}},
+                "Stat": {"type": "object", "required": ["path", "kind", "size", "mode", "mtime_ns", "etag"], "properties": {
+                    "path": {"type": "string"}, "kind": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},
+                    "size": {"type": "integer"}, "mode": {"type": "integer"}, "mtime_ns": {"type": "integer"},
+                    "etag": {"type": "string"}, "target": {"type": "string"}}},
+                "Listing": {"type": "object", "properties": {"path": {"type": "string"}, "entries": {"type": "array", "items": {"$ref": "#/components/schemas/Stat"}}}},
+                "Desk": {"type": "object", "properties": {"agent": {"type": "string"}, "created": {"type": "integer"}, "repos": {"type": "array", "items": {"type": "string"}}, "tasks": {"type": "array", "items": {"type": "string"}}}},
+                "Desks": {"type": "object", "properties": {"desks": {"type": "array", "items": {"$ref": "#/components/schemas/Desk"}}}}
+            }
+        },
+        "security": [{"bearer": []}],
+        "paths": {
+            "/v1/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {"200": {"description": "the document"}}}},
+            "/v1/desks": {
+                "get": {"summary": "The desks the token opens", "responses": with(json!({"200": json_ok("Desks")}), errors(&[401, 500]))},
+                "post": {"summary": "Create the token's desk", "requestBody": {"content": {"application/json": {"schema": {"type": "object", "required": ["agent"], "properties": {"agent": {"type": "string"}}}}}},
+                         "responses": with(json!({"201": json_ok("Desk")}), errors(&[400, 401, 403, 409, 500]))}
+            },
+            "/v1/desks/{agent}": {"get": {"summary": "One desk", "parameters": [agent], "responses": with(json!({"200": json_ok("Desk")}), errors(&auth_errors))}},
+            "/v1/desks/{agent}/files/{path}": {
+                "get": {"summary": "A file's content (one Range; ETag; If-None-Match gives 304)", "parameters": [agent, path,
+                            {"name": "Range", "in": "header", "schema": {"type": "string"}, "example": "bytes=0-1023"},
+                            {"name": "If-None-Match", "in": "header", "schema": {"type": "string"}}],
+                        "responses": with(json!({"200": {"description": "the content", "content": {"application/octet-stream": {}}}, "206": {"description": "the range"}, "304": {"description": "unchanged"}}), errors(&[400, 401, 403, 404, 409, 416, 500]))},
+                "put": {"summary": "Replace a file atomically (temporary file, fsync, rename); the parent must exist", "parameters": [agent, path,
+                            {"name": "If-Match", "in": "header", "schema": {"type": "string"}, "description": "the ETag the file must have, or * (must exist)"},
+                            {"name": "If-None-Match", "in": "header", "schema": {"type": "string", "enum": ["*"]}, "description": "create only"}],
+                        "requestBody": {"content": {"application/octet-stream": {}}},
+                        "responses": with(json!({"200": json_ok("Stat"), "201": json_ok("Stat")}), errors(&[400, 401, 403, 404, 409, 412, 500]))},
+                "delete": {"summary": "Remove a file, symlink or directory", "parameters": [agent, path, {"name": "recursive", "in": "query", "schema": {"type": "boolean"}}],
+                           "responses": with(json!({"204": {"description": "removed"}}), errors(&[400, 401, 403, 404, 409, 500]))}
+            },
+            "/v1/desks/{agent}/stat": {"get": {"summary": "The desk root's attributes", "parameters": [agent], "responses": with(json!({"200": json_ok("Stat")}), errors(&auth_errors))}},
+            "/v1/desks/{agent}/stat/{path}": {"get": {"summary": "A path's attributes (symlinks not followed)", "parameters": [agent, path], "responses": with(json!({"200": json_ok("Stat")}), errors(&[400, 401, 403, 404, 500]))}},
+            "/v1/desks/{agent}/list": {"get": {"summary": "The desk root's entries", "parameters": [agent], "responses": with(json!({"200": json_ok("Listing")}), errors(&auth_errors))}},
+            "/v1/desks/{agent}/list/{path}": {"get": {"summary": "A directory's entries", "parameters": [agent, path], "responses": with(json!({"200": json_ok("Listing")}), errors(&[400, 401, 403, 404, 409, 500]))}},
+            "/v1/desks/{agent}/mkdir": {"post": {"summary": "Make a directory", "parameters": [agent],
+                "requestBody": {"content": {"application/json": {"schema": {"type": "object", "required": ["path"], "properties": {"path": {"type": "string"}, "parents": {"type": "boolean"}}}}}},
+                "responses": with(json!({"201": json_ok("Stat")}), errors(&[400, 401, 403, 404, 409, 500]))}},
+            "/v1/desks/{agent}/move": {"post": {"summary": "Rename inside the desk (RENAME_NOREPLACE unless overwrite)", "parameters": [agent],
+                "requestBody": {"content": {"application/json": {"schema": {"type": "object", "required": ["from", "to"], "properties": {"from": {"type": "string"}, "to": {"type": "string"}, "overwrite": {"type": "boolean"}}}}}},
+                "responses": with(json!({"200": json_ok("Stat")}), errors(&[400, 401, 403, 404, 409, 500]))}}
+        }
+    })
+}
