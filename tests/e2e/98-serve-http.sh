@@ -4,12 +4,14 @@
 # and a revoked one of alice. tests/tools/serve_check.py then drives every endpoint (files
 # with Range and If-Match/If-None-Match, stat, list, mkdir, move, delete), every token
 # refusal, every escape (symlinks planted by the agent pointing out, encoded `..`, absolute
-# paths, NUL, over-long names; for reads, writes, listings, mkdir, moves and deletes) and
+# paths, NUL, over-long names; for reads, writes, listings, mkdir, moves and deletes), tasks
+# (start, list, resume, finish refused with uncommitted work, then discarded) and
 # 240 concurrent requests (a file per writer read back, 40 If-Match increments of one
 # counter: none lost). Also: bad command lines and a port in use give one clear line.
 # e2e-timeout: 600
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
+need_cmd git
 
 check_serve() { # NAME MOUNTPOINT
   local name=$1 mnt=$2
@@ -21,6 +23,9 @@ check_serve() { # NAME MOUNTPOINT
   mkdir -p "$outdir" && printf 'secret\n' > "$outdir/secret.txt"
   ln -s "$outdir" "$root/alice/out"
   ln -s "$outdir/secret.txt" "$root/alice/outfile"
+  # A repo for the task endpoints.
+  git init -q -b main "$root/alice/repos/app"
+  git -C "$root/alice/repos/app" -c user.name=t -c user.email=t@x commit -q --allow-empty -m first
   local rw ro bob expired revoked id
   rw=$(dfs token create alice 2> /dev/null) || fail "token create"
   ro=$(dfs token create alice --read-only 2> /dev/null) || fail "token create --read-only"

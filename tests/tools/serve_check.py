@@ -131,6 +131,23 @@ ok(st == 204 and not os.path.exists(os.path.join(DESK, "work")), "recursive dele
 expect_error(call("DELETE", "/v1/desks/alice/files/work"), 404, "not_found", "delete a missing path")
 expect_error(call("GET", "/v1/desks/alice/files/notes"), 409, "is_dir", "read a directory")
 
+# ---------------------------------------------------------------- tasks and resume
+started = j(call("POST", "/v1/desks/alice/tasks", body={"task": "t1", "repo": "app"}), 201, "start a task")
+ok(started["branch"] == "t1", f"task start: {started}")
+tasks = j(call("GET", "/v1/desks/alice/tasks", token="ro"), 200, "list tasks")
+ok([t["name"] for t in tasks["tasks"]] == ["t1"], f"tasks: {tasks}")
+res = j(call("GET", "/v1/desks/alice/resume", token="ro"), 200, "resume")
+ok("t1" in json.dumps(res), "resume shows the open task")
+expect_error(call("POST", "/v1/desks/alice/tasks", body={"task": "t1", "repo": "app"}), 409, "exists", "start a task twice")
+expect_error(call("POST", "/v1/desks/alice/tasks", body={"task": "FETCH HEAD", "repo": "app"}), 400, "bad_request", "bad task name")
+expect_error(call("POST", "/v1/desks/alice/tasks", body={"task": "t2", "repo": "nope"}), 404, "not_found", "unknown repo")
+expect_error(call("POST", "/v1/desks/alice/tasks", token="ro", body={"task": "t3", "repo": "app"}), 403, "read_only_token", "read-only task start")
+call("PUT", "/v1/desks/alice/files/tasks/t1/wip.txt", body=b"work in progress")
+expect_error(call("POST", "/v1/desks/alice/tasks/t1/finish", body={}), 409, "conflict", "finish with uncommitted work")
+fin = j(call("POST", "/v1/desks/alice/tasks/t1/finish", body={"discard": True, "note": "via http"}), 200, "finish with discard")
+ok(not os.path.exists(os.path.join(DESK, "tasks/t1")), f"the worktree is gone: {fin}")
+expect_error(call("POST", "/v1/desks/alice/tasks/t1/finish", body={}), 404, "not_found", "finish a finished task")
+
 # ---------------------------------------------------------------- tokens
 expect_error(call("GET", "/v1/desks/alice/list", token=None), 401, "unauthorized", "no token")
 expect_error(call("GET", "/v1/desks/alice/list", token="dsk_alice_forged"), 401, "unauthorized", "a forged token")

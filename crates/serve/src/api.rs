@@ -17,6 +17,10 @@
 //! | `GET /v1/desks/{agent}/list[/{path}]` | directory entries with attributes |
 //! | `POST /v1/desks/{agent}/mkdir` `{"path", "parents"}` | make a directory |
 //! | `POST /v1/desks/{agent}/move` `{"from", "to", "overwrite"}` | rename inside the desk |
+//! | `GET /v1/desks/{agent}/resume` | what `deskfs resume --json` prints |
+//! | `GET /v1/desks/{agent}/tasks` | open tasks (`deskfs task list --json`) |
+//! | `POST /v1/desks/{agent}/tasks` `{"task", "repo", "branch"}` | start a task (a worktree) |
+//! | `POST /v1/desks/{agent}/tasks/{task}/finish` `{"discard", "note"}` | finish a task |
 
 use std::collections::HashMap;
 use std::io::{Seek, SeekFrom};
@@ -92,7 +96,16 @@ fn desk_error(e: DeskError) -> ServeError {
     match e {
         DeskError::InvalidAgent { .. } => ServeError::new(Code::BadRequest, e.to_string()),
         DeskError::UnknownAgent { .. } => ServeError::new(Code::UnknownDesk, e.to_string()),
-        DeskError::DeskExists { .. } => ServeError::new(Code::Exists, e.to_string()),
+        DeskError::DeskExists { .. } | DeskError::TaskExists { .. } => {
+            ServeError::new(Code::Exists, e.to_string())
+        }
+        DeskError::UnknownTask { .. } | DeskError::UnknownRepo { .. } => {
+            ServeError::new(Code::NotFound, e.to_string())
+        }
+        DeskError::InvalidName { .. } => ServeError::new(Code::BadRequest, e.to_string()),
+        DeskError::Uncommitted { .. } | DeskError::LockTimeout { .. } => {
+            ServeError::new(Code::Conflict, e.to_string())
+        }
         e => ServeError::new(Code::Io, e.to_string()),
     }
 }
@@ -166,6 +179,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/desks/{agent}/list/{*path}", get(list_path))
         .route("/v1/desks/{agent}/mkdir", post(mkdir))
         .route("/v1/desks/{agent}/move", post(move_path))
+        .route("/v1/desks/{agent}/resume", get(resume))
+        .route("/v1/desks/{agent}/tasks", get(list_tasks).post(start_task))
+        .route("/v1/desks/{agent}/tasks/{task}/finish", post(finish_task))
         .fallback(|| async {
             ServeError::new(Code::NotFound, "no such endpoint; see GET /v1/openapi.json")
         })
@@ -512,4 +528,78 @@ async fn move_path(
     })
     .await?;
     Ok(axum::Json(st).into_response())
+}
+
+async fn resume(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let (desk, _) = open_desk(&app, &headers, &agent, false).await?;
+    let r = blocking(move || deskfs_desk::resume::resume(&desk).map_err(desk_error)).await?;
+    Ok(axum::Json(r).into_response())
+}
+
+async fn list_tasks(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let (desk, _) = open_desk(&app, &headers, &agent, false).await?;
+    let tasks = blocking(move || Ok(deskfs_desk::task::list(&desk))).await?;
+    Ok(axum::Json(json!({ "tasks": tasks })).into_response())
+}
+
+#[derive(Deserialize)]
+struct StartTask {
+    task: String,
+    repo: String,
+    #[serde(default)]
+    branch: Option<String>,
+}
+
+async fn start_task(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let req: StartTask = json_body(&body)?;
+    let (desk, _) = open_desk(&app, &headers, &agent, true).await?;
+    let started = blocking(move || {
+        deskfs_desk::task::repair_links(&desk);
+        deskfs_desk::task::start(&desk, &req.task, &req.repo, req.branch.as_deref())
+            .map_err(desk_error)
+    })
+    .await?;
+    Ok((StatusCode::CREATED, axum::Json(started)).into_response())
+}
+
+#[derive(Deserialize, Default)]
+struct FinishTask {
+    #[serde(default)]
+    discard: bool,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+async fn finish_task(
+    State(app): State<Arc<App>>,
+    UrlPath((agent, task)): UrlPath<(String, String)>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let req: FinishTask = if body.is_empty() {
+        FinishTask::default()
+    } else {
+        json_body(&body)?
+    };
+    let (desk, _) = open_desk(&app, &headers, &agent, true).await?;
+    let finished = blocking(move || {
+        deskfs_desk::task::repair_links(&desk);
+        deskfs_desk::task::finish(&desk, &task, req.discard, req.note.as_deref())
+            .map_err(desk_error)
+    })
+    .await?;
+    Ok(axum::Json(finished).into_response())
 }

@@ -79,13 +79,15 @@ impl RelPath {
                         format!("path {s:?} has a '..' component; paths stay inside the desk"),
                     ))
                 }
-                c if c.len() > NAME_MAX => return Err(ServeError::new(
-                    Code::NameTooLong,
-                    format!(
+                c if c.len() > NAME_MAX => {
+                    return Err(ServeError::new(
+                        Code::NameTooLong,
+                        format!(
                         "name of {} bytes in {s:?} is longer than {NAME_MAX}; use a shorter name",
                         c.len()
                     ),
-                )),
+                    ))
+                }
                 c => parts.push(c.to_owned()),
             }
         }

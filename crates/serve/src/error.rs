@@ -27,6 +27,9 @@ pub enum Code {
     NotDir,
     /// A directory that is not empty (409).
     NotEmpty,
+    /// The desk's state refuses the change: a task with uncommitted work, a lock held
+    /// elsewhere (409).
+    Conflict,
     /// `If-Match` did not match the file's current ETag (412).
     EtagMismatch,
     /// The `Range` cannot be satisfied (416).
@@ -61,6 +64,7 @@ impl Code {
             Code::IsDir => "is_dir",
             Code::NotDir => "not_dir",
             Code::NotEmpty => "not_empty",
+            Code::Conflict => "conflict",
             Code::EtagMismatch => "etag_mismatch",
             Code::RangeNotSatisfiable => "range_not_satisfiable",
             Code::Unauthorized => "unauthorized",
@@ -80,7 +84,7 @@ impl Code {
             Code::Unauthorized | Code::TokenExpired | Code::TokenRevoked => 401,
             Code::OutsideDesk | Code::TokenScope | Code::ReadOnlyToken => 403,
             Code::NotFound | Code::UnknownDesk => 404,
-            Code::Exists | Code::IsDir | Code::NotDir | Code::NotEmpty => 409,
+            Code::Exists | Code::IsDir | Code::NotDir | Code::NotEmpty | Code::Conflict => 409,
             Code::EtagMismatch => 412,
             Code::RangeNotSatisfiable => 416,
             Code::Io => 500,

@@ -46,7 +46,7 @@ pub fn document() -> Value {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
-                    "code": {"type": "string", "enum": ["bad_request", "bad_path", "outside_desk", "name_too_long", "path_too_long", "not_found", "exists", "is_dir", "not_dir", "not_empty", "etag_mismatch", "range_not_satisfiable", "unauthorized", "token_expired", "token_revoked", "token_scope", "read_only_token", "unknown_desk", "io"]},
+                    "code": {"type": "string", "enum": ["bad_request", "bad_path", "outside_desk", "name_too_long", "path_too_long", "not_found", "exists", "is_dir", "not_dir", "not_empty", "conflict", "etag_mismatch", "range_not_satisfiable", "unauthorized", "token_expired", "token_revoked", "token_scope", "read_only_token", "unknown_desk", "io"]},
                     "message": {"type": "string"}}}}},
                 "Stat": {"type": "object", "required": ["path", "kind", "size", "mode", "mtime_ns", "etag"], "properties": {
                     "path": {"type": "string"}, "kind": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},
@@ -86,6 +86,16 @@ pub fn document() -> Value {
             "/v1/desks/{agent}/mkdir": {"post": {"summary": "Make a directory", "parameters": [agent],
                 "requestBody": {"content": {"application/json": {"schema": {"type": "object", "required": ["path"], "properties": {"path": {"type": "string"}, "parents": {"type": "boolean"}}}}}},
                 "responses": with(json!({"201": json_ok("Stat")}), errors(&[400, 401, 403, 404, 409, 500]))}},
+            "/v1/desks/{agent}/resume": {"get": {"summary": "What a session reads first (as `deskfs resume --json`)", "parameters": [agent], "responses": with(json!({"200": {"description": "the resume"}}), errors(&auth_errors))}},
+            "/v1/desks/{agent}/tasks": {
+                "get": {"summary": "Open tasks", "parameters": [agent], "responses": with(json!({"200": {"description": "the tasks"}}), errors(&auth_errors))},
+                "post": {"summary": "Start a task: a git worktree of a repo under tasks/", "parameters": [agent],
+                         "requestBody": {"content": {"application/json": {"schema": {"type": "object", "required": ["task", "repo"], "properties": {"task": {"type": "string"}, "repo": {"type": "string"}, "branch": {"type": "string"}}}}}},
+                         "responses": with(json!({"201": {"description": "started"}}), errors(&[400, 401, 403, 404, 409, 500]))}
+            },
+            "/v1/desks/{agent}/tasks/{task}/finish": {"post": {"summary": "Finish a task (refused with uncommitted work unless discard)", "parameters": [agent, path_param("task", "the task")],
+                "requestBody": {"content": {"application/json": {"schema": {"type": "object", "properties": {"discard": {"type": "boolean"}, "note": {"type": "string"}}}}}},
+                "responses": with(json!({"200": {"description": "finished"}}), errors(&[400, 401, 403, 404, 409, 500]))}},
             "/v1/desks/{agent}/move": {"post": {"summary": "Rename inside the desk (RENAME_NOREPLACE unless overwrite)", "parameters": [agent],
                 "requestBody": {"content": {"application/json": {"schema": {"type": "object", "required": ["from", "to"], "properties": {"from": {"type": "string"}, "to": {"type": "string"}, "overwrite": {"type": "boolean"}}}}}},
                 "responses": with(json!({"200": json_ok("Stat")}), errors(&[400, 401, 403, 404, 409, 500]))}}
