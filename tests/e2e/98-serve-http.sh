@@ -11,7 +11,7 @@
 # e2e-timeout: 600
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
-need_cmd git
+need_cmd git curl
 
 check_serve() { # NAME MOUNTPOINT
   local name=$1 mnt=$2
@@ -51,6 +51,15 @@ check_serve() { # NAME MOUNTPOINT
   python3 "$ROOT/tests/tools/serve_check.py" "$base" "$root" "$outdir/secret.txt" "$tokens" > "$T/check-$name.out" 2>&1 \
     || fail "$name: $(tail -3 "$T/check-$name.out")"
   log "$name: $(tail -1 "$T/check-$name.out")"
+
+  # A desk removed and made again is another desk: the old desk's tokens do not open it.
+  dfs desk rm bob --yes > /dev/null || fail "desk rm bob"
+  dfs desk create bob > /dev/null || fail "desk create bob again"
+  local got
+  got=$(curl -s -H "Authorization: Bearer $bob" "$base/v1/desks/bob/stat")
+  [[ $got == *'"code":"token_revoked"'* ]] || fail "an old desk's token opened the new desk: $got"
+  got=$(curl -s -H "Authorization: Bearer $bob" "$base/v1/desks/nobody/stat")
+  [[ $got == *'"code":"token_scope"'* ]] || fail "another desk: $got"
 
   # A second server on the same port: one clear line, non-zero exit.
   local port=${base##*:} out rc=0

@@ -74,6 +74,11 @@ ok(show["agent"] == "alice" and "repos" in show and "tasks" in show, f"show: {sh
 expect_error(call("POST", "/v1/desks", body={"agent": "alice"}), 409, "exists", "create an existing desk")
 expect_error(call("POST", "/v1/desks", body={"agent": "carol"}), 403, "token_scope", "create another agent's desk")
 expect_error(call("GET", "/v1/nope"), 404, "not_found", "unknown endpoint")
+expect_error(call("DELETE", "/v1/desks/alice/list"), 405, "method_not_allowed", "a method an endpoint does not take")
+expect_error(call("GET", "/v1/desks/alice/files/%FF"), 400, "bad_request", "a path that is not UTF-8")
+expect_error(call("POST", "/v1/desks/alice/mkdir", body={"path": "d", "parentz": True}), 400, "bad_request", "an unknown field")
+st, _, _ = call("GET", "/v1/desks/alice/stat", token=None, headers={"Authorization": "bearer " + TOKENS["rw"]})
+ok(st == 200, "the bearer scheme is case-insensitive")
 
 # ---------------------------------------------------------------- files
 st, hd, body = call("PUT", "/v1/desks/alice/files/notes/hello.txt", body=b"hello world\n")
@@ -88,8 +93,14 @@ st, hd, body = call("GET", "/v1/desks/alice/files/notes/hello.txt", headers={"Ra
 ok(st == 206 and body == b"ld\n", "suffix range")
 expect_error(call("GET", "/v1/desks/alice/files/notes/hello.txt", headers={"Range": "bytes=50-"}),
              416, "range_not_satisfiable", "range past the end")
+st, _, body = call("GET", "/v1/desks/alice/files/notes/hello.txt", headers={"Range": "items=0-1"})
+ok(st == 200 and body == b"hello world\n", "a Range of another unit is ignored")
+st, _, body = call("GET", "/v1/desks/alice/files/notes/hello.txt", headers={"Range": "bytes=6-99999999999999999999999"})
+ok(st == 206 and body == b"world\n", "a Range end past 2^64 is clamped")
 st, _, _ = call("GET", "/v1/desks/alice/files/notes/hello.txt", headers={"If-None-Match": etag1})
 ok(st == 304, "If-None-Match with the current ETag: 304")
+st, _, _ = call("GET", "/v1/desks/alice/files/notes/hello.txt", headers={"If-None-Match": '"x", W/' + etag1})
+ok(st == 304, "If-None-Match with a list holding the weak form of the ETag: 304")
 st, hd, body = call("PUT", "/v1/desks/alice/files/notes/hello.txt", body=b"v2\n", headers={"If-Match": etag1})
 ok(st == 200 and hd["etag"] != etag1, f"replace with the right ETag: {st} {body[:200]!r}")
 etag2 = hd["etag"]
@@ -125,6 +136,8 @@ lst = j(call("GET", "/v1/desks/alice/list/work/a"), 200, "list")
 ok([e["path"] for e in lst["entries"]] == ["work/a/b", "work/a/hello.txt"], f"list: {lst}")
 top = j(call("GET", "/v1/desks/alice/list"), 200, "list the root")
 ok(any(e["path"] == "AGENTS.md" for e in top["entries"]), "the root lists the desk")
+expect_error(call("POST", "/v1/desks/alice/move", body={"from": "work", "to": "work/a/inside"}), 400, "bad_request",
+             "move a directory into itself")
 expect_error(call("DELETE", "/v1/desks/alice/files/work"), 409, "not_empty", "delete a non-empty dir")
 st, _, _ = call("DELETE", "/v1/desks/alice/files/work?recursive=true")
 ok(st == 204 and not os.path.exists(os.path.join(DESK, "work")), "recursive delete")
@@ -181,20 +194,33 @@ escapes = [
 for method, path, status, code, what in escapes:
     expect_error(call(method, path, body=b"pwned" if method == "PUT" else None), status, code, what)
 for what, body in [("mkdir through a symlink out", {"path": "out/newdir"}),
-                   ("mkdir -p through a symlink out", {"path": "out/x/y", "parents": True}),
                    ("mkdir with ..", {"path": "../escape"})]:
     expect_error(call("POST", "/v1/desks/alice/mkdir", body=body), 403, "outside_desk", what)
 for what, body in [("move out of the desk", {"from": "big.bin", "to": "../stolen"}),
                    ("move into a symlink out", {"from": "big.bin", "to": "out/stolen"}),
                    ("move from outside", {"from": "out/" + os.path.basename(OUTSIDE), "to": "got"})]:
     expect_error(call("POST", "/v1/desks/alice/move", body=body), 403, "outside_desk", what)
+expect_error(call("POST", "/v1/desks/alice/mkdir", body={"path": "out/x/y", "parents": True}), 409, "exists",
+             "mkdir -p finds a link out in the way")
 ok(open(OUTSIDE, "rb").read() == secret, "the outside file is untouched")
 outdir = os.path.dirname(OUTSIDE)
 ok(sorted(os.listdir(outdir)) == [os.path.basename(OUTSIDE)], f"nothing was made outside: {os.listdir(outdir)}")
-# Writing over the planted link replaces the link inside the desk, not its target.
-st, _, _ = call("PUT", "/v1/desks/alice/files/outfile", body=b"mine")
-ok(st == 200 and open(OUTSIDE, "rb").read() == secret and not os.path.islink(os.path.join(DESK, "outfile")),
-   "a write over a planted link replaces the link")
+# A write to the planted link is refused; its target and the link stay.
+expect_error(call("PUT", "/v1/desks/alice/files/outfile", body=b"mine"), 403, "outside_desk", "write to a link pointing out")
+ok(open(OUTSIDE, "rb").read() == secret and os.path.islink(os.path.join(DESK, "outfile")), "link and target untouched")
+expect_error(call("POST", "/v1/desks/alice/mkdir", body={"path": "outfile/x", "parents": True}), 409, "exists",
+             "mkdir -p does not look through a link")
+# A link inside the desk: a write lands on its target under the ETag a read gave.
+st, hd, body = call("GET", "/v1/desks/alice/files/CLAUDE.md")
+ok(st == 200, "read CLAUDE.md")
+st, _, b2 = call("PUT", "/v1/desks/alice/files/CLAUDE.md", body=body + b"\nedited over HTTP\n", headers={"If-Match": hd["etag"]})
+ok(st == 200 and os.path.islink(os.path.join(DESK, "CLAUDE.md"))
+   and open(os.path.join(DESK, "AGENTS.md"), "rb").read().endswith(b"edited over HTTP\n"),
+   f"a write through CLAUDE.md reaches AGENTS.md: {st} {b2[:200]!r}")
+# Not a regular file: refused at once, not a hung request.
+os.mkfifo(os.path.join(DESK, "fifo"))
+expect_error(call("GET", "/v1/desks/alice/files/fifo"), 409, "conflict", "read a FIFO")
+os.unlink(os.path.join(DESK, "fifo"))
 
 # ---------------------------------------------------------------- load: 200 at once
 N = 200

@@ -140,7 +140,7 @@ pub fn token(a: TokenArgs) -> Result<()> {
             } else {
                 Scope::ReadWrite
             };
-            let (tok, rec) = store.create(desk.agent(), scope, ttl)?;
+            let (tok, rec) = store.create(desk.agent(), Some(desk.meta().created), scope, ttl)?;
             println!("{tok}");
             eprintln!(
                 "token {} for the desk of {} ({}{}); shown once, keep it secret",

@@ -322,12 +322,37 @@ pub fn list(root: &Path) -> Result<Vec<DeskEntry>> {
     Ok(v)
 }
 
+/// Largest `desk.toml` read, bytes.
+const MAX_DESK_TOML: u64 = 64 * 1024;
+
 fn read_meta(dir: &Path) -> Result<DeskMeta> {
     let p = dir.join("desk.toml");
-    let text = fs::read_to_string(&p).map_err(|e| DeskError::NotADesk {
+    let not_a_desk = |reason: String| DeskError::NotADesk {
         path: dir.to_path_buf(),
-        reason: format!("cannot read desk.toml: {e}"),
-    })?;
+        reason,
+    };
+    // The agent can change its desk from inside `exec`: desk.toml is read only as a
+    // small regular file (never through a symlink, never a FIFO or device, which would
+    // block or never end).
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(&p)
+            .map_err(|e| not_a_desk(format!("cannot read desk.toml: {e}")))?
+    };
+    let md = file
+        .metadata()
+        .map_err(|e| not_a_desk(format!("cannot read desk.toml: {e}")))?;
+    if !md.is_file() || md.len() > MAX_DESK_TOML {
+        return Err(not_a_desk(format!(
+            "desk.toml is not a regular file of at most {MAX_DESK_TOML} bytes"
+        )));
+    }
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut std::io::Read::take(&file, MAX_DESK_TOML), &mut text)
+        .map_err(|e| not_a_desk(format!("cannot read desk.toml: {e}")))?;
     let meta: DeskMeta = toml::from_str(&text).map_err(|e| DeskError::NotADesk {
         path: dir.to_path_buf(),
         reason: format!("desk.toml is invalid: {}", e.message()),

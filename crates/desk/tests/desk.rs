@@ -511,3 +511,45 @@ fn tidy_finds_and_removes_leftovers() {
         .collect();
     assert_eq!(kinds, ["dirty-task", "missing-task"]);
 }
+
+/// An agent can change its desk from inside `exec`; its `desk.toml` is read only as a
+/// small regular file: a symlink (to a huge file, or `/dev/zero`), a FIFO or an
+/// oversized file make the desk "not a desk" at once, never a hang or a read without end.
+#[test]
+fn desk_toml_is_read_only_as_a_small_regular_file() {
+    let root = tempfile::tempdir().unwrap();
+    Desk::create(root.path(), "mallory").unwrap();
+    let toml = root.path().join("mallory/desk.toml");
+    let good = fs::read(&toml).unwrap();
+    type Make<'a> = Box<dyn Fn() + 'a>;
+    let cases: Vec<(&str, Make)> = vec![
+        (
+            "symlink to /dev/zero",
+            Box::new(|| std::os::unix::fs::symlink("/dev/zero", &toml).unwrap()),
+        ),
+        (
+            "oversized",
+            Box::new(|| fs::write(&toml, vec![b'#'; 100_000]).unwrap()),
+        ),
+        (
+            "fifo",
+            Box::new(|| {
+                let c = std::ffi::CString::new(toml.to_str().unwrap()).unwrap();
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+            }),
+        ),
+    ];
+    for (what, make) in cases {
+        fs::remove_file(&toml).unwrap();
+        make();
+        let e = Desk::open(root.path(), "mallory").expect_err(what);
+        assert!(matches!(e, DeskError::NotADesk { .. }), "{what}: {e}");
+        // Listing the root returns (without its creation time) instead of reading
+        // without end.
+        let l = deskfs_desk::list(root.path()).unwrap();
+        assert!(l.iter().all(|d| d.created.is_none()), "{what}");
+    }
+    fs::remove_file(&toml).unwrap();
+    fs::write(&toml, good).unwrap();
+    Desk::open(root.path(), "mallory").unwrap();
+}

@@ -95,7 +95,14 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'sta
 fn desk_error(e: DeskError) -> ServeError {
     match e {
         DeskError::InvalidAgent { .. } => ServeError::new(Code::BadRequest, e.to_string()),
-        DeskError::UnknownAgent { .. } => ServeError::new(Code::UnknownDesk, e.to_string()),
+        // Neither the other desks' names nor host paths go to a token holder.
+        DeskError::UnknownAgent { agent, .. } => ServeError::new(
+            Code::UnknownDesk,
+            format!("no desk for agent {agent:?}; create it with `deskfs desk create {agent}`"),
+        ),
+        DeskError::NotADesk { reason, .. } => {
+            ServeError::new(Code::UnknownDesk, format!("the desk is damaged: {reason}"))
+        }
         DeskError::DeskExists { .. } | DeskError::TaskExists { .. } => {
             ServeError::new(Code::Exists, e.to_string())
         }
@@ -115,8 +122,11 @@ async fn grant(app: &Arc<App>, headers: &HeaderMap) -> Result<Grant> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_owned())
+        .and_then(|v| {
+            let (scheme, rest) = v.trim().split_once(' ')?;
+            // The scheme is case-insensitive (RFC 9110, 11.1).
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim().to_owned())
+        })
         .ok_or_else(|| {
             ServeError::new(
                 Code::Unauthorized,
@@ -134,11 +144,13 @@ async fn open_desk(
     agent: &str,
     write: bool,
 ) -> Result<(Desk, DeskDir)> {
-    grant(app, headers).await?.allows(agent, write)?;
+    let g = grant(app, headers).await?;
+    g.allows(agent, write)?;
     let root = app.root.clone();
     let agent = agent.to_owned();
     blocking(move || {
         let desk = Desk::open(&root, &agent).map_err(desk_error)?;
+        g.same_desk(desk.meta().created)?;
         let dir = DeskDir::open(desk.dir())?;
         Ok((desk, dir))
     })
@@ -185,7 +197,56 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(|| async {
             ServeError::new(Code::NotFound, "no such endpoint; see GET /v1/openapi.json")
         })
+        .layer(axum::middleware::map_response(json_errors))
         .with_state(app)
+}
+
+/// Gives the errors axum answers itself (a method an endpoint does not take, a path that
+/// is not UTF-8, a body over the limit) the same JSON shape as ours.
+async fn json_errors(resp: Response) -> Response {
+    let st = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(st.is_client_error() || st.is_server_error()) || is_json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    let code = match st.as_u16() {
+        404 => Code::NotFound,
+        405 => Code::MethodNotAllowed,
+        413 => Code::TooLarge,
+        416 => Code::RangeNotSatisfiable,
+        s if s < 500 => Code::BadRequest,
+        _ => Code::Io,
+    };
+    let message = if text.is_empty() {
+        match code {
+            Code::MethodNotAllowed => {
+                "this endpoint does not take that method; see GET /v1/openapi.json".to_owned()
+            }
+            _ => format!("{st}; see GET /v1/openapi.json"),
+        }
+    } else {
+        text
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let body = json!({"error": {"code": code.as_str(), "message": message}});
+    Response::from_parts(parts, Body::from(body.to_string()))
 }
 
 async fn openapi() -> axum::Json<Value> {
@@ -205,6 +266,7 @@ async fn list_desks(State(app): State<Arc<App>>, headers: HeaderMap) -> Result<R
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct CreateDesk {
     agent: String,
 }
@@ -215,7 +277,21 @@ async fn create_desk(
     body: Bytes,
 ) -> Result<Response> {
     let req: CreateDesk = json_body(&body)?;
-    grant(&app, &headers).await?.allows(&req.agent, true)?;
+    let g = grant(&app, &headers).await?;
+    g.allows(&req.agent, true)?;
+    if g.desk_created.is_some() {
+        // Made for a desk that existed: it never opens a desk made after that one.
+        let root = app.root.clone();
+        let agent = req.agent.clone();
+        let existing = blocking(move || Ok(Desk::open(&root, &agent).ok())).await?;
+        match existing {
+            Some(d) => g.same_desk(d.meta().created)?,
+            None => return Err(ServeError::new(
+                Code::TokenRevoked,
+                "this token was made for a desk that was removed; make a new one with `deskfs token create`",
+            )),
+        }
+    }
     let root = app.root.clone();
     let desk = blocking(move || Desk::create(&root, &req.agent).map_err(desk_error)).await?;
     let v = json!({"agent": desk.agent(), "created": desk.meta().created});
@@ -237,6 +313,14 @@ async fn show_desk(
     Ok(axum::Json(v).into_response())
 }
 
+/// Whether the `If-None-Match` value `v` (`*`, or a list of strong or weak tags)
+/// names `etag` (weak comparison, RFC 9110 13.1.2).
+fn etag_listed(v: &str, etag: &str) -> bool {
+    v.split(',')
+        .map(str::trim)
+        .any(|t| t == "*" || t.trim_start_matches("W/") == etag)
+}
+
 /// One `Range: bytes=…` of a file of `size` bytes: `Some((start, len))`, `None` to
 /// serve the whole file (no header, or several ranges, which RFC 9110 lets a server
 /// ignore).
@@ -250,26 +334,44 @@ fn range(headers: &HeaderMap, size: u64) -> Result<Option<(u64, u64)>> {
             format!("cannot serve that Range of a {size}-byte file; use bytes=START-END within it"),
         )
     };
-    let s = v.to_str().map_err(|_| bad())?;
-    let Some(spec) = s.strip_prefix("bytes=") else {
-        return Err(bad());
+    // A Range the server does not understand is ignored (RFC 9110 14.2): the whole file.
+    let Ok(s) = v.to_str() else {
+        return Ok(None);
+    };
+    let Some(spec) = s.trim().strip_prefix("bytes=") else {
+        return Ok(None);
     };
     if spec.contains(',') {
         return Ok(None);
     }
-    let (a, b) = spec.split_once('-').ok_or_else(bad)?;
+    let Some((a, b)) = spec.split_once('-') else {
+        return Ok(None);
+    };
+    let num = |x: &str| -> Option<u64> {
+        if x.is_empty() || !x.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        // Past u64: as large as can be (clamped to the file below).
+        Some(x.parse().unwrap_or(u64::MAX))
+    };
+    if (!a.trim().is_empty() && num(a.trim()).is_none())
+        || (!b.trim().is_empty() && num(b.trim()).is_none())
+    {
+        return Ok(None);
+    }
     let (start, end) = match (a.trim(), b.trim()) {
+        ("", "") => return Ok(None),
         ("", n) => {
-            let n: u64 = n.parse().map_err(|_| bad())?;
+            let n = num(n).ok_or_else(bad)?;
             if n == 0 {
                 return Err(bad());
             }
             (size.saturating_sub(n), size.saturating_sub(1))
         }
-        (a, "") => (a.parse().map_err(|_| bad())?, size.saturating_sub(1)),
+        (a, "") => (num(a).ok_or_else(bad)?, size.saturating_sub(1)),
         (a, b) => {
-            let a: u64 = a.parse().map_err(|_| bad())?;
-            let b: u64 = b.parse().map_err(|_| bad())?;
+            let a = num(a).ok_or_else(bad)?;
+            let b = num(b).ok_or_else(bad)?;
             if b < a {
                 return Err(bad());
             }
@@ -294,7 +396,8 @@ async fn read_file(
         HeaderValue::from_str(&st.etag).map_err(|e| ServeError::new(Code::Io, e.to_string()))?;
     if headers
         .get(header::IF_NONE_MATCH)
-        .is_some_and(|v| v.as_bytes() == st.etag.as_bytes() || v.as_bytes() == b"*")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| etag_listed(v, &st.etag))
     {
         return Ok((StatusCode::NOT_MODIFIED, [(header::ETAG, etag)]).into_response());
     }
@@ -481,6 +584,7 @@ async fn list_path(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Mkdir {
     path: String,
     #[serde(default)]
@@ -505,6 +609,7 @@ async fn mkdir(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Move {
     from: String,
     to: String,
@@ -551,6 +656,7 @@ async fn list_tasks(
 }
 
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct StartTask {
     task: String,
     repo: String,
@@ -576,6 +682,7 @@ async fn start_task(
 }
 
 #[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
 struct FinishTask {
     #[serde(default)]
     discard: bool,

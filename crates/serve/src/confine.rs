@@ -111,6 +111,31 @@ impl RelPath {
         RelPath { parts }
     }
 
+    /// The path a symlink in this directory with `target` names (relative targets only;
+    /// `..` pops a component). Errors when the target is absolute, empty or leaves the
+    /// desk.
+    pub fn resolve_link(&self, target: &str) -> Result<RelPath> {
+        let out = || ServeError::new(Code::OutsideDesk, "the link leads out of the desk");
+        if target.is_empty() || target.starts_with('/') || target.contains('\0') {
+            return Err(out());
+        }
+        let mut parts = self.parts.clone();
+        for c in target.split('/') {
+            match c {
+                "" | "." => {}
+                ".." => {
+                    parts.pop().ok_or_else(out)?;
+                }
+                c if c.len() > NAME_MAX => return Err(out()),
+                c => parts.push(c.to_owned()),
+            }
+        }
+        if parts.is_empty() {
+            return Err(out());
+        }
+        Ok(RelPath { parts })
+    }
+
     /// The parent and the last name; `None` for the root.
     pub fn split_last(&self) -> Option<(RelPath, &str)> {
         let (last, rest) = self.parts.split_last()?;
@@ -408,7 +433,12 @@ impl DeskDir {
     /// # Errors
     /// `not_found`, `is_dir`, `outside_desk`, `io`.
     pub fn open_read(&self, p: &RelPath) -> Result<(File, Stat)> {
-        let fd = self.resolve(p, libc::O_RDONLY | libc::O_NOCTTY, "read")?;
+        // Non-blocking: a FIFO must not hold the request (only regular files are read).
+        let fd = self.resolve(
+            p,
+            libc::O_RDONLY | libc::O_NOCTTY | libc::O_NONBLOCK,
+            "read",
+        )?;
         let st = fstatat(fd.as_raw_fd(), c"", libc::AT_EMPTY_PATH)
             .map_err(|e| ServeError::io("read", &p.display(), e))?;
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
@@ -420,6 +450,17 @@ impl DeskDir {
                 ),
             ));
         }
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return Err(ServeError::new(
+                Code::Conflict,
+                format!(
+                    "cannot read {}: not a regular file (a FIFO, socket or device)",
+                    p.display()
+                ),
+            ));
+        }
+        // SAFETY: fcntl on a descriptor we own.
+        unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, 0) };
         Ok((File::from(fd), Stat::of(p, &st, None)))
     }
 
@@ -475,7 +516,7 @@ impl DeskDir {
                 if e.raw_os_error() != Some(libc::EEXIST) {
                     return Err(ServeError::io("create directory", &at.display(), e));
                 }
-                let st = fstatat(dir.as_raw_fd(), &name, 0)
+                let st = fstatat(dir.as_raw_fd(), &name, libc::AT_SYMLINK_NOFOLLOW)
                     .map_err(|e| ServeError::io("create directory", &at.display(), e))?;
                 if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
                     return Err(ServeError::new(
@@ -490,6 +531,46 @@ impl DeskDir {
             }
         }
         Ok(())
+    }
+
+    /// The path a write of `p` lands on: `p` itself, or, when `p` names a symlink, the
+    /// path inside the desk it points at (followed up to 40 times, as the kernel does), so
+    /// a write reaches the file a read of `p` returns (`CLAUDE.md` → `AGENTS.md`).
+    ///
+    /// # Errors
+    /// `outside_desk` for a link whose target is absolute or leaves the desk, or for a
+    /// loop.
+    fn follow_links(&self, p: &RelPath) -> Result<RelPath> {
+        let mut cur = p.clone();
+        for _ in 0..40 {
+            let Some((dir, _)) = cur.split_last() else {
+                return Ok(cur);
+            };
+            let (dfd, cname) = self.parent(&cur, "write")?;
+            let st = match fstatat(dfd.as_raw_fd(), &cname, libc::AT_SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(cur),
+                Err(e) => return Err(ServeError::io("write", &cur.display(), e)),
+            };
+            if st.st_mode & libc::S_IFMT != libc::S_IFLNK {
+                return Ok(cur);
+            }
+            let target = readlinkat(dfd.as_raw_fd(), &cname)
+                .map_err(|e| ServeError::io("write", &cur.display(), e))?;
+            cur = dir.resolve_link(&target).map_err(|_| {
+                ServeError::new(
+                    Code::OutsideDesk,
+                    format!(
+                        "cannot write {}: it is a symlink to {target:?}, outside the desk",
+                        p.display()
+                    ),
+                )
+            })?;
+        }
+        Err(ServeError::new(
+            Code::OutsideDesk,
+            format!("cannot write {}: too many levels of symlinks", p.display()),
+        ))
     }
 
     /// Removes `p`: a file or symlink, or a directory (empty, or with `recursive` its
@@ -537,6 +618,12 @@ impl DeskDir {
         };
         check(rc).map_err(|e| {
             let shown = format!("{} to {}", from.display(), to.display());
+            if e.raw_os_error() == Some(libc::EINVAL) {
+                return ServeError::new(
+                    Code::BadRequest,
+                    format!("cannot move {shown}: a directory cannot move into itself"),
+                );
+            }
             ServeError::io("move", &shown, e)
         })
     }
@@ -547,6 +634,7 @@ impl DeskDir {
     /// # Errors
     /// `not_found` / `not_dir` (the parent), `outside_desk`, `bad_path` (the root), `io`.
     pub fn stage(&self, p: &RelPath) -> Result<Staged> {
+        let p = &self.follow_links(p)?;
         // Opened for reading (not O_PATH): its fsync makes the rename durable.
         let (dir, name) = self.parent_with(p, "write", libc::O_RDONLY | libc::O_DIRECTORY)?;
         let n = TMP_SEQ.fetch_add(1, Ordering::Relaxed);

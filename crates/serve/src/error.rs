@@ -46,6 +46,10 @@ pub enum Code {
     ReadOnlyToken,
     /// No desk of that agent (404).
     UnknownDesk,
+    /// The endpoint does not take this method (405).
+    MethodNotAllowed,
+    /// The request body is larger than the endpoint takes (413).
+    TooLarge,
     /// The file system refused: no space, permissions, I/O (500 / 507).
     Io,
 }
@@ -73,6 +77,8 @@ impl Code {
             Code::TokenScope => "token_scope",
             Code::ReadOnlyToken => "read_only_token",
             Code::UnknownDesk => "unknown_desk",
+            Code::MethodNotAllowed => "method_not_allowed",
+            Code::TooLarge => "too_large",
             Code::Io => "io",
         }
     }
@@ -87,6 +93,8 @@ impl Code {
             Code::Exists | Code::IsDir | Code::NotDir | Code::NotEmpty | Code::Conflict => 409,
             Code::EtagMismatch => 412,
             Code::RangeNotSatisfiable => 416,
+            Code::MethodNotAllowed => 405,
+            Code::TooLarge => 413,
             Code::Io => 500,
         }
     }

@@ -46,7 +46,7 @@ pub fn document() -> Value {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
-                    "code": {"type": "string", "enum": ["bad_request", "bad_path", "outside_desk", "name_too_long", "path_too_long", "not_found", "exists", "is_dir", "not_dir", "not_empty", "conflict", "etag_mismatch", "range_not_satisfiable", "unauthorized", "token_expired", "token_revoked", "token_scope", "read_only_token", "unknown_desk", "io"]},
+                    "code": {"type": "string", "enum": ["bad_request", "bad_path", "outside_desk", "name_too_long", "path_too_long", "not_found", "exists", "is_dir", "not_dir", "not_empty", "conflict", "etag_mismatch", "range_not_satisfiable", "unauthorized", "token_expired", "token_revoked", "token_scope", "read_only_token", "unknown_desk", "method_not_allowed", "too_large", "io"]},
                     "message": {"type": "string"}}}}},
                 "Stat": {"type": "object", "required": ["path", "kind", "size", "mode", "mtime_ns", "etag"], "properties": {
                     "path": {"type": "string"}, "kind": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},

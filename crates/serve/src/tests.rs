@@ -68,7 +68,8 @@ fn symlinks_pointing_out_are_never_followed_out() {
     assert_eq!(code(d.stat(&rel("dirlink/keep"))), Code::OutsideDesk);
     assert_eq!(code(d.stage(&rel("dirlink/new"))), Code::OutsideDesk);
     assert_eq!(code(d.mkdir(&rel("dirlink/sub"), false)), Code::OutsideDesk);
-    assert_eq!(code(d.mkdir(&rel("dirlink/a/b"), true)), Code::OutsideDesk);
+    // mkdir -p finds the link in the way and never looks through it.
+    assert_eq!(code(d.mkdir(&rel("dirlink/a/b"), true)), Code::Exists);
     assert_eq!(
         code(d.remove(&rel("dirlink/keep"), false)),
         Code::OutsideDesk
@@ -84,9 +85,18 @@ fn symlinks_pointing_out_are_never_followed_out() {
         st.target.as_deref(),
         Some(t.path().join("secret").to_str().unwrap())
     );
-    // Writing over a link replaces the link, never the file it names.
-    put(&d, "abs", b"new", Precondition::None).unwrap();
+    // A write to a link pointing out is refused; the file it names is untouched.
+    assert_eq!(
+        code(put(&d, "abs", b"new", Precondition::None)),
+        Code::OutsideDesk
+    );
+    assert_eq!(
+        code(put(&d, "rel", b"new", Precondition::None)),
+        Code::OutsideDesk
+    );
     assert_eq!(std::fs::read(t.path().join("secret")).unwrap(), b"outside");
+    // mkdir -p does not look through a link either: it is in the way.
+    assert_eq!(code(d.mkdir(&rel("abs/x"), true)), Code::Exists);
     d.remove(&rel("dirlink"), true).unwrap();
     assert_eq!(
         std::fs::read(t.path().join("outdir/keep")).unwrap(),
@@ -99,6 +109,19 @@ fn symlinks_pointing_out_are_never_followed_out() {
     let mut s = String::new();
     f.read_to_string(&mut s).unwrap();
     assert_eq!((s.as_str(), st.size), ("inside", 6));
+    // ... and a write through it lands on its target, under the ETag a read gave
+    // (CLAUDE.md → AGENTS.md stay one file).
+    let w = put(&d, "ok", b"edited", Precondition::Etag(st.etag)).unwrap();
+    assert_eq!(w.stat.path, "target");
+    assert_eq!(std::fs::read(desk.join("target")).unwrap(), b"edited");
+    assert!(std::fs::symlink_metadata(desk.join("ok"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    // A FIFO is not read (it would block): only regular files are.
+    let fifo = std::ffi::CString::new(desk.join("fifo").to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    assert_eq!(code(d.open_read(&rel("fifo"))), Code::Conflict);
 }
 
 #[test]
@@ -230,7 +253,9 @@ fn mkdir_move_and_errors_map_to_codes() {
 fn tokens_open_one_desk_until_they_expire_or_are_revoked() {
     let t = tempfile::tempdir().unwrap();
     let store = TokenStore::at(t.path());
-    let (tok, rec) = store.create("alice", Scope::ReadWrite, None).unwrap();
+    let (tok, rec) = store
+        .create("alice", Some(7), Scope::ReadWrite, None)
+        .unwrap();
     assert!(tok.starts_with("dsk_alice_"));
     assert!(
         !std::fs::read_to_string(store.path())
@@ -248,13 +273,24 @@ fn tokens_open_one_desk_until_they_expire_or_are_revoked() {
     assert_eq!((g.agent.as_str(), g.scope), ("alice", Scope::ReadWrite));
     g.allows("alice", true).unwrap();
     assert_eq!(code(g.allows("bob", false)), Code::TokenScope);
+    g.same_desk(7).unwrap();
+    assert_eq!(
+        code(g.same_desk(8)),
+        Code::TokenRevoked,
+        "a desk made again is another desk"
+    );
     // Another token with the same agent prefix but a different secret is unknown.
     let forged = format!("{}x", &tok[..tok.len() - 1]);
     assert_eq!(code(store.verify(&forged, now)), Code::Unauthorized);
     assert_eq!(code(store.verify("dsk_", now)), Code::Unauthorized);
     assert_eq!(code(store.verify("nope", now)), Code::Unauthorized);
     let (ro, _) = store
-        .create("alice", Scope::ReadOnly, Some(Duration::from_secs(60)))
+        .create(
+            "alice",
+            Some(7),
+            Scope::ReadOnly,
+            Some(Duration::from_secs(60)),
+        )
         .unwrap();
     let g = store.verify(&ro, now).unwrap();
     g.allows("alice", false).unwrap();

@@ -54,6 +54,10 @@ pub struct TokenRecord {
     /// Revoked at, seconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked: Option<u64>,
+    /// The creation time of the desk it was made for (`desk.toml`): a desk removed and
+    /// made again under the same name is not opened by the old desk's tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub desk_created: Option<u64>,
 }
 
 /// What a verified token grants.
@@ -65,9 +69,29 @@ pub struct Grant {
     pub scope: Scope,
     /// The token's id.
     pub id: String,
+    /// The creation time of the desk it was made for.
+    pub desk_created: Option<u64>,
 }
 
 impl Grant {
+    /// Checks that the desk the token was made for is the one there now (created at
+    /// `created`).
+    ///
+    /// # Errors
+    /// `token_revoked` when that desk was removed (and perhaps made again).
+    pub fn same_desk(&self, created: u64) -> Result<()> {
+        match self.desk_created {
+            Some(c) if c != created => Err(ServeError::new(
+                Code::TokenRevoked,
+                format!(
+                    "this token was made for a desk of {:?} that was removed; make a new one with `deskfs token create {}`",
+                    self.agent, self.agent
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Checks that this grant opens `agent`'s desk, for a change when `write`.
     ///
     /// # Errors
@@ -195,7 +219,7 @@ impl TokenStore {
         Ok(out)
     }
 
-    /// Makes a token for `agent`'s desk with `scope`, expiring after `ttl` (never when
+    /// Makes a token for `agent`'s desk (created at `desk_created`) with `scope`, expiring after `ttl` (never when
     /// `None`). Returns the token (shown once; only its digest is kept) and its record.
     ///
     /// # Errors
@@ -203,6 +227,7 @@ impl TokenStore {
     pub fn create(
         &self,
         agent: &str,
+        desk_created: Option<u64>,
         scope: Scope,
         ttl: Option<Duration>,
     ) -> Result<(String, TokenRecord)> {
@@ -223,6 +248,7 @@ impl TokenStore {
             created: now,
             expires: ttl.map(|d| now.saturating_add(d.as_secs())),
             revoked: None,
+            desk_created,
         };
         let r = rec.clone();
         self.change(move |s| {
@@ -319,6 +345,7 @@ impl TokenStore {
             agent: t.agent.clone(),
             scope: t.scope,
             id: t.id.clone(),
+            desk_created: t.desk_created,
         })
     }
 }
