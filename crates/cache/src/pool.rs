@@ -72,13 +72,7 @@ impl Pool {
         }
     }
 
-    /// Ready files now (tests).
-    #[cfg(test)]
-    pub(crate) fn ready_len(&self) -> usize {
-        self.ready.lock().map(|v| v.len()).unwrap_or(0)
-    }
-
-    /// Ready files now (`deskfs status`).
+    /// Ready files now (`deskfs status`, tests).
     pub(crate) fn ready(&self) -> usize {
         self.ready.lock().map(|v| v.len()).unwrap_or(0)
     }

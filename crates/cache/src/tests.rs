@@ -174,7 +174,7 @@ fn a_new_staging_file_is_empty_whatever_was_at_its_path() {
         if pooled {
             c.start_pool(4);
             let t = std::time::Instant::now();
-            while c.pool.ready_len() == 0 {
+            while c.pool.ready() == 0 {
                 assert!(
                     t.elapsed() < std::time::Duration::from_secs(10),
                     "pool never filled"
@@ -215,7 +215,7 @@ fn the_pool_of_a_gone_process_is_adopted_and_its_recycled_files_come_back_empty(
     let cache = std::sync::Arc::new(Cache::open(dir.path(), 1 << 30, 1 << 20).unwrap());
     cache.start_pool(2);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    while cache.pool.ready_len() < 2 {
+    while cache.pool.ready() < 2 {
         assert!(std::time::Instant::now() < deadline, "pool never filled");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
