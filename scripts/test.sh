@@ -62,6 +62,9 @@ while (($#)); do
   shift
 done
 
+MCP_SDK_VERSION=${MCP_SDK_VERSION:-2.3.0}
+TEST_VENV=${DESKFS_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/deskfs-test-venv}
+export DESKFS_TEST_PY=$TEST_VENV/bin/python   # a python with the mcp SDK (made in step 1)
 APT_PACKAGES=(fuse3 libfuse3-dev pkg-config git sqlite3 python3-venv rclone fio bubblewrap make inotify-tools
   postgresql socat iproute2 util-linux)
 GARAGE_VERSION=${GARAGE_VERSION:-2.5.0}
@@ -255,6 +258,18 @@ if ((DO_DEPS)); then
   fi
   cargo_tool garage "$GARAGE_VERSION" "about 13 min on 2 cores"
   cargo_tool pjdfstest "$PJDFSTEST_VERSION" "a few minutes"
+  # The official MCP Python SDK, for the MCP conformance checks (tests/tools/mcp_check.py).
+  if ! "$TEST_VENV/bin/python" -c "import mcp" > /dev/null 2>&1; then
+    note "installing the MCP Python SDK (mcp==$MCP_SDK_VERSION) into $TEST_VENV"
+    t=$SECONDS
+    if python3 -m venv "$TEST_VENV" > "$LOGDIR/pip-mcp.log" 2>&1 &&
+       "$TEST_VENV/bin/pip" install -q "mcp==$MCP_SDK_VERSION" >> "$LOGDIR/pip-mcp.log" 2>&1; then
+      record "pip-install mcp" PASS $((SECONDS - t)) ""
+    else
+      tail -n 20 "$LOGDIR/pip-mcp.log"
+      record "pip-install mcp" FAIL $((SECONDS - t)) "pip install mcp==$MCP_SDK_VERSION failed, see target/test-logs/pip-mcp.log"
+    fi
+  fi
   if [[ ! -e /dev/fuse ]]; then
     as_root modprobe fuse > /dev/null 2>&1
     [[ -e /dev/fuse ]] || note "WARNING: /dev/fuse is missing: mount tests will fail"

@@ -7,11 +7,21 @@
 # paths, NUL, over-long names; for reads, writes, listings, mkdir, moves and deletes), tasks
 # (start, list, resume, finish refused with uncommitted work, then discarded) and
 # 240 concurrent requests (a file per writer read back, 40 If-Match increments of one
-# counter: none lost). Also: bad command lines and a port in use give one clear line.
+# counter: none lost), exec (output streamed before the command ends, proven by a file the
+# check makes only after reading it; timeout and disconnect kill the whole tree; exit codes,
+# signals, stderr apart; read-only, cwd and env refusals) and the status endpoint.
+# tests/tools/mcp_check.py (the official MCP Python SDK) then drives
+# the MCP tools over stdio (`deskfs mcp alice`, and `--read-only`) and over /mcp with the
+# rw and ro tokens: every tool's result text, annotations and schemas, the same escapes,
+# read-only refusals, and 401 + WWW-Authenticate for a missing, unknown or revoked token.
+# Also: bad command lines and a port in use give one clear line.
 # e2e-timeout: 600
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
-need_cmd git curl
+need_cmd git curl bwrap
+MCP_PY=${DESKFS_TEST_PY:-python3}
+"$MCP_PY" -c "import mcp" 2> /dev/null ||
+  skip_or_fail "no MCP Python SDK at $MCP_PY (scripts/test.sh installs it into a venv; or pip install mcp)"
 
 check_serve() { # NAME MOUNTPOINT
   local name=$1 mnt=$2
@@ -51,6 +61,12 @@ check_serve() { # NAME MOUNTPOINT
   python3 "$ROOT/tests/tools/serve_check.py" "$base" "$root" "$outdir/secret.txt" "$tokens" > "$T/check-$name.out" 2>&1 \
     || fail "$name: $(tail -3 "$T/check-$name.out")"
   log "$name: $(tail -1 "$T/check-$name.out")"
+  # MCP through the official Python SDK: stdio (`deskfs mcp alice`) and /mcp with the
+  # same tokens.
+  "$MCP_PY" "$ROOT/tests/tools/mcp_check.py" "$DESKFS" "$root" "$base" \
+    "$(printf '{"rw":"%s","ro":"%s","revoked":"%s"}' "$rw" "$ro" "$revoked")" > "$T/mcp-$name.out" 2>&1 \
+    || fail "$name: $(grep -m1 '^FAIL' "$T/mcp-$name.out" || tail -3 "$T/mcp-$name.out")"
+  log "$name: $(tail -1 "$T/mcp-$name.out")"
 
   # A desk removed and made again is another desk: the old desk's tokens do not open it.
   dfs desk rm bob --yes > /dev/null || fail "desk rm bob"

@@ -161,6 +161,173 @@ fin = j(call("POST", "/v1/desks/alice/tasks/t1/finish", body={"discard": True, "
 ok(not os.path.exists(os.path.join(DESK, "tasks/t1")), f"the worktree is gone: {fin}")
 expect_error(call("POST", "/v1/desks/alice/tasks/t1/finish", body={}), 404, "not_found", "finish a finished task")
 
+# ---------------------------------------------------------------- exec (streamed) and status
+def exec_open(body, token="rw", timeout=20):
+    """POST .../exec: (status, headers, the open response) for a stream, else (status, headers, body)."""
+    h = {"Authorization": "Bearer " + TOKENS.get(token, token), "Content-Type": "application/json"}
+    req = urllib.request.Request(BASE + "/v1/desks/alice/exec", data=json.dumps(body).encode(), method="POST", headers=h)
+    try:
+        r = urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        return e.code, {k.lower(): v for k, v in e.headers.items()}, e.read()
+    return r.status, {k.lower(): v for k, v in r.headers.items()}, r
+
+
+def sse_events(r):
+    """(event, JSON data) of an SSE response, each as soon as its blank line arrives."""
+    ev, data = None, []
+    while True:
+        line = r.readline()
+        if not line:
+            return
+        line = line.decode().rstrip("\r\n")
+        if line == "":
+            if data:
+                yield ev or "message", json.loads("\n".join(data))
+            ev, data = None, []
+        elif not line.startswith(":"):
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "event":
+                ev = value
+            elif field == "data":
+                data.append(value)
+
+
+def chunk_bytes(d):
+    return d["text"].encode() if "text" in d else __import__("base64").b64decode(d["base64"])
+
+
+def exec_all(body, token="rw"):
+    """Runs a command to its end: (stdout bytes, stderr bytes, exit or error event data, event names)."""
+    st, hd, r = exec_open(body, token)
+    ok(st == 200 and hd.get("content-type", "").startswith("text/event-stream"), f"exec {body}: {st} {hd} {r if isinstance(r, bytes) else ''}")
+    out, err, end, names = b"", b"", None, []
+    for ev, d in sse_events(r):
+        names.append(ev)
+        if ev == "stdout":
+            out += chunk_bytes(d)
+        elif ev == "stderr":
+            err += chunk_bytes(d)
+        elif ev in ("exit", "error"):
+            end = (ev, d)
+    r.close()
+    ok(end is not None and names[-1] in ("exit", "error"), f"the stream ends with exit or error: {names}")
+    return out, err, end
+
+
+def sleepers(marker):
+    """Processes on this host running `sleep MARKER` (the server runs here)."""
+    n = 0
+    for pid in os.listdir("/proc"):
+        try:
+            if open(f"/proc/{pid}/cmdline", "rb").read() == b"sleep\0" + marker.encode() + b"\0":
+                n += 1
+        except OSError:
+            pass
+    return n
+
+
+# Output arrives before the command ends, proven without timing: the command says "ready",
+# then waits (bounded) for /desk/go, which this script makes over HTTP only after reading
+# "ready"; the exit code says whether /desk/go existed when the command ended.
+st, hd, r = exec_open({"shell": "echo ready; i=0; while [ ! -e /desk/go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
+                                "echo done; [ -e /desk/go ]", "timeout_secs": 60})
+ok(st == 200 and hd.get("content-type", "").startswith("text/event-stream"), f"exec opens an event stream: {st} {hd}")
+evs = sse_events(r)
+try:
+    first = next(evs)
+except Exception as e:  # a server that holds output back until the end: the read times out
+    first = ("nothing within 20 s", repr(e))
+ok(first == ("stdout", {"text": "ready\n"}), f"the first output arrives while the command runs: {first}")
+st, _, _ = call("PUT", "/v1/desks/alice/files/go", body=b"")
+ok(st == 201, "make /desk/go while the command runs")
+rest = list(evs)
+r.close()
+ok(rest[0] == ("stdout", {"text": "done\n"}) and rest[-1][0] == "exit", f"then the rest: {rest}")
+x = rest[-1][1]
+ok(x["code"] == 0 and x["timed_out"] is False and x["killed"] is False and x["stdout_bytes"] == 11
+   and isinstance(x["duration_ms"], int), f"the command saw /desk/go before it ended: {x}")
+call("DELETE", "/v1/desks/alice/files/go")
+
+out, err, end = exec_all({"shell": "echo to-out; echo to-err >&2; exit 3"})
+ok(out == b"to-out\n" and err == b"to-err\n", f"stdout and stderr arrive apart: {out!r} {err!r}")
+ok(end[0] == "exit" and end[1]["code"] == 3 and end[1]["signal"] is None
+   and end[1]["stdout_bytes"] == 7 and end[1]["stderr_bytes"] == 7, f"exit 3: {end}")
+out, _, end = exec_all({"command": ["sh", "-c", "kill -TERM $$"]})
+ok(end[1]["code"] == 143 and end[1]["signal"] == 15, f"a signal: {end}")
+out, _, end = exec_all({"command": ["printf", "%s|", "a b", "$HOME"], "cwd": "repos/app", "env": {"MY_VAR": "v"}})
+ok(out == b"a b|$HOME|" and end[1]["code"] == 0, f"argv is not split or expanded: {out!r}")
+out, _, end = exec_all({"shell": "pwd; echo $MY_VAR", "cwd": "repos/app", "env": {"MY_VAR": "v"}})
+ok(out == b"/desk/repos/app\nv\n", f"cwd and env: {out!r}")
+out, _, end = exec_all({"shell": "printf '\\377\\376'"})
+ok(out == b"\xff\xfe", f"binary output comes back exact: {out!r}")
+out, _, end = exec_all({"shell": f"cat {OUTSIDE} /desk/out/{os.path.basename(OUTSIDE)} ../bob/AGENTS.md"})
+ok(open(OUTSIDE, "rb").read() not in out and end[1]["code"] != 0, f"the sandbox shows nothing outside the desk: {out!r}")
+
+# A timeout kills the command and everything it started, and the stream ends.
+marker = f"3599.{os.getpid()}"
+st, hd, r = exec_open({"shell": f"setsid sleep {marker} </dev/null >/dev/null 2>&1 & exec sleep 60", "timeout_secs": 2}, timeout=30)
+ok(st == 200, f"exec with a timeout: {st}")
+try:
+    evs = list(sse_events(r))
+except Exception as e:  # the command still running 30 s on: no event, the read timed out
+    evs = [("nothing within 30 s", {"read": repr(e)})]
+r.close()
+x = evs[-1][1] if evs else {}
+ok(evs and evs[-1][0] == "exit" and x["timed_out"] is True and x["killed"] is True and x["code"] == 137
+   and x["signal"] == 9 and 2000 <= x["duration_ms"] < 20000, f"timeout_secs 2 on sleep 60: {evs}")
+ok(sleepers(marker) == 0, "the command's background child died with it")
+
+# A client that goes away: the command is killed (found by the keep-alive within seconds).
+marker = f"3598.{os.getpid()}"
+st, hd, r = exec_open({"shell": f"echo started; exec sleep {marker}"})
+evs = sse_events(r)
+ok(next(evs) == ("stdout", {"text": "started\n"}) and sleepers(marker) == 1, "a long command runs")
+st_running = j(call("GET", "/v1/desks/alice/status", token="ro"), 200, "status while a command runs")
+ok(st_running["exec"]["running"] == 1, f"status counts the running command: {st_running['exec']}")
+r.close()
+del evs
+import time
+deadline = time.time() + 30
+while sleepers(marker) and time.time() < deadline:
+    time.sleep(0.1)
+ok(sleepers(marker) == 0, "closing the connection killed the command")
+while j(call("GET", "/v1/desks/alice/status"), 200, "status")["exec"]["running"] and time.time() < deadline:
+    time.sleep(0.1)
+
+# Refusals before anything runs: JSON errors with stable codes.
+expect_error(exec_open({"shell": "touch /desk/ro-exec"}, token="ro"), 403, "read_only_token", "exec with a read-only token")
+ok(not os.path.exists(os.path.join(DESK, "ro-exec")), "a read-only token ran nothing")
+expect_error(exec_open({"shell": "true"}, token="bob"), 403, "token_scope", "exec with bob's token")
+for cwd, status, code in [("..", 403, "outside_desk"), ("../bob", 403, "outside_desk"), ("/etc", 403, "outside_desk"),
+                          ("out", 409, "not_dir"), ("out/x", 403, "outside_desk"), ("nope", 404, "not_found")]:
+    expect_error(exec_open({"shell": "pwd", "cwd": cwd}), status, code, f"exec with cwd {cwd!r}")
+for what, body in [("no command", {}), ("empty argv", {"command": []}), ("both forms", {"command": ["true"], "shell": "true"}),
+                   ("a credential variable", {"shell": "true", "env": {"AWS_SECRET_ACCESS_KEY": "x"}}),
+                   ("a deskfs variable", {"shell": "true", "env": {"DESKFS_HOME": "/"}}),
+                   ("timeout 0", {"shell": "true", "timeout_secs": 0}), ("timeout too long", {"shell": "true", "timeout_secs": 86400}),
+                   ("an unknown field", {"shell": "true", "timout_secs": 3})]:
+    expect_error(exec_open(body), 400, "bad_request", f"exec refused: {what}")
+
+# The status: the desk, exec, the workspace; no host path, no other desk.
+st, _, raw = call("GET", "/v1/desks/alice/status", token="ro")
+stat = json.loads(raw)
+ok(st == 200 and stat["agent"] == "alice" and "app" in stat["repos"] and isinstance(stat["tasks"], list)
+   and stat["usage"]["files"] > 0 and stat["usage"]["bytes"] > 0 and stat["exec"] == {"available": True, "running": 0},
+   f"status: {stat}")
+on_mount = any(l.split(" - ")[1].startswith("fuse") and os.path.realpath(DESKS).startswith(l.split()[4])
+               for l in open("/proc/self/mountinfo") if " - " in l and l.split()[4] != "/")
+if on_mount:
+    w = stat["workspace"]
+    ok(isinstance(w, dict) and w.get("mounted") is True and all(isinstance(w.get(k), int) for k in
+       ("dirty_files", "dirty_bytes", "pending_uploads", "failing_uploads")), f"the workspace's status: {w}")
+else:
+    ok(stat["workspace"] is None, f"not on a mount: no workspace: {stat['workspace']}")
+ok(os.path.realpath(DESKS) not in raw.decode() and DESKS not in raw.decode() and "bob" not in raw.decode(),
+   f"the status names no host path and no other desk: {raw[:500]!r}")
+expect_error(call("GET", "/v1/desks/bob/status"), 403, "token_scope", "status of another desk")
+
 # ---------------------------------------------------------------- tokens
 expect_error(call("GET", "/v1/desks/alice/list", token=None), 401, "unauthorized", "no token")
 expect_error(call("GET", "/v1/desks/alice/list", token="dsk_alice_forged"), 401, "unauthorized", "a forged token")
@@ -221,6 +388,81 @@ ok(st == 200 and os.path.islink(os.path.join(DESK, "CLAUDE.md"))
 os.mkfifo(os.path.join(DESK, "fifo"))
 expect_error(call("GET", "/v1/desks/alice/files/fifo"), 409, "conflict", "read a FIFO")
 os.unlink(os.path.join(DESK, "fifo"))
+
+# ---------------------------------------------------------------- memory tool (memory_20250818)
+def mem(body, token="rw"):
+    """(status, X-Deskfs-Tool-Error, content type, text) of one memory command."""
+    st, hd, b = call("POST", "/v1/desks/alice/memory", token=token, body=body)
+    return st, hd.get("x-deskfs-tool-error"), hd.get("content-type", ""), b.decode()
+
+
+def mem_ok(body, want, what, token="rw"):
+    st, err, ctype, text = mem(body, token)
+    ok(st == 200 and err == "false" and ctype.startswith("text/plain") and text == want,
+       f"memory {what}: {st} {err} {ctype} {text[:300]!r}, want {want[:300]!r}")
+
+
+def mem_err(body, want, what, token="rw"):
+    st, err, _, text = mem(body, token)
+    ok(st == 200 and err == "true" and text == want, f"memory {what}: {st} {err} {text[:300]!r}, want {want!r}")
+
+
+ok("/v1/desks/{agent}/memory" in doc["paths"], "openapi has the memory endpoint")
+MEMS = os.path.join(DESK, "memories")
+st, err, _, text = mem({"command": "view", "path": "/memories"})
+ok(st == 200 and err == "false" and text.startswith(
+    "Here're the files and directories up to 2 levels deep in /memories, excluding hidden items and node_modules:\n")
+   and text.split("\n")[1].endswith("\t/memories"), f"memory view of /memories: {st} {err} {text[:300]!r}")
+mem_ok({"command": "create", "path": "/memories/notes.txt", "file_text": "Hello World\nThis is line two"},
+       "File created successfully at: /memories/notes.txt", "create")
+ok(open(os.path.join(MEMS, "notes.txt")).read() == "Hello World\nThis is line two", "memory create wrote the file")
+mem_err({"command": "create", "path": "/memories/notes.txt", "file_text": "x"},
+        "Error: File /memories/notes.txt already exists", "create of an existing file")
+mem_ok({"command": "view", "path": "/memories/notes.txt"},
+       "Here's the content of /memories/notes.txt with line numbers:\n     1\tHello World\n     2\tThis is line two",
+       "view of a file")
+mem_ok({"command": "str_replace", "path": "/memories/notes.txt", "old_str": "line two", "new_str": "line 2"},
+       "The memory file has been edited. Here is the snippet showing the change (with line numbers):\n"
+       "     1\tHello World\n     2\tThis is line 2", "str_replace")
+mem_err({"command": "str_replace", "path": "/memories/notes.txt", "old_str": "l", "new_str": "L"},
+        "No replacement was performed. Multiple occurrences of old_str `l` in lines: 1, 2. Please ensure it is unique",
+        "str_replace of a text found twice")
+mem_ok({"command": "insert", "path": "/memories/notes.txt", "insert_line": 1, "insert_text": "inserted\n"},
+       "The file /memories/notes.txt has been edited.", "insert")
+mem_err({"command": "insert", "path": "/memories/notes.txt", "insert_line": 9, "insert_text": "x"},
+        "Error: Invalid `insert_line` parameter: 9. It should be within the range of lines of the file: [0, 3]",
+        "insert past the end")
+mem_ok({"command": "rename", "old_path": "/memories/notes.txt", "new_path": "/memories/done/notes.txt"},
+       "Successfully renamed /memories/notes.txt to /memories/done/notes.txt", "rename")
+ok(open(os.path.join(MEMS, "done/notes.txt")).read() == "Hello World\ninserted\nThis is line 2\n", "memory edits landed")
+mem_err({"command": "view", "path": "/memories/notes.txt"},
+        "The path /memories/notes.txt does not exist. Please provide a valid path.", "view of a missing file")
+# Escapes: `..`, a sibling of /memories, a path outside it, a link planted in memories/ pointing out.
+mem_err({"command": "view", "path": "/memories/../desk.toml"},
+        "Path /memories/../desk.toml would escape /memories directory", "view of /memories/../desk.toml")
+mem_err({"command": "create", "path": "/memoriesX/a", "file_text": "x"},
+        "Path /memoriesX/a would escape /memories directory", "create in /memoriesX")
+mem_err({"command": "delete", "path": "/etc/passwd"}, "Path must start with /memories, got: /etc/passwd", "delete /etc/passwd")
+os.symlink(os.path.dirname(OUTSIDE), os.path.join(MEMS, "out"))
+for body in [{"command": "create", "path": "/memories/out/planted", "file_text": "pwned"},
+             {"command": "view", "path": "/memories/out/" + os.path.basename(OUTSIDE)},
+             {"command": "delete", "path": "/memories/out/" + os.path.basename(OUTSIDE)},
+             {"command": "rename", "old_path": "/memories/done", "new_path": "/memories/out/stolen"}]:
+    mem_err(body, "Path would escape /memories directory via symlink", f"{body['command']} through a link out")
+ok(open(OUTSIDE, "rb").read() == secret and sorted(os.listdir(outdir)) == [os.path.basename(OUTSIDE)],
+   f"memory: nothing changed outside: {os.listdir(outdir)}")
+os.unlink(os.path.join(MEMS, "out"))
+# A read-only token views but changes nothing; a body that is not JSON is a request error.
+mem_ok({"command": "view", "path": "/memories/done/notes.txt"},
+       "Here's the content of /memories/done/notes.txt with line numbers:\n"
+       "     1\tHello World\n     2\tinserted\n     3\tThis is line 2\n     4\t", "read-only view", token="ro")
+expect_error(call("POST", "/v1/desks/alice/memory", token="ro", body={"command": "delete", "path": "/memories/done"}),
+             403, "read_only_token", "read-only memory delete")
+ok(os.path.exists(os.path.join(MEMS, "done/notes.txt")), "the read-only delete changed nothing")
+expect_error(call("POST", "/v1/desks/alice/memory", body=b"{not json", headers={"Content-Type": "application/json"}),
+             400, "bad_request", "memory body not JSON")
+mem_ok({"command": "delete", "path": "/memories/done"}, "Successfully deleted /memories/done", "delete")
+ok(not os.path.exists(os.path.join(MEMS, "done")), "memory delete removed the directory")
 
 # ---------------------------------------------------------------- load: 200 at once
 N = 200

@@ -1,6 +1,13 @@
 //! The control socket of a mount daemon: newline-delimited JSON requests
 //! (`{"cmd":"sync"}`, `{"cmd":"status"}`) answered with `{"ok":true,...}` or
-//! `{"ok":false,"error":"..."}`. Used by `deskfs sync`, `status` and `umount`.
+//! `{"ok":false,"error":"..."}`. Used by `deskfs sync`, `status` and `umount`, and by
+//! `deskfs exec` for its journal:
+//!
+//! `{"cmd":"changes","since":CURSOR,"prefix":"desks/alice/","limit":N}` →
+//! `{"ok":true,"cursor":NEXT,"overflowed":bool,"unresolved":N,"more":bool,"changes":[
+//! {"seq":S,"kind":"created|changed|deleted|renamed","path":"…","to":"…","dir":bool}]}`
+//! (the mount's change ring, see `deskfs_vfs::change_ring`); `"since":null` (or none)
+//! answers `{"ok":true,"cursor":NOW}` only.
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -77,6 +84,7 @@ fn handle(conn: UnixStream, vfs: &Vfs, keeper: Option<&Keeper>) -> Result<()> {
             Ok(Err(e)) => json!({"ok": false, "error": e.to_string()}),
             Err(e) => json!({"ok": false, "error": e.to_string()}),
         },
+        Some("changes") => changes(vfs, &req),
         Some("commit") => match vfs.commit_all() {
             // `deskfs umount --no-wait`: no upload drain when the unmount follows.
             Ok(()) if req.get("exit").and_then(Value::as_str) == Some("now") => {
@@ -92,6 +100,75 @@ fn handle(conn: UnixStream, vfs: &Vfs, keeper: Option<&Keeper>) -> Result<()> {
     writeln!(w, "{resp}")?;
     Ok(())
 }
+
+/// Changes asked for at most per `changes` request.
+const CHANGES_MAX: u64 = deskfs_vfs::change_ring::RING_ENTRIES as u64;
+
+/// The `changes` command (see the module docs).
+fn changes(vfs: &Vfs, req: &Value) -> Value {
+    let since = match req.get("since") {
+        None | Some(Value::Null) => return json!({"ok": true, "cursor": vfs.change_cursor()}),
+        Some(v) => match v.as_u64() {
+            Some(c) => c,
+            None => return json!({"ok": false, "error": "since: a cursor (a number) or null"}),
+        },
+    };
+    let prefix = match req.get("prefix") {
+        None | Some(Value::Null) => "",
+        Some(Value::String(p)) => p.as_str(),
+        Some(_) => return json!({"ok": false, "error": "prefix: a workspace path (a string)"}),
+    };
+    let limit = match req.get("limit") {
+        None | Some(Value::Null) => CHANGES_MAX,
+        Some(v) => match v.as_u64() {
+            Some(n) if n > 0 => n.min(CHANGES_MAX),
+            _ => return json!({"ok": false, "error": "limit: a positive number"}),
+        },
+    };
+    match vfs.changes_since(since, prefix.as_bytes(), limit as usize) {
+        Ok(page) => {
+            let mut v = json!(page);
+            v["ok"] = json!(true);
+            v
+        }
+        Err(e) => json!({"ok": false, "error": e.to_string()}),
+    }
+}
+
+/// The change ring's cursor of the daemon at `socket`.
+///
+/// Errors: the daemon is unreachable or answers with an error.
+pub fn change_cursor(socket: &Path) -> Result<u64> {
+    let v = request(
+        socket,
+        json!({"cmd": "changes", "since": null}),
+        Some(REPLY_WAIT),
+    )?;
+    v.get("cursor")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| anyhow!("the mount daemon answered without a cursor"))
+}
+
+/// The changes of the daemon at `socket` from cursor `since` under workspace path
+/// `prefix`, at most `limit`.
+///
+/// Errors: the daemon is unreachable, answers with an error or with a malformed page.
+pub fn changes_since(
+    socket: &Path,
+    since: u64,
+    prefix: &str,
+    limit: usize,
+) -> Result<deskfs_desk::journal::RingPage> {
+    let v = request(
+        socket,
+        json!({"cmd": "changes", "since": since, "prefix": prefix, "limit": limit}),
+        Some(REPLY_WAIT),
+    )?;
+    serde_json::from_value(v).context("the mount daemon answered `changes` with a malformed page")
+}
+
+/// How long a `changes` request waits for its answer.
+const REPLY_WAIT: Duration = Duration::from_secs(30);
 
 /// Sends one request to a daemon and returns its response (`ok` checked).
 pub fn request(socket: &Path, req: Value, timeout: Option<Duration>) -> Result<Value> {

@@ -49,7 +49,8 @@ pub struct ExecArgs {
 
 /// Host paths of deskfs's own data outside `$DESKFS_HOME` (which the sandbox always
 /// hides): mount cache dirs, metadata databases and local bucket dirs placed elsewhere.
-fn private_paths() -> Vec<PathBuf> {
+/// `deskfs exec` and `deskfs serve`'s exec hide them.
+pub(crate) fn private_paths() -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = all_mounts().into_iter().map(|m| m.cache_dir).collect();
     for name in list_workspaces().unwrap_or_default() {
         let Ok(cfg) = WorkspaceConfig::load(&name) else {
@@ -78,6 +79,15 @@ const GIT_IDENTITY: &[&str] = &[
     "GIT_COMMITTER_NAME",
     "GIT_COMMITTER_EMAIL",
 ];
+
+/// The caller's git identity variables that are set (`deskfs serve` gives them to every
+/// command it runs, as `deskfs exec` does).
+pub(crate) fn git_identity() -> Vec<(String, String)> {
+    GIT_IDENTITY
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+        .collect()
+}
 
 /// The extra environment of the command: git identity from the caller, then `--env`.
 /// Errors: `--env VAR` naming a variable the caller does not have, an empty name.
@@ -149,6 +159,14 @@ pub fn run(a: ExecArgs) -> Result<u8> {
             .filter(|p| !desk.dir().starts_with(p))
             .collect(),
     };
+    // The task journal: the mount's changes under the desk, before and after.
+    let (watch, start, t0) = (
+        crate::journal_cmd::watch_desk(&desk),
+        std::time::SystemTime::now(),
+        std::time::Instant::now(),
+    );
     let code = deskfs_sandbox::run(&spec, &a.cmd)?;
+    let task = a.task.as_deref();
+    crate::journal_cmd::record_cli_exec(&desk, task, &a.cmd, start, t0.elapsed(), code, watch);
     Ok(u8::try_from(code.clamp(0, 255)).unwrap_or(255))
 }

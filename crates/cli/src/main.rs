@@ -10,8 +10,10 @@ mod exec_cmd;
 mod format;
 mod fsck;
 mod home;
+mod journal_cmd;
 mod keeper;
 mod manual_cmd;
+mod mcp_cmd;
 mod metadb;
 mod resume_cmd;
 mod serve_cmd;
@@ -101,6 +103,11 @@ enum Cmd {
         after_help = "Examples:\n  deskfs exec alice -- cargo --version\n  deskfs exec alice --task fix-login -- npm test\n  deskfs exec alice --net none -- sh -c 'make && make check'\n  deskfs exec alice -e GITHUB_TOKEN -e RUST_LOG=debug -- cargo test\n\nInside: the desk at /desk (also HOME, so `git config --global` lands in /desk/.gitconfig),\nthe working dir /desk or /desk/tasks/TASK, system dirs read-only, /tmp private,\nPATH = /desk/tools/bin, the host's Rust toolchain (read-only), system dirs. The environment\nis built from scratch: caches on the desk (CARGO_HOME, npm_config_cache, PIP_CACHE_DIR,\nUV_CACHE_DIR, GOPATH under /desk/.cache), the caller's GIT_AUTHOR_*/GIT_COMMITTER_*, and\nwhat --env adds. No other desk, no deskfs data, no credentials.\n\nExit status: the command's (128 + signal when a signal killed it)."
     )]
     Exec(exec_cmd::ExecArgs),
+    /// The execs recorded on a desk: command, exit, duration, files created/changed/deleted.
+    #[command(
+        after_help = "Examples:\n  deskfs journal alice\n  deskfs journal alice --task fix-login --files\n  deskfs journal alice --json --limit 5\n\nEvery `deskfs exec` (and exec over HTTP and MCP) appends one line to\n.desk/journal/<TASK>.jsonl (_desk.jsonl outside tasks); the files come from the\nmount's own change records. `deskfs resume` shows the last entries of each open task."
+    )]
+    Journal(journal_cmd::JournalArgs),
     /// Serve the desks over HTTP (the /v1 API; bearer tokens from `deskfs token`).
     #[command(
         after_help = "Examples:\n  deskfs serve                                  # 127.0.0.1:8765, desks/ of the mounted workspace\n  deskfs serve --listen 127.0.0.1:0 --root /mnt/work/desks\n  deskfs serve --socket /run/deskfs/desks.sock\n  TOKEN=$(deskfs token create alice)\n  curl -H \"Authorization: Bearer $TOKEN\" http://127.0.0.1:8765/v1/desks/alice/list\n\nThe API is described at GET /v1/openapi.json."
@@ -111,6 +118,11 @@ enum Cmd {
         after_help = "Examples:\n  deskfs token create alice --expires 7d\n  deskfs token create alice --read-only\n  deskfs token list\n  deskfs token revoke 3fa2c1"
     )]
     Token(serve_cmd::TokenArgs),
+    /// Serve one desk's MCP tools over stdin/stdout (for a local MCP client).
+    #[command(
+        after_help = "Examples:\n  deskfs mcp alice\n  deskfs mcp alice --read-only\n  claude mcp add desk -- deskfs mcp alice\n\nTools: read_text_file, read_multiple_files, write_file, edit_file, create_directory,\nlist_directory, list_directory_with_sizes, directory_tree, move_file, search_files,\nget_file_info, list_allowed_directories (the desk is /desk), task_start, task_list,\ntask_finish, resume. The same tools are at /mcp of `deskfs serve` (bearer tokens)."
+    )]
+    Mcp(mcp_cmd::McpArgs),
     /// Run a mount daemon in the foreground (used by `mount`; not for direct use).
     #[command(hide = true)]
     Daemon(daemon::MountArgs),
@@ -165,6 +177,14 @@ fn main() -> ExitCode {
         Cmd::Token(mut a) => {
             a.root.default_to(cli.root);
             done(serve_cmd::token(a))
+        }
+        Cmd::Mcp(mut a) => {
+            a.root.default_to(cli.root);
+            done(mcp_cmd::run(a))
+        }
+        Cmd::Journal(mut a) => {
+            a.root.default_to(cli.root);
+            done(journal_cmd::run(a))
         }
         // The command's own exit status, passed through.
         Cmd::Exec(mut a) => {

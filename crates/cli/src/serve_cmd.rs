@@ -2,14 +2,15 @@
 //! tokens scoped to one desk). The work is in the deskfs-serve crate.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Args, Subcommand};
 use deskfs_desk::fsutil::utc_iso;
 use deskfs_serve::tokens::{parse_ttl, Scope, TokenStore};
 use deskfs_serve::Listen;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::desk_root::RootArgs;
 
@@ -108,8 +109,15 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             }
         };
         let shown_root = root.display().to_string();
-        deskfs_serve::serve(
-            &root,
+        let app = deskfs_serve::api::App::new(&root)
+            .with_exec(
+                deskfs_serve::exec::ExecHost::new()
+                    .hiding(crate::exec_cmd::private_paths)
+                    .with_env(crate::exec_cmd::git_identity()),
+            )
+            .with_workspace_status(workspace_status_of(&root));
+        deskfs_serve::serve_app(
+            app,
             listen,
             move |addr| {
                 println!(
@@ -120,6 +128,81 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         )
         .await
         .map_err(|e| anyhow!(e))
+    })
+}
+
+/// The status of the deskfs workspace `root` is on, for one desk's status
+/// (`GET /v1/desks/{agent}/status`): `None` when `root` is on no mounted workspace. Only
+/// numbers and that desk's own paths (desk-relative): no host path, no other desk, no
+/// bucket or database address.
+fn workspace_status_of(root: &Path) -> deskfs_serve::status::WorkspaceStatus {
+    let root = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+    Arc::new(move |agent: &str| {
+        // The mount holding the root (the innermost, if mounts nest), asked each time:
+        // a workspace may be mounted or unmounted while the server runs.
+        let (mount, under) = crate::home::all_mounts()
+            .into_iter()
+            .filter_map(|m| {
+                let mnt = std::fs::canonicalize(&m.mountpoint).ok()?;
+                let under = root.strip_prefix(&mnt).ok()?.to_path_buf();
+                Some((m, mnt.components().count(), under))
+            })
+            .max_by_key(|(_, depth, _)| *depth)
+            .map(|(m, _, under)| (m, under))?;
+        let full = match crate::status::workspace_status(&mount.workspace) {
+            Ok(v) => v,
+            Err(_) => {
+                return Some(
+                    json!({"mounted": true, "error": "the workspace's status cannot be read now; try again"}),
+                )
+            }
+        };
+        let desk_prefix = format!("{}/{agent}/", under.display())
+            .trim_start_matches('/')
+            .to_owned();
+        Some(desk_view(&full, &desk_prefix))
+    })
+}
+
+/// The parts of `deskfs status --json NAME` that a desk's token holder may see; failing
+/// uploads only under `desk_prefix` (a workspace path), shown desk-relative.
+fn desk_view(full: &Value, desk_prefix: &str) -> Value {
+    let live = full
+        .get("mounts")
+        .and_then(|m| m.get(0))
+        .and_then(|m| m.get("live"))
+        .filter(|l| !l.is_null());
+    let failing_here: Vec<Value> = full
+        .get("failures")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|f| {
+            let p = f.get("path")?.as_str()?.trim_start_matches('/');
+            let rel = p.strip_prefix(desk_prefix)?;
+            Some(json!({"path": rel, "attempts": f.get("attempts"), "error": f.get("error")}))
+        })
+        .collect();
+    let backup = full.get("backup").map(|b| {
+        json!({
+            "kind": b.get("kind"),
+            "changes_not_backed_up": b.get("changes_not_backed_up"),
+            "last_written_ns": b.get("last_written_ns"),
+        })
+    });
+    json!({
+        "mounted": true,
+        "durability": live.and_then(|l| l.get("durability")),
+        "files": full.get("inodes"),
+        "bytes": full.get("bytes"),
+        "dirty_files": full.get("dirty_files"),
+        "dirty_bytes": full.get("dirty_bytes"),
+        "pending_uploads": full.get("pending_uploads"),
+        "failing_uploads": full.get("failing_uploads"),
+        "failing_in_this_desk": failing_here,
+        "bucket_conflicts": full.get("bucket_conflicts").and_then(Value::as_array).map_or(0, Vec::len),
+        "cache": full.get("cache"),
+        "backup": backup,
     })
 }
 

@@ -18,7 +18,8 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
-fn workspace_status(name: &str) -> Result<Value> {
+/// The status of workspace `name` (what `deskfs status --json NAME` prints).
+pub(crate) fn workspace_status(name: &str) -> Result<Value> {
     let cfg = WorkspaceConfig::load(name)?;
     let mounts = mounts_of(name);
     let mut mount_values = Vec::new();

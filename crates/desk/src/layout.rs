@@ -13,6 +13,7 @@
 //!   .cache/{cargo,npm,pip,uv,go}/ package caches kept on the desk
 //!   .desk/locks/       lock files (task start/finish, per-repo git work, manual edits)
 //!   .desk/tasks/T.toml task records (repo, branch, base commit, start/finish times)
+//!   .desk/journal/T.jsonl the task journal: one line per exec (`_desk.jsonl`: outside tasks)
 //! ```
 
 use std::fs;
@@ -106,6 +107,7 @@ impl Desk {
             ".desk",
             ".desk/locks",
             ".desk/tasks",
+            ".desk/journal",
         ] {
             let p = dir.join(sub);
             if fs::symlink_metadata(&p).is_ok_and(|m| m.file_type().is_symlink()) {

@@ -14,6 +14,7 @@ pub mod error;
 pub mod fsutil;
 pub mod git;
 pub mod include;
+pub mod journal;
 pub mod layout;
 pub mod lock;
 pub mod manual;

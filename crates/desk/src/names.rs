@@ -47,6 +47,11 @@ pub fn check_task(name: &str) -> Result<()> {
     if name.len() > MAX_TASK_LEN {
         return Err(bad(&format!("longer than {MAX_TASK_LEN} bytes")));
     }
+    if name == crate::journal::DESK_JOURNAL {
+        return Err(bad(
+            "the name of the journal of execs outside tasks (`.desk/journal/_desk.jsonl`)",
+        ));
+    }
     branch_rule(name).map_err(|r| bad(&r))
 }
 

@@ -14,7 +14,7 @@ use crate::layout::Desk;
 use crate::manual::{self, Manual};
 use crate::notes::{self, NoteInfo};
 use crate::task::{self, TaskInfo};
-use crate::{record, scan};
+use crate::{journal, record, scan};
 
 /// How many notes `resume` shows.
 pub const NOTES_SHOWN: usize = 5;
@@ -27,12 +27,21 @@ pub const GIT_LOCK_AGE: u64 = 60;
 pub struct Warning {
     /// Kind: `manual-drift`, `dirty-task`, `broken-task`, `interrupted-start`,
     /// `leftover-lock`, `start-in-progress`, `stale-registration`, `missing-task`,
-    /// `git-lock`, `link-repair`.
+    /// `git-lock`, `link-repair`, `journal`.
     pub kind: &'static str,
     /// What it is about (a task, tool, path).
     pub subject: String,
     /// One line: what is wrong and what to do.
     pub message: String,
+}
+
+/// The newest journal entries of one task.
+#[derive(Clone, Debug, Serialize)]
+pub struct JournalTail {
+    /// The task (`_desk`: execs outside tasks).
+    pub task: String,
+    /// Oldest first.
+    pub entries: Vec<journal::Entry>,
 }
 
 /// The `resume` report.
@@ -51,6 +60,9 @@ pub struct Resume {
     pub tasks: Vec<TaskInfo>,
     /// The newest notes, newest first.
     pub notes: Vec<NoteInfo>,
+    /// The last [`journal::RESUME_ENTRIES`] execs of each open task (and of the desk's
+    /// top, as task `_desk`), for those that have any.
+    pub journal: Vec<JournalTail>,
     /// Warnings; empty when the desk is in order.
     pub warnings: Vec<Warning>,
 }
@@ -195,7 +207,27 @@ pub fn resume(desk: &Desk) -> Result<Resume> {
             ),
         });
     }
+    let mut tails = Vec::new();
+    let names_with_desk = names
+        .iter()
+        .copied()
+        .chain(std::iter::once(journal::DESK_JOURNAL));
+    for t in names_with_desk {
+        match journal::read(desk, Some(t), journal::RESUME_ENTRIES) {
+            Ok(entries) if !entries.is_empty() => tails.push(JournalTail {
+                task: t.to_owned(),
+                entries,
+            }),
+            Ok(_) => {}
+            Err(e) => warnings.push(Warning {
+                kind: "journal",
+                subject: t.to_owned(),
+                message: format!("cannot read the journal of {t}: {e}"),
+            }),
+        }
+    }
     Ok(Resume {
+        journal: tails,
         agent: desk.agent().to_owned(),
         desk: desk.dir().to_path_buf(),
         manual: manual_text,
@@ -238,6 +270,14 @@ impl Resume {
         for t in &self.tasks {
             let _ = writeln!(s, "{}", task_line(t));
         }
+        if !self.journal.is_empty() {
+            let _ = writeln!(s, "\n== last execs (deskfs journal {}) ==", self.agent);
+        }
+        for j in &self.journal {
+            for e in &j.entries {
+                let _ = writeln!(s, "{}", journal_line(&j.task, e));
+            }
+        }
         let _ = writeln!(s, "\n== newest notes ==");
         if self.notes.is_empty() {
             let _ = writeln!(s, "(no notes)");
@@ -260,6 +300,18 @@ impl Resume {
         }
         s
     }
+}
+
+/// One line per journal entry: `fix-1  2026-12-03T03:10:00Z  exit 0  1.2s  +3 ~1 -2  cargo test`.
+pub fn journal_line(task: &str, e: &journal::Entry) -> String {
+    format!(
+        "{task}  {}  {}  {:.1}s  {}  {}",
+        e.start,
+        e.status_text(),
+        e.duration_ms as f64 / 1000.0,
+        e.files_summary(),
+        e.command_line()
+    )
 }
 
 /// One line per task: `fix-1  repo app  branch fix-1  2 ahead, 0 behind main  1 uncommitted`.

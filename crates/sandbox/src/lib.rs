@@ -26,6 +26,7 @@ mod fds;
 mod host;
 mod layout;
 mod locate;
+mod piped;
 mod run;
 mod seccomp;
 mod signals;
@@ -35,6 +36,7 @@ use std::path::PathBuf;
 
 pub use error::SandboxError;
 pub use locate::find_bwrap_in;
+pub use piped::{Ended, Killer, Piped};
 
 /// Where the desk appears inside the sandbox.
 pub const DESK_MOUNT: &str = "/desk";
@@ -141,4 +143,19 @@ pub fn command(
 /// is on stderr). A command that starts and fails is not an error.
 pub fn run(spec: &SandboxSpec, argv: &[OsString]) -> Result<i32, SandboxError> {
     run::run(spec, argv)
+}
+
+/// Starts `argv` in the sandbox (see [`command`]) with stdin `/dev/null` and stdout and
+/// stderr piped to the caller, and returns at once. No terminal reaches the command (it
+/// runs in a session of its own). bwrap is spawned and waited for by a thread of its own,
+/// so the caller's threads may come and go; [`Piped::killer`] kills the command and
+/// every process it started (the sandbox's pid namespace ends), and dropping the
+/// [`Piped`] without [`Piped::wait`] does the same.
+///
+/// # Errors
+/// Those of [`command`], [`SandboxError::Spawn`] when bwrap cannot be started, and
+/// [`SandboxError::Io`] (the status pipe, the thread). A sandbox that fails to set up is
+/// reported by [`Piped::wait`] ([`SandboxError::Setup`]).
+pub fn spawn_piped(spec: &SandboxSpec, argv: &[OsString]) -> Result<Piped, SandboxError> {
+    piped::spawn_piped(spec, argv)
 }

@@ -48,7 +48,7 @@ pub(crate) fn exit_code(status: ExitStatus) -> i32 {
 /// code means the command never ran: the sandbox setup failed or the program could not be
 /// executed, and bwrap said why on stderr. The exit code alone cannot tell "setup failed"
 /// from "the command exited 1".
-fn command_exit_reported(status_read: &mut File) -> bool {
+pub(crate) fn command_exit_reported(status_read: &mut File) -> bool {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 512];
     loop {

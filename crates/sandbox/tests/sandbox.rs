@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
-use deskfs_sandbox::{command, find_bwrap_in, run, Net, SandboxError, SandboxSpec};
+use deskfs_sandbox::{
+    command, find_bwrap_in, run, spawn_piped, Net, Piped, SandboxError, SandboxSpec,
+};
 
 /// A desk root with desks `a` and `b` and a deskfs-home look-alike next to them.
 struct World {
@@ -573,4 +575,172 @@ fn sleeping(marker: &str) -> bool {
             .is_ok()
             && s == want
     })
+}
+
+/// Reads a piped command's stdout and stderr to the end on two threads.
+fn drain(
+    p: &mut Piped,
+) -> (
+    std::thread::JoinHandle<Vec<u8>>,
+    std::thread::JoinHandle<Vec<u8>>,
+) {
+    let mut out = p.take_stdout().unwrap();
+    let mut err = p.take_stderr().unwrap();
+    (
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            out.read_to_end(&mut v).unwrap();
+            v
+        }),
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            err.read_to_end(&mut v).unwrap();
+            v
+        }),
+    )
+}
+
+#[test]
+fn piped_output_and_exit_codes_come_back_separately() {
+    let w = World::new();
+    for (script, code, signal) in [
+        ("printf 'to out'; printf 'to err' >&2; exit 3", 3, None),
+        ("printf 'to out'; printf 'to err' >&2", 0, None),
+        (
+            "printf 'to out'; printf 'to err' >&2; kill -TERM $$",
+            143,
+            Some(15),
+        ),
+    ] {
+        let mut p = spawn_piped(&w.spec(), &argv(&["sh", "-c", script])).unwrap();
+        let (o, e) = drain(&mut p);
+        let ended = p.wait().unwrap();
+        assert_eq!(
+            (ended.code, ended.signal(), ended.killed),
+            (code, signal, false),
+            "{script}"
+        );
+        assert_eq!(o.join().unwrap(), b"to out", "{script}");
+        assert_eq!(e.join().unwrap(), b"to err", "{script}");
+    }
+    // stdin is /dev/null, and no terminal: its own session
+    let mut p = spawn_piped(
+        &w.spec(),
+        &argv(&["sh", "-c", "cat; test -t 0 || echo notty"]),
+    )
+    .unwrap();
+    let (o, _) = drain(&mut p);
+    assert_eq!(p.wait().unwrap().code, 0);
+    assert_eq!(o.join().unwrap(), b"notty\n");
+}
+
+#[test]
+fn piped_setup_failure_is_told_from_a_failing_command() {
+    let w = World::new();
+    std::os::unix::fs::symlink(&w.other, w.desk.join("tasks/escape")).unwrap();
+    let mut spec = w.spec();
+    spec.workdir = "/desk/tasks/escape".into();
+    let mut p = spawn_piped(&spec, &argv(&["true"])).unwrap();
+    let (_, e) = drain(&mut p);
+    let err = p.wait().unwrap_err();
+    assert!(matches!(err, SandboxError::Setup { .. }), "{err}");
+    assert!(!e.join().unwrap().is_empty(), "bwrap says why on stderr");
+    // bad input is refused before anything starts
+    spec.workdir = "/desk".into();
+    spec.env = vec![("AWS_SECRET_ACCESS_KEY".into(), "x".into())];
+    let err = spawn_piped(&spec, &argv(&["true"])).unwrap_err();
+    assert!(matches!(err, SandboxError::ForbiddenEnv { .. }), "{err}");
+}
+
+#[test]
+fn killing_a_piped_command_kills_its_whole_tree() {
+    let w = World::new();
+    let marker = format!("{}.{}", 1000, std::process::id());
+    // a background grandchild in a session of its own, ignoring SIGTERM/SIGHUP, that
+    // holds no pipe of ours: only the end of the pid namespace can take it down
+    let script = format!(
+        "setsid sh -c 'trap \"\" TERM HUP; exec sleep {marker}' </dev/null >/dev/null 2>&1 & echo started; exec sleep 1000"
+    );
+    let mut p = spawn_piped(&w.spec(), &argv(&["sh", "-c", &script])).unwrap();
+    let mut out = p.take_stdout().unwrap();
+    let mut first = [0u8; 8];
+    out.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"started\n");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sleeping(&marker) {
+        assert!(Instant::now() < deadline, "the grandchild never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let killer = p.killer();
+    let started = Instant::now();
+    assert!(killer.kill());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(p.wait()));
+    let ended = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the command did not end after the kill")
+        .unwrap();
+    assert!(ended.killed && ended.signal() == Some(9), "{ended:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "wait after kill took {:?}",
+        started.elapsed()
+    );
+    // the pipe reaches its end: nothing inside holds it any more
+    let mut rest = Vec::new();
+    out.read_to_end(&mut rest).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while sleeping(&marker) {
+        assert!(
+            Instant::now() < deadline,
+            "sleep {marker} outlived the kill"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // a kill after the end sends nothing
+    assert!(!killer.kill());
+}
+
+#[test]
+fn dropping_a_piped_command_kills_it() {
+    let w = World::new();
+    let marker = format!("{}.{}", 1001, std::process::id());
+    let mut p = spawn_piped(&w.spec(), &argv(&["sleep", &marker])).unwrap();
+    let mut out = p.take_stdout().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !sleeping(&marker) {
+        assert!(Instant::now() < deadline, "the command never started");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(p);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(out.read_to_end(&mut Vec::new()).is_ok()));
+    assert!(
+        rx.recv_timeout(Duration::from_secs(10)).unwrap_or(false),
+        "the output did not end after the drop"
+    );
+    while sleeping(&marker) {
+        assert!(
+            Instant::now() < deadline,
+            "sleep {marker} outlived its Piped"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_piped_command_outlives_the_thread_that_started_it() {
+    let w = World::new();
+    // started from a short-lived thread (like a pool's worker that retires): bwrap's
+    // --die-with-parent must not fire, since a thread of the sandbox's own spawned it
+    let spec = w.spec();
+    let mut p = std::thread::spawn(move || {
+        spawn_piped(&spec, &argv(&["sh", "-c", "sleep 1; echo alive"])).unwrap()
+    })
+    .join()
+    .unwrap();
+    let (o, _) = drain(&mut p);
+    let ended = p.wait().unwrap();
+    assert_eq!((ended.code, ended.killed), (0, false));
+    assert_eq!(o.join().unwrap(), b"alive\n");
 }

@@ -17,7 +17,10 @@
 //! | `GET /v1/desks/{agent}/list[/{path}]` | directory entries with attributes |
 //! | `POST /v1/desks/{agent}/mkdir` `{"path", "parents"}` | make a directory |
 //! | `POST /v1/desks/{agent}/move` `{"from", "to", "overwrite"}` | rename inside the desk |
+//! | `POST /v1/desks/{agent}/memory` tool-use `input` | Anthropic's memory tool (`memory_20250818`) on the desk's `memories/`: 200, `text/plain` tool-result text, `X-Deskfs-Tool-Error: true\|false` (its `is_error`) |
 //! | `GET /v1/desks/{agent}/resume` | what `deskfs resume --json` prints |
+//! | `POST /v1/desks/{agent}/exec` `{"command"\|"shell", "cwd", "env", "timeout_secs", "net"}` | run a command in the sandbox: `text/event-stream` of `stdout`/`stderr` chunks as they come, then `exit` (or `error`); see [`crate::exec`] |
+//! | `GET /v1/desks/{agent}/status` | the desk (repos, tasks, disk usage), exec, and the workspace it is on (dirty, pending, failing uploads) |
 //! | `GET /v1/desks/{agent}/tasks` | open tasks (`deskfs task list --json`) |
 //! | `POST /v1/desks/{agent}/tasks` `{"task", "repo", "branch"}` | start a task (a worktree) |
 //! | `POST /v1/desks/{agent}/tasks/{task}/finish` `{"discard", "note"}` | finish a task |
@@ -45,28 +48,65 @@ use crate::error::{Code, Result, ServeError};
 use crate::tokens::{now_secs, Grant, TokenStore};
 
 /// How long a conditional write waits for another process's write lock of the desk.
-const WRITE_LOCK_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const WRITE_LOCK_WAIT: Duration = Duration::from_secs(30);
 
 /// The server's state: the desk root and its tokens.
 pub struct App {
-    root: PathBuf,
-    tokens: TokenStore,
+    pub(crate) root: PathBuf,
+    pub(crate) tokens: TokenStore,
     /// One queue per desk for the check-and-rename step of writes (in this process;
     /// the desk's `files.lock` covers other processes and hosts).
     write_queues: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// What the host adds to every command run ([`crate::exec`]).
+    exec: crate::exec::ExecHost,
+    /// The status of the workspace the root is on, when the binary can tell.
+    workspace_status: Option<crate::status::WorkspaceStatus>,
 }
 
 impl App {
-    /// Serves the desks under `root`, with the tokens of its store.
+    /// Serves the desks under `root`, with the tokens of its store. Commands run with
+    /// nothing hidden beyond what the sandbox always hides, and the status endpoint shows
+    /// no workspace; see [`App::with_exec`] and [`App::with_workspace_status`].
     pub fn new(root: &Path) -> Arc<App> {
         Arc::new(App {
             root: root.to_path_buf(),
             tokens: TokenStore::at(root),
             write_queues: Default::default(),
+            exec: crate::exec::ExecHost::default(),
+            workspace_status: None,
         })
     }
 
-    fn write_queue(&self, agent: &str) -> Arc<tokio::sync::Mutex<()>> {
+    /// Runs commands with `host`'s hidden paths and base environment. Call it on the
+    /// fresh `App` (before it is shared); on a shared one it changes nothing and logs
+    /// an error.
+    pub fn with_exec(mut self: Arc<Self>, host: crate::exec::ExecHost) -> Arc<Self> {
+        match Arc::get_mut(&mut self) {
+            Some(app) => app.exec = host,
+            None => tracing::error!("App::with_exec on a shared App: ignored"),
+        }
+        self
+    }
+
+    /// Shows `status` (the workspace the root is on) in the desks' status. Call it on the
+    /// fresh `App`, like [`App::with_exec`].
+    pub fn with_workspace_status(
+        mut self: Arc<Self>,
+        status: crate::status::WorkspaceStatus,
+    ) -> Arc<Self> {
+        match Arc::get_mut(&mut self) {
+            Some(app) => app.workspace_status = Some(status),
+            None => tracing::error!("App::with_workspace_status on a shared App: ignored"),
+        }
+        self
+    }
+
+    /// What the host adds to every command (for interfaces that run commands).
+    pub fn exec_host(&self) -> &crate::exec::ExecHost {
+        &self.exec
+    }
+
+    pub(crate) fn write_queue(&self, agent: &str) -> Arc<tokio::sync::Mutex<()>> {
         self.write_queues
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -86,13 +126,15 @@ impl IntoResponse for ServeError {
 }
 
 /// Runs blocking file-system work off the async workers.
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     tokio::task::spawn_blocking(f)
         .await
         .map_err(|e| ServeError::new(Code::Io, format!("a worker failed: {e}")))?
 }
 
-fn desk_error(e: DeskError) -> ServeError {
+pub(crate) fn desk_error(e: DeskError) -> ServeError {
     match e {
         DeskError::InvalidAgent { .. } => ServeError::new(Code::BadRequest, e.to_string()),
         // Neither the other desks' names nor host paths go to a token holder.
@@ -118,7 +160,7 @@ fn desk_error(e: DeskError) -> ServeError {
 }
 
 /// The grant of the request's bearer token.
-async fn grant(app: &Arc<App>, headers: &HeaderMap) -> Result<Grant> {
+pub(crate) async fn grant(app: &Arc<App>, headers: &HeaderMap) -> Result<Grant> {
     let token = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -145,6 +187,20 @@ async fn open_desk(
     write: bool,
 ) -> Result<(Desk, DeskDir)> {
     let g = grant(app, headers).await?;
+    open_granted(app, g, agent, write).await
+}
+
+/// Holds the desk of `agent` for a request with grant `g` (a change when `write`).
+///
+/// # Errors
+/// `token_scope` (another desk), `read_only_token` (a change with a read-only token),
+/// `token_revoked` (the desk was made again), `unknown_desk`, `io`.
+pub(crate) async fn open_granted(
+    app: &Arc<App>,
+    g: Grant,
+    agent: &str,
+    write: bool,
+) -> Result<(Desk, DeskDir)> {
     g.allows(agent, write)?;
     let root = app.root.clone();
     let agent = agent.to_owned();
@@ -191,7 +247,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/desks/{agent}/list/{*path}", get(list_path))
         .route("/v1/desks/{agent}/mkdir", post(mkdir))
         .route("/v1/desks/{agent}/move", post(move_path))
+        .route("/v1/desks/{agent}/memory", post(memory))
         .route("/v1/desks/{agent}/resume", get(resume))
+        .route("/v1/desks/{agent}/exec", post(exec))
+        .route("/v1/desks/{agent}/status", get(desk_status))
         .route("/v1/desks/{agent}/tasks", get(list_tasks).post(start_task))
         .route("/v1/desks/{agent}/tasks/{task}/finish", post(finish_task))
         .fallback(|| async {
@@ -466,6 +525,36 @@ fn precondition(headers: &HeaderMap) -> Result<Precondition> {
     }
 }
 
+/// Commits a staged write of `agent`'s desk under the desk's write lock: check and
+/// rename one at a time per desk, in this process by its queue, across processes and
+/// hosts by the desk's `files.lock`.
+///
+/// # Errors
+/// Those of [`crate::confine::Staged::commit`]; `conflict` when the lock stays held
+/// elsewhere for [`WRITE_LOCK_WAIT`].
+pub(crate) async fn commit_locked(
+    app: &Arc<App>,
+    agent: &str,
+    desk: &Desk,
+    staged: crate::confine::Staged,
+    pre: Precondition,
+) -> Result<crate::confine::Committed> {
+    let queue = app.write_queue(agent);
+    let _turn = queue.lock().await;
+    let lock_path = desk.locks_dir().join("files.lock");
+    blocking(move || {
+        let _lock = deskfs_desk::lock::FileLock::acquire(
+            &lock_path,
+            "the desk's file writes",
+            WRITE_LOCK_WAIT,
+            false,
+        )
+        .map_err(desk_error)?;
+        staged.commit(&pre)
+    })
+    .await
+}
+
 async fn write_file(
     State(app): State<Arc<App>>,
     UrlPath((agent, path)): UrlPath<(String, String)>,
@@ -497,22 +586,7 @@ async fn write_file(
         .await
         .map_err(|e| ServeError::io("write", &shown, e))?;
     staged.put_back(out.into_std().await);
-    // Check and rename one at a time per desk: in this process by its queue, across
-    // processes and hosts by the desk's lock file.
-    let queue = app.write_queue(&agent);
-    let _turn = queue.lock().await;
-    let lock_path = desk.locks_dir().join("files.lock");
-    let done = blocking(move || {
-        let _lock = deskfs_desk::lock::FileLock::acquire(
-            &lock_path,
-            "the desk's file writes",
-            WRITE_LOCK_WAIT,
-            false,
-        )
-        .map_err(desk_error)?;
-        staged.commit(&pre)
-    })
-    .await?;
+    let done = commit_locked(&app, &agent, &desk, staged, pre).await?;
     let status = if done.replaced {
         StatusCode::OK
     } else {
@@ -635,6 +709,72 @@ async fn move_path(
     Ok(axum::Json(st).into_response())
 }
 
+/// Runs one memory-tool command ([`crate::memory::run`]) on `agent`'s desk for a
+/// request with grant `g`: a change (every command but `view`) needs a read-write
+/// grant and runs one at a time per desk (the queue and `files.lock` of file writes).
+///
+/// # Errors
+/// Those of [`open_granted`] (`read_only_token` for a change with a read-only token);
+/// `conflict` when the desk's write lock stays held elsewhere for [`WRITE_LOCK_WAIT`].
+/// The command's own failures are not errors: they are its error strings, with
+/// `is_error` set.
+pub(crate) async fn memory_command(
+    app: &Arc<App>,
+    g: Grant,
+    agent: &str,
+    input: Value,
+) -> Result<crate::memory::MemoryOutcome> {
+    let change = crate::memory::is_change(&input);
+    let (desk, dir) = open_granted(app, g, agent, change).await?;
+    if !change {
+        return blocking(move || Ok(crate::memory::run(&dir, &input, false))).await;
+    }
+    let queue = app.write_queue(agent);
+    let _turn = queue.lock().await;
+    let lock_path = desk.locks_dir().join("files.lock");
+    blocking(move || {
+        let _lock = deskfs_desk::lock::FileLock::acquire(
+            &lock_path,
+            "the desk's file writes",
+            WRITE_LOCK_WAIT,
+            false,
+        )
+        .map_err(desk_error)?;
+        Ok(crate::memory::run(&dir, &input, true))
+    })
+    .await
+}
+
+/// `POST /v1/desks/{agent}/memory`: the body is the tool-use `input`; the reply is the
+/// tool-result text (`text/plain`, status 200 for results and the tool's error strings
+/// alike) with `X-Deskfs-Tool-Error` giving its `is_error`.
+async fn memory(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    let input: Value = json_body(&body)?;
+    let g = grant(&app, &headers).await?;
+    let out = memory_command(&app, g, &agent, input).await?;
+    let flag = if out.is_error { "true" } else { "false" };
+    Ok((
+        StatusCode::OK,
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; charset=utf-8"),
+            ),
+            (
+                header::HeaderName::from_static("x-deskfs-tool-error"),
+                HeaderValue::from_static(flag),
+            ),
+        ],
+        out.text,
+    )
+        .into_response())
+}
+
 async fn resume(
     State(app): State<Arc<App>>,
     UrlPath(agent): UrlPath<String>,
@@ -709,4 +849,63 @@ async fn finish_task(
     })
     .await?;
     Ok(axum::Json(finished).into_response())
+}
+
+/// The body of an `exec` SSE event.
+fn exec_event(ev: crate::exec::ExecEvent) -> axum::response::sse::Event {
+    use crate::exec::{chunk_json, ExecEvent};
+    use axum::response::sse::Event;
+    let (name, data) = match ev {
+        ExecEvent::Stdout(b) => ("stdout", chunk_json(&b)),
+        ExecEvent::Stderr(b) => ("stderr", chunk_json(&b)),
+        ExecEvent::Exit(x) => ("exit", serde_json::to_value(x).unwrap_or(Value::Null)),
+        ExecEvent::Error(e) => (
+            "error",
+            json!({"error": {"code": e.code.as_str(), "message": e.message}}),
+        ),
+    };
+    Event::default().event(name).data(data.to_string())
+}
+
+async fn exec(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response> {
+    use axum::response::sse::{KeepAlive, Sse};
+    let req: crate::exec::ExecRequest = json_body(&body)?;
+    // A command can change anything in the desk: read-only tokens are refused.
+    let (desk, _) = open_desk(&app, &headers, &agent, true).await?;
+    let running = crate::exec::start(&desk, &app.exec, req).await?;
+    // Dropping the stream (the client went away) drops `running`, which kills the
+    // command; the keep-alive comments find a closed connection within their interval.
+    let events = futures::stream::unfold(running, |mut r| async move {
+        let ev = r.next().await?;
+        Some((Ok::<_, std::convert::Infallible>(exec_event(ev)), r))
+    });
+    let mut resp = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(5)))
+        .into_response();
+    resp.headers_mut()
+        .insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(resp)
+}
+
+async fn desk_status(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let (desk, _) = open_desk(&app, &headers, &agent, false).await?;
+    let a = app.clone();
+    let v = blocking(move || {
+        Ok(crate::status::desk_status(
+            &desk,
+            &a.exec,
+            a.workspace_status.as_ref(),
+        ))
+    })
+    .await?;
+    Ok(axum::Json(v).into_response())
 }

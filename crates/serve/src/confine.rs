@@ -191,6 +191,12 @@ pub struct Stat {
     /// A symlink's target (only for symlinks).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub target: Option<String>,
+    /// Last access, ns since the epoch (not in the HTTP API's JSON).
+    #[serde(skip)]
+    pub atime_ns: i64,
+    /// Last status change, ns since the epoch (not in the HTTP API's JSON).
+    #[serde(skip)]
+    pub ctime_ns: i64,
 }
 
 impl Stat {
@@ -210,6 +216,8 @@ impl Stat {
             mtime_ns,
             etag: format!("\"{:x}-{:x}-{:x}\"", st.st_ino, mtime_ns, st.st_size),
             target,
+            atime_ns: st.st_atime * 1_000_000_000 + st.st_atime_nsec,
+            ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
         }
     }
 }

@@ -52,6 +52,9 @@ pub enum Code {
     TooLarge,
     /// The file system refused: no space, permissions, I/O (500 / 507).
     Io,
+    /// This server cannot run the command: no bubblewrap, or the sandbox could not be
+    /// set up (the command never ran) (503).
+    ExecUnavailable,
 }
 
 impl Code {
@@ -80,6 +83,7 @@ impl Code {
             Code::MethodNotAllowed => "method_not_allowed",
             Code::TooLarge => "too_large",
             Code::Io => "io",
+            Code::ExecUnavailable => "exec_unavailable",
         }
     }
 
@@ -96,6 +100,7 @@ impl Code {
             Code::MethodNotAllowed => 405,
             Code::TooLarge => 413,
             Code::Io => 500,
+            Code::ExecUnavailable => 503,
         }
     }
 }

@@ -6,7 +6,12 @@
 pub mod api;
 pub mod confine;
 pub mod error;
+pub mod exec;
+pub mod fstools;
+pub mod mcp;
+pub mod memory;
 pub mod openapi;
+pub mod status;
 pub mod tokens;
 
 #[cfg(test)]
@@ -26,6 +31,24 @@ pub enum Listen {
     Unix(PathBuf),
 }
 
+/// The `Host` header values `/mcp` accepts (DNS-rebinding protection): the loopback
+/// names, plus the listening address when it is a specific one; any for a wildcard
+/// address or a Unix socket (bearer tokens guard every request either way).
+fn allowed_hosts(listen: &Listen) -> Vec<String> {
+    match listen {
+        Listen::Tcp(a) if a.ip().is_unspecified() => Vec::new(),
+        Listen::Tcp(a) => {
+            let mut v: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+            let ip = a.ip().to_string();
+            if !v.contains(&ip) {
+                v.push(ip);
+            }
+            v
+        }
+        Listen::Unix(_) => Vec::new(),
+    }
+}
+
 /// Serves the desks under `root` on `listen` until `shutdown` resolves. `ready` is
 /// called with the bound address (for `:0`) once the server accepts connections.
 ///
@@ -37,7 +60,27 @@ pub async fn serve(
     ready: impl FnOnce(String),
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let app = api::router(api::App::new(root));
+    serve_app(api::App::new(root), listen, ready, shutdown).await
+}
+
+/// [`serve`] with an [`api::App`] the caller built (e.g. with
+/// [`api::App::with_exec`] and [`api::App::with_workspace_status`]).
+///
+/// # Errors
+/// `io` when the address cannot be bound or the server fails.
+pub async fn serve_app(
+    state: std::sync::Arc<api::App>,
+    listen: Listen,
+    ready: impl FnOnce(String),
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let exec = state.exec_host().clone();
+    let shutdown = async move {
+        shutdown.await;
+        // Running commands are killed: their streams end, and so do their connections.
+        exec.kill_all();
+    };
+    let app = api::router(state.clone()).merge(mcp::router(state, allowed_hosts(&listen)));
     let io = |what: String, e: std::io::Error| ServeError::new(Code::Io, format!("{what}: {e}"));
     match listen {
         Listen::Tcp(addr) => {

@@ -30,6 +30,49 @@ fn json_ok(schema: &str) -> Value {
     json!({"description": "ok", "content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema}")}}}})
 }
 
+/// `POST /v1/desks/{agent}/exec`: the request, the SSE events, the errors.
+fn exec_path(agent: &Value) -> Value {
+    let chunk = json!({"type": "object", "description": "one chunk of output as written: UTF-8 text (never split inside a character), or base64 when the bytes are not UTF-8; the chunks of a stream concatenated are its exact bytes",
+        "properties": {"text": {"type": "string"}, "base64": {"type": "string", "contentEncoding": "base64"}}});
+    let exit = json!({"type": "object", "required": ["code", "signal", "duration_ms", "stdout_bytes", "stderr_bytes", "timed_out", "killed"], "properties": {
+        "code": {"type": "integer", "description": "as a shell reports it: the command's code, 128 + signal when a signal ended it, 127 no such program, 137 killed"},
+        "signal": {"type": ["integer", "null"], "description": "code - 128 for codes 129..=192 (as a shell infers it); 9 when killed"},
+        "duration_ms": {"type": "integer"}, "stdout_bytes": {"type": "integer"}, "stderr_bytes": {"type": "integer"},
+        "timed_out": {"type": "boolean", "description": "its timeout passed and it was killed, with every process it started"},
+        "killed": {"type": "boolean"}}});
+    let request = json!({"type": "object", "additionalProperties": false, "properties": {
+        "command": {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": "program and arguments (no shell); or give shell"},
+        "shell": {"type": "string", "description": "a command line run as sh -c SHELL; or give command"},
+        "cwd": {"type": "string", "description": "a directory of the desk, desk-relative (tasks/T, repos/app); default the desk (/desk inside)"},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}, "description": "extra variables; AWS_*, GOOGLE_*, GCLOUD_*, AZURE_*, DESKFS_* refused"},
+        "timeout_secs": {"type": "integer", "minimum": 1, "maximum": crate::exec::MAX_TIMEOUT_SECS, "default": crate::exec::DEFAULT_TIMEOUT_SECS},
+        "net": {"type": "string", "enum": ["host", "none"], "default": "host"}}});
+    json!({"post": {
+        "summary": "Run a command in the desk's sandbox (bubblewrap; the desk at /desk, stdin /dev/null); output streamed as it is written",
+        "description": "The reply is text/event-stream: events `stdout` and `stderr` (data: a chunk), then one `exit` (data: the exit), or `error` (data: {\"error\": {code, message}}) when the sandbox could not be set up after the stream began (the command never ran; bwrap's message came as stderr). Comments keep the stream alive every 5 s. Closing the connection kills the command and every process it started. A read-only token is refused (403 read_only_token).",
+        "parameters": [agent],
+        "requestBody": {"required": true, "content": {"application/json": {"schema": request}}},
+        "responses": with(json!({"200": {"description": "the events", "content": {"text/event-stream": {"schema": {"type": "string"},
+            "x-events": {"stdout": chunk, "stderr": chunk, "exit": exit, "error": {"$ref": "#/components/schemas/Error"}}}}}}),
+            errors(&[400, 401, 403, 404, 409, 500, 503]))
+    }})
+}
+
+/// `GET /v1/desks/{agent}/status`.
+fn status_path(agent: &Value) -> Value {
+    json!({"get": {
+        "summary": "The desk's status: repos, open tasks with their worktree state, disk usage, exec (available, running), and the deskfs workspace the desks are on (null when not on a mount): dirty data, pending and failing uploads (those of this desk by desk-relative path), cache, metadata backup",
+        "parameters": [agent],
+        "responses": with(json!({"200": {"description": "the status", "content": {"application/json": {"schema": {"type": "object", "properties": {
+            "agent": {"type": "string"}, "created": {"type": "integer"},
+            "repos": {"type": "array", "items": {"type": "string"}},
+            "tasks": {"type": "array", "items": {"type": "object"}},
+            "usage": {"type": "object", "properties": {"bytes": {"type": "integer"}, "files": {"type": "integer"}, "dirs": {"type": "integer"}, "complete": {"type": "boolean"}}},
+            "exec": {"type": "object", "properties": {"available": {"type": "boolean"}, "running": {"type": "integer"}}},
+            "workspace": {"type": ["object", "null"]}}}}}}}), errors(&[401, 403, 404, 500]))
+    }})
+}
+
 /// The document.
 pub fn document() -> Value {
     let agent = path_param("agent", "the desk's agent name");
@@ -46,7 +89,7 @@ pub fn document() -> Value {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
-                    "code": {"type": "string", "enum": ["bad_request", "bad_path", "outside_desk", "name_too_long", "path_too_long", "not_found", "exists", "is_dir", "not_dir", "not_empty", "conflict", "etag_mismatch", "range_not_satisfiable", "unauthorized", "token_expired", "token_revoked", "token_scope", "read_only_token", "unknown_desk", "method_not_allowed", "too_large", "io"]},
+                    "code": {"type": "string", "enum": ["bad_request", "bad_path", "outside_desk", "name_too_long", "path_too_long", "not_found", "exists", "is_dir", "not_dir", "not_empty", "conflict", "etag_mismatch", "range_not_satisfiable", "unauthorized", "token_expired", "token_revoked", "token_scope", "read_only_token", "unknown_desk", "method_not_allowed", "too_large", "io", "exec_unavailable"]},
                     "message": {"type": "string"}}}}},
                 "Stat": {"type": "object", "required": ["path", "kind", "size", "mode", "mtime_ns", "etag"], "properties": {
                     "path": {"type": "string"}, "kind": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},
@@ -86,6 +129,8 @@ pub fn document() -> Value {
             "/v1/desks/{agent}/mkdir": {"post": {"summary": "Make a directory", "parameters": [agent],
                 "requestBody": {"content": {"application/json": {"schema": {"type": "object", "required": ["path"], "properties": {"path": {"type": "string"}, "parents": {"type": "boolean"}}}}}},
                 "responses": with(json!({"201": json_ok("Stat")}), errors(&[400, 401, 403, 404, 409, 500]))}},
+            "/v1/desks/{agent}/exec": exec_path(&agent),
+            "/v1/desks/{agent}/status": status_path(&agent),
             "/v1/desks/{agent}/resume": {"get": {"summary": "What a session reads first (as `deskfs resume --json`)", "parameters": [agent], "responses": with(json!({"200": {"description": "the resume"}}), errors(&auth_errors))}},
             "/v1/desks/{agent}/tasks": {
                 "get": {"summary": "Open tasks", "parameters": [agent], "responses": with(json!({"200": {"description": "the tasks"}}), errors(&auth_errors))},
@@ -98,7 +143,13 @@ pub fn document() -> Value {
                 "responses": with(json!({"200": {"description": "finished"}}), errors(&[400, 401, 403, 404, 409, 500]))}},
             "/v1/desks/{agent}/move": {"post": {"summary": "Rename inside the desk (RENAME_NOREPLACE unless overwrite)", "parameters": [agent],
                 "requestBody": {"content": {"application/json": {"schema": {"type": "object", "required": ["from", "to"], "properties": {"from": {"type": "string"}, "to": {"type": "string"}, "overwrite": {"type": "boolean"}}}}}},
-                "responses": with(json!({"200": json_ok("Stat")}), errors(&[400, 401, 403, 404, 409, 500]))}}
+                "responses": with(json!({"200": json_ok("Stat")}), errors(&[400, 401, 403, 404, 409, 500]))}},
+            "/v1/desks/{agent}/memory": {"post": {"summary": "Anthropic's memory tool (memory_20250818) on the desk's memories/: the body is the tool-use input, the reply the tool-result text", "parameters": [agent],
+                "description": "Paths are /memories/...; results and error strings are those of Anthropic's memory tool documentation. A tool error (no such file, old_str not unique, a path leaving /memories, a symlink) is still 200, with X-Deskfs-Tool-Error: true (the tool_result's is_error). A read-only token may only view (any other command is 403 read_only_token).",
+                "requestBody": {"content": {"application/json": {"schema": crate::memory::input_schema()}}},
+                "responses": with(json!({"200": {"description": "the tool-result text",
+                    "headers": {"X-Deskfs-Tool-Error": {"description": "true when the text is one of the tool's error strings (is_error)", "schema": {"type": "string", "enum": ["true", "false"]}}},
+                    "content": {"text/plain": {"schema": {"type": "string"}}}}}), errors(&[400, 401, 403, 404, 409, 500]))}}
         }
     })
 }

@@ -1249,6 +1249,9 @@ impl Vfs {
             let (version, r) = out;
             row = r;
             if commit {
+                if version.is_some() {
+                    self.ring.changed(ino);
+                }
                 s.writes_settled();
                 if let Some(v) = version {
                     self.kernel_pages.committed(ino, s.version, v);
@@ -1391,6 +1394,7 @@ impl Vfs {
         });
         match res {
             Ok(cname) => {
+                self.ring.created(parent, &cname, new_ino, false);
                 tracing::warn!(ino, new_ino, name = %String::from_utf8_lossy(&cname), "writes made while this mount's lease was lost conflict with newer content committed by another mount: kept beside it");
                 self.coherence.conflict();
                 s.writes_settled();

@@ -9,6 +9,7 @@
 //! in the background. Reads come from the staging file when the content is local, else
 //! from the block cache, filled by ranged GETs with sequential readahead.
 
+pub mod change_ring;
 mod changes;
 pub mod coherence;
 mod data;
@@ -44,6 +45,7 @@ use deskfs_bucket::Bucket;
 use deskfs_cache::Cache;
 use deskfs_meta::{InodeRow, Local, MetaEngine, Op};
 
+pub use change_ring::{Change, ChangeKind, ChangesPage};
 pub use coherence::Peers;
 pub use durability::Durability;
 pub use error::{Result, VfsError};
@@ -169,6 +171,8 @@ pub struct Vfs {
     /// Process id this mount's session is registered under (a session of this host whose
     /// process is gone, or this very process's earlier one, is expired at start).
     pub(crate) pid: u32,
+    /// This mount's recent namespace and content changes (see [`change_ring`]).
+    pub(crate) ring: change_ring::ChangeRing,
 }
 
 impl std::fmt::Debug for Vfs {
@@ -264,6 +268,7 @@ impl Vfs {
             remote: remote::RemoteWaits::default(),
             marker: Mutex::new(None),
             pid,
+            ring: change_ring::ChangeRing::default(),
         });
         let (marker, after_crash) = mount_marker::MountMarker::claim(vfs.cache.root())?;
         *vfs.marker.lock().map_err(|_| poisoned())? = Some(marker);

@@ -334,6 +334,8 @@ impl Vfs {
         } else {
             None
         };
+        self.ring
+            .created(parent, name, row.ino, row.kind == Kind::Dir);
         self.hints.note_row(&row);
         self.hints.note_created(row.ino);
         self.hints.note_entry(parent, name, row.ino);
@@ -862,6 +864,7 @@ impl Vfs {
             Ok(Plan::Apply(
                 b,
                 Box::new(move |out| {
+                    self.ring.deleted(parent, name, x.ino, false);
                     self.hints.forget_entry(parent, name);
                     self.after_drop(x.ino, out, purge, get);
                     Ok(())
@@ -915,6 +918,7 @@ impl Vfs {
             Ok(Plan::Apply(
                 b,
                 Box::new(move |_| {
+                    self.ring.deleted(parent, name, d.ino, true);
                     self.hints.forget_entry(parent, name);
                     self.hints.forget_inode(d.ino);
                     Ok(())
@@ -1046,6 +1050,8 @@ impl Vfs {
                 return Ok(Plan::Apply(
                     b,
                     Box::new(move |_| {
+                        self.ring.repointed(parent, name, d.ino, is_dir(&d));
+                        self.ring.repointed(new_parent, new_name, s.ino, src_dir);
                         self.hints.note_entry(parent, name, d.ino);
                         self.hints.note_entry(new_parent, new_name, s.ino);
                         Ok(())
@@ -1127,6 +1133,11 @@ impl Vfs {
             Ok(Plan::Apply(
                 b,
                 Box::new(move |out| {
+                    if let Some(d) = &d {
+                        self.ring.deleted(new_parent, new_name, d.ino, is_dir(d));
+                    }
+                    self.ring
+                        .renamed(parent, name, s.ino, src_dir, new_parent, new_name);
                     self.hints.forget_entry(parent, name);
                     self.hints.note_entry(new_parent, new_name, s.ino);
                     if let Some(ino) = replaced_dir {
@@ -1191,6 +1202,7 @@ impl Vfs {
                 Box::new(move |out| out[get].row().cloned().ok_or(VfsError::NotFound)),
             ))
         })?;
+        self.ring.created(new_parent, new_name, ino, false);
         self.hints.note_entry(new_parent, new_name, ino);
         self.refs.looked_up(ino);
         Ok(self.overlay(&row))

@@ -19,6 +19,7 @@ use deskfs_meta::{InodeRow, MetaEngine};
 use crate::{now_ns, Attr, Ctx, DirEntry, Ino, Kind, Result, Vfs, VfsConfig, ROOT_INO};
 
 mod bucket;
+mod change_ring;
 mod converge;
 mod data;
 mod durability;
