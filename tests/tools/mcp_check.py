@@ -35,6 +35,7 @@ TOOLS = {
     "list_directory_with_sizes": True, "directory_tree": True, "move_file": False,
     "search_files": True, "get_file_info": True, "list_allowed_directories": True,
     "task_start": False, "task_list": True, "task_finish": False, "resume": True,
+    "memory": False,
 }
 
 
@@ -160,6 +161,13 @@ async def confinement(s):
 
 
 async def desk_tools(s):
+    r = await ok(s, "memory", {"command": "create", "path": "/memories/mcp.md", "file_text": "one\ntwo\n"})
+    with open(os.path.join(DESK, "memories/mcp.md")) as f:
+        check(f.read() == "one\ntwo\n", "memory create over MCP")
+    r = await ok(s, "memory", {"command": "view", "path": "/memories/mcp.md"})
+    check("     1\tone" in text_of(r), f"memory view: {text_of(r)!r}")
+    r = await s.call_tool("memory", {"command": "view", "path": "/memoriesX/a"})
+    check(r.is_error, f"memory escape: {text_of(r)!r}")
     r = await ok(s, "resume", {})
     check(isinstance(r.structured_content, dict) and "tasks" in r.structured_content,
           f"resume structured: {str(r.structured_content)[:200]}")

@@ -214,7 +214,7 @@ impl DeskTools {
         DeskTools {
             app,
             access: Access::Fixed(grant),
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::memory_router(),
         }
     }
 
@@ -223,7 +223,7 @@ impl DeskTools {
         DeskTools {
             app,
             access: Access::Bearer,
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::memory_router(),
         }
     }
 
@@ -612,6 +612,51 @@ impl DeskTools {
             let r =
                 blocking(move || deskfs_desk::resume::resume(&desk).map_err(desk_error)).await?;
             Ok(structured(to_value(&r)?))
+        }
+        .await;
+        done(r)
+    }
+}
+
+/// Arguments of `memory`: the tool-use input of Anthropic's memory tool
+/// (`memory_20250818`): `command` and that command's fields.
+#[derive(Deserialize, JsonSchema)]
+pub struct MemoryArgs {
+    /// view, create, str_replace, insert, delete or rename.
+    pub command: String,
+    /// The command's other fields (path, file_text, old_str, new_str, insert_line,
+    /// insert_text, view_range, old_path, new_path).
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
+}
+
+#[tool_router(router = memory_router)]
+impl DeskTools {
+    #[tool(
+        description = "Anthropic's memory tool (memory_20250818) on the desk's memories/ directory, seen as /memories: view, create, str_replace, insert, delete, rename. Results are the protocol's exact strings.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false
+        )
+    )]
+    async fn memory(
+        &self,
+        Parameters(a): Parameters<MemoryArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> std::result::Result<CallToolResult, rmcp::ErrorData> {
+        let r = async {
+            let g = self.grant(&ctx)?;
+            let mut input = a.rest;
+            input.insert("command".into(), Value::String(a.command));
+            let agent = g.agent.clone();
+            let out = api::memory_command(&self.app, g, &agent, Value::Object(input)).await?;
+            let block = vec![ContentBlock::text(out.text)];
+            Ok(if out.is_error {
+                CallToolResult::error(block)
+            } else {
+                CallToolResult::success(block)
+            })
         }
         .await;
         done(r)
