@@ -121,19 +121,26 @@ pub fn mtime_secs(md: &fs::Metadata) -> u64 {
 
 /// `2024-05-01T12:34:56Z` for `secs` since the epoch (proleptic Gregorian, UTC).
 pub fn utc_iso(secs: u64) -> String {
-    let (y, mo, d, h, mi, s) = utc_parts(secs);
+    let (y, mo, d, h, mi, s) = utc_parts(secs as i64);
     format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+/// `2024-05-01T12:34:56.789Z` for `ns` nanoseconds since the epoch (before it too).
+pub fn utc_iso_millis(ns: i64) -> String {
+    let (y, mo, d, h, mi, s) = utc_parts(ns.div_euclid(1_000_000_000));
+    let ms = ns.rem_euclid(1_000_000_000) / 1_000_000;
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{ms:03}Z")
 }
 
 /// `20240501T123456Z`: [`utc_iso`] without separators, for file names.
 pub fn utc_compact(secs: u64) -> String {
-    let (y, mo, d, h, mi, s) = utc_parts(secs);
+    let (y, mo, d, h, mi, s) = utc_parts(secs as i64);
     format!("{y:04}{mo:02}{d:02}T{h:02}{mi:02}{s:02}Z")
 }
 
-fn utc_parts(secs: u64) -> (i64, u32, u32, u64, u64, u64) {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
+fn utc_parts(secs: i64) -> (i64, u32, u32, i64, i64, i64) {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
     // Civil date from a day count (era-based conversion, eras of 400 years = 146097 days).
     let z = days + 719_468;
     let era = z.div_euclid(146_097);

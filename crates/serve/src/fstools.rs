@@ -525,27 +525,7 @@ pub fn search_files(
 }
 
 fn time_text(ns: i64) -> String {
-    let secs = ns.div_euclid(1_000_000_000);
-    let nanos = ns.rem_euclid(1_000_000_000);
-    // Civil date from days since the epoch (Howard Hinnant's algorithm).
-    let days = secs.div_euclid(86_400);
-    let tod = secs.rem_euclid(86_400);
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        tod / 3600,
-        tod % 3600 / 60,
-        tod % 60,
-        nanos / 1_000_000
-    )
+    deskfs_desk::fsutil::utc_iso_millis(ns)
 }
 
 /// `get_file_info`: `key: value` lines — size, modified, accessed, changed (status
