@@ -9,11 +9,16 @@
 # 240 concurrent requests (a file per writer read back, 40 If-Match increments of one
 # counter: none lost), exec (output streamed before the command ends, proven by a file the
 # check makes only after reading it; timeout and disconnect kill the whole tree; exit codes,
-# signals, stderr apart; read-only, cwd and env refusals) and the status endpoint.
+# signals, stderr apart; read-only, cwd and env refusals), the status endpoint, and the
+# task journal (GET .../journal: an exec's entry is there when its exit arrives, with
+# exactly the files it created, changed and deleted; timed-out and disconnected execs
+# are recorded as killed; bad queries refused).
 # tests/tools/mcp_check.py (the official MCP Python SDK) then drives
 # the MCP tools over stdio (`deskfs mcp alice`, and `--read-only`) and over /mcp with the
 # rw and ro tokens: every tool's result text, annotations and schemas, the same escapes,
-# read-only refusals, and 401 + WWW-Authenticate for a missing, unknown or revoked token.
+# read-only refusals, the memory tool, exec (output, exit, timeout, cwd escapes) with its
+# journal entry (via mcp, the files it changed) read back through the journal tool, and
+# 401 + WWW-Authenticate for a missing, unknown or revoked token.
 # Also: bad command lines and a port in use give one clear line.
 # e2e-timeout: 600
 source "$(dirname "$0")/../lib.sh"
@@ -63,7 +68,7 @@ check_serve() { # NAME MOUNTPOINT
   log "$name: $(tail -1 "$T/check-$name.out")"
   # MCP through the official Python SDK: stdio (`deskfs mcp alice`) and /mcp with the
   # same tokens.
-  "$MCP_PY" "$ROOT/tests/tools/mcp_check.py" "$DESKFS" "$root" "$base" \
+  MCP_CHECK_ON_MOUNT=1 "$MCP_PY" "$ROOT/tests/tools/mcp_check.py" "$DESKFS" "$root" "$base" \
     "$(printf '{"rw":"%s","ro":"%s","revoked":"%s"}' "$rw" "$ro" "$revoked")" > "$T/mcp-$name.out" 2>&1 \
     || fail "$name: $(grep -m1 '^FAIL' "$T/mcp-$name.out" || tail -3 "$T/mcp-$name.out")"
   log "$name: $(tail -1 "$T/mcp-$name.out")"

@@ -35,8 +35,10 @@ TOOLS = {
     "list_directory_with_sizes": True, "directory_tree": True, "move_file": False,
     "search_files": True, "get_file_info": True, "list_allowed_directories": True,
     "task_start": False, "task_list": True, "task_finish": False, "resume": True,
-    "memory": False,
+    "memory": False, "exec": False, "journal": True,
 }
+# The desks are on a deskfs mount (the journal then knows each command's files).
+ON_MOUNT = os.environ.get("MCP_CHECK_ON_MOUNT") == "1"
 
 
 def check(cond, what):
@@ -74,6 +76,12 @@ async def tool_list(s):
         check(a is not None and a.read_only_hint is ro, f"{name}: readOnlyHint {ro} (got {a})")
     check(tools["write_file"].annotations.destructive_hint is True, "write_file is destructive")
     check(tools["create_directory"].annotations.idempotent_hint is True, "create_directory is idempotent")
+    check(tools["exec"].annotations.destructive_hint is True and tools["exec"].annotations.open_world_hint is True,
+          f"exec is destructive and open-world: {tools['exec'].annotations}")
+    xs = tools["exec"].output_schema or {}
+    check({"stdout", "stderr", "exit"} <= set(xs.get("properties", {})), f"exec output schema: {xs}")
+    check({"command", "shell", "cwd", "env", "timeout_secs", "net"} <= set(tools["exec"].input_schema.get("properties", {})),
+          f"exec input schema: {tools['exec'].input_schema}")
     schema = tools["read_text_file"].output_schema or {}
     check("content" in schema.get("properties", {}), f"read_text_file output schema: {schema}")
     props = tools["read_text_file"].input_schema.get("properties", {})
@@ -182,15 +190,54 @@ async def desk_tools(s):
     check(not os.path.exists(os.path.join(DESK, "tasks/mcp-task")), "task_finish removed the worktree")
 
 
+async def exec_tools(s, how):
+    """The exec tool runs next to the data and is journaled (via mcp) with its files."""
+    with open(os.path.join(DESK, f"notes/{how}-edit"), "w") as f:
+        f.write("before\n")
+    script = f"echo made > notes/{how}-new; echo more >> notes/{how}-edit; echo out; echo err >&2; exit 3"
+    r = await ok(s, "exec", {"shell": script}, f"{how}: exec")
+    x = r.structured_content
+    check(x["exit"]["code"] == 3 and x["stdout"] == "out\n" and x["stderr"] == "err\n"
+          and not x["stdout_truncated"] and not x["exit"]["killed"], f"{how}: exec result {x}")
+    t = text_of(r)
+    check(t.startswith("exit 3 in ") and "--- stdout ---\nout\n" in t and "--- stderr ---\nerr\n" in t, f"{how}: exec text {t!r}")
+    with open(os.path.join(DESK, f"notes/{how}-new")) as f:
+        check(f.read() == "made\n", f"{how}: the command's file is in the desk")
+    jid = x["exit"].get("journal_id")
+    r = await ok(s, "journal", {"task": "_desk", "limit": 3}, f"{how}: journal")
+    es = [e for e in r.structured_content["entries"] if e["id"] == jid]
+    check(len(es) == 1, f"{how}: the exec {jid} is in the journal: {r.structured_content}")
+    e = es[0]
+    check(e["via"] == "mcp" and e["command"] == ["sh", "-c", script] and e["exit_code"] == 3
+          and e["output"] in ("out\nerr\n", "err\nout\n"), f"{how}: journal entry {e}")
+    if ON_MOUNT:
+        check(e["files"] == {"created": [f"notes/{how}-new"], "changed": [f"notes/{how}-edit"], "deleted": []},
+              f"{how}: the entry lists the command's files: {e['files']} {e.get('changes_unknown')}")
+    r = await ok(s, "exec", {"command": ["pwd"], "cwd": "repos/app"}, f"{how}: exec argv in a cwd")
+    check(r.structured_content["stdout"] == "/desk/repos/app\n", f"{how}: cwd {r.structured_content}")
+    r = await ok(s, "exec", {"shell": "sleep 30", "timeout_secs": 1}, f"{how}: exec timeout")
+    check(r.structured_content["exit"]["timed_out"] and text_of(r).startswith("killed after its timeout"),
+          f"{how}: timeout {text_of(r)!r}")
+    await err(s, "exec", {"shell": "pwd", "cwd": "../bob"}, "outside_desk", f"{how}: exec cwd escape")
+    await err(s, "exec", {"shell": "pwd", "cwd": "out"}, "not_dir", f"{how}: exec cwd through a planted link")
+    await err(s, "exec", {"shell": "true", "command": ["true"]}, "bad_request", f"{how}: exec both forms")
+    await err(s, "exec", {"shell": "true", "env": {"AWS_SECRET_ACCESS_KEY": "x"}}, "bad_request", f"{how}: exec credential env")
+    await err(s, "journal", {"limit": 0}, "bad_request", f"{how}: journal limit 0")
+    await err(s, "journal", {"task": "nope-task"}, "not_found", f"{how}: journal of no task")
+
+
 async def read_only(s, how):
     r = await ok(s, "read_text_file", {"path": "notes/mcp.txt"}, f"{how}: read")
     for tool, args in [("write_file", {"path": "notes/ro.txt", "content": "x"}),
                        ("edit_file", {"path": "notes/mcp.txt", "edits": [{"oldText": "a", "newText": "A"}]}),
                        ("create_directory", {"path": "rodir"}),
                        ("move_file", {"source": "notes/mcp.txt", "destination": "notes/m"}),
-                       ("task_start", {"task": "ro", "repo": "app"})]:
+                       ("task_start", {"task": "ro", "repo": "app"}),
+                       ("exec", {"shell": "touch /desk/notes/ro-exec"})]:
         await err(s, tool, args, "read_only_token", f"{how}: {tool}")
     check(not os.path.exists(os.path.join(DESK, "notes/ro.txt")), f"{how}: nothing written")
+    check(not os.path.exists(os.path.join(DESK, "notes/ro-exec")), f"{how}: nothing run")
+    await ok(s, "journal", {"limit": 1}, f"{how}: journal (a read)")
     # a dry run changes nothing, so a read-only session may preview an edit
     await ok(s, "edit_file", {"path": "notes/mcp.txt", "dryRun": True,
                               "edits": [{"oldText": "a", "newText": "A"}]}, f"{how}: dry run")
@@ -209,6 +256,7 @@ async def stdio(read_only_flag=False):
             await file_tools(s)
             await confinement(s)
             await desk_tools(s)
+            await exec_tools(s, "stdio")
 
 
 async def http(token, body):
@@ -227,6 +275,7 @@ async def http_rw(s):
     r = await ok(s, "read_text_file", {"path": "/desk/notes/http.txt"})
     check(text_of(r) == "over http\n", f"http read: {text_of(r)!r}")
     await err(s, "read_text_file", {"path": "/etc/passwd"}, "outside_desk", "http escape")
+    await exec_tools(s, "http")
 
 
 def raw_post(token):

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -277,18 +278,26 @@ r.close()
 x = evs[-1][1] if evs else {}
 ok(evs and evs[-1][0] == "exit" and x["timed_out"] is True and x["killed"] is True and x["code"] == 137
    and x["signal"] == 9 and 2000 <= x["duration_ms"] < 20000, f"timeout_secs 2 on sleep 60: {evs}")
+# SIGKILL to the sandbox's processes is delivered at once; their exit may lag the report.
+deadline = time.time() + 10
+while sleepers(marker) and time.time() < deadline:
+    time.sleep(0.05)
 ok(sleepers(marker) == 0, "the command's background child died with it")
 
 # A client that goes away: the command is killed (found by the keep-alive within seconds).
 marker = f"3598.{os.getpid()}"
 st, hd, r = exec_open({"shell": f"echo started; exec sleep {marker}"})
 evs = sse_events(r)
-ok(next(evs) == ("stdout", {"text": "started\n"}) and sleepers(marker) == 1, "a long command runs")
+first = next(evs)
+# "started" is written before the shell execs sleep: wait (bounded) for the sleep to show.
+deadline = time.time() + 20
+while sleepers(marker) == 0 and time.time() < deadline:
+    time.sleep(0.05)
+ok(first == ("stdout", {"text": "started\n"}) and sleepers(marker) == 1, f"a long command runs: {first} {sleepers(marker)}")
 st_running = j(call("GET", "/v1/desks/alice/status", token="ro"), 200, "status while a command runs")
 ok(st_running["exec"]["running"] == 1, f"status counts the running command: {st_running['exec']}")
 r.close()
 del evs
-import time
 deadline = time.time() + 30
 while sleepers(marker) and time.time() < deadline:
     time.sleep(0.1)
@@ -327,6 +336,49 @@ else:
 ok(os.path.realpath(DESKS) not in raw.decode() and DESKS not in raw.decode() and "bob" not in raw.decode(),
    f"the status names no host path and no other desk: {raw[:500]!r}")
 expect_error(call("GET", "/v1/desks/bob/status"), 403, "token_scope", "status of another desk")
+
+# ---------------------------------------------------------------- the task journal
+# Every command run over HTTP is in the journal before its exit event is sent, with the
+# files it created, changed and deleted as the mount recorded them (on a plain directory
+# the changes are "unknown", never an empty list); killed ones are recorded as killed.
+for name in ("j-edit", "j-del"):
+    j(call("PUT", f"/v1/desks/alice/files/{name}", body=b"before\n"), 201, f"PUT {name}")
+script = "echo new > j-new; echo more >> j-edit; rm j-del; mkdir j-dir; echo done"
+out, _, end = exec_all({"shell": script})
+jid = end[1].get("journal_id")
+ok(end[0] == "exit" and end[1]["code"] == 0 and isinstance(jid, str) and jid, f"the exit names its journal entry: {end}")
+entries = j(call("GET", "/v1/desks/alice/journal?task=_desk&limit=5", token="ro"), 200, "journal")["entries"]
+e = [x for x in entries if x["id"] == jid]
+ok(len(e) == 1, f"the entry {jid} is in the journal at once: {[x['id'] for x in entries]}")
+e = e[0]
+ok(e["via"] == "http" and e["command"] == ["sh", "-c", script] and e["cwd"] == "" and e["task"] is None
+   and e["exit_code"] == 0 and not e["killed"] and e["output_captured"] is True and e["output"] == "done\n"
+   and e["stdout_bytes"] == 5 and e["stderr_bytes"] == 0 and isinstance(e["duration_ms"], int), f"the entry: {e}")
+if on_mount:
+    ok(e["files"] == {"created": ["j-dir/", "j-new"], "changed": ["j-edit"], "deleted": ["j-del"]}
+       and e.get("changes_unknown") is None, f"the entry's files are the command's own: {e['files']} {e.get('changes_unknown')}")
+else:
+    ok(e["files"] is None and "not on a deskfs mount" in e["changes_unknown"], f"plain directory: files unknown: {e}")
+allj = j(call("GET", "/v1/desks/alice/journal?limit=1000"), 200, "journal of every task")["entries"]
+killed = [x for x in allj if "3599." in " ".join(x["command"])]
+ok(len(killed) == 1 and killed[0]["timed_out"] and killed[0]["killed"] and killed[0]["signal"] == 9,
+   f"the timed-out command is journaled as such: {killed}")
+deadline = time.time() + 30
+gone = []
+while not gone and time.time() < deadline:
+    gone = [x for x in j(call("GET", "/v1/desks/alice/journal?limit=1000"), 200, "journal")["entries"]
+            if "3598." in " ".join(x["command"])]
+    time.sleep(0.1)
+ok(len(gone) == 1 and gone[0]["killed"] and not gone[0]["timed_out"] and gone[0]["output"] == "started\n",
+   f"the command whose client went away is journaled as killed: {gone}")
+ok([x["start_ms"] for x in allj] == sorted(x["start_ms"] for x in allj), "entries come oldest first")
+ok(len(j(call("GET", "/v1/desks/alice/journal?limit=2"), 200, "journal limit")["entries"]) == 2, "limit is kept")
+for q, status, code in [("limit=0", 400, "bad_request"), ("limit=1001", 400, "bad_request"), ("limit=x", 400, "bad_request"),
+                        ("lmit=3", 400, "bad_request"), ("task=..%2Fbob", 400, "bad_request"),
+                        ("task=no-such-task", 404, "not_found")]:
+    expect_error(call("GET", f"/v1/desks/alice/journal?{q}"), status, code, f"journal?{q}")
+expect_error(call("GET", "/v1/desks/alice/journal", token="bob"), 403, "token_scope", "journal with bob's token")
+expect_error(call("GET", "/v1/desks/alice/journal", token=None), 401, "unauthorized", "journal without a token")
 
 # ---------------------------------------------------------------- tokens
 expect_error(call("GET", "/v1/desks/alice/list", token=None), 401, "unauthorized", "no token")

@@ -168,7 +168,6 @@ pub fn watch_desk(desk: &Desk) -> ChangeWatch {
 
 /// [`watch_desk`] as the factory the HTTP and MCP exec paths are handed (they may not
 /// depend on this crate).
-#[allow(dead_code)] // Handed to deskfs-serve by serve_cmd.rs when its exec is journaled.
 pub fn watch_factory() -> WatchFactory {
     Arc::new(watch_desk)
 }
@@ -201,6 +200,7 @@ pub fn record_cli_exec(
         exit_code: Some(code),
         signal: None,
         timed_out: false,
+        killed: false,
         output: Output::NotCaptured(
             "deskfs exec passes the caller's terminal and pipes to the command: its output is not captured".into(),
         ),

@@ -110,7 +110,7 @@ enum Cmd {
     Journal(journal_cmd::JournalArgs),
     /// Serve the desks over HTTP (the /v1 API; bearer tokens from `deskfs token`).
     #[command(
-        after_help = "Examples:\n  deskfs serve                                  # 127.0.0.1:8765, desks/ of the mounted workspace\n  deskfs serve --listen 127.0.0.1:0 --root /mnt/work/desks\n  deskfs serve --socket /run/deskfs/desks.sock\n  TOKEN=$(deskfs token create alice)\n  curl -H \"Authorization: Bearer $TOKEN\" http://127.0.0.1:8765/v1/desks/alice/list\n\nThe API is described at GET /v1/openapi.json."
+        after_help = "Examples:\n  deskfs serve                                  # 127.0.0.1:8765, desks/ of the mounted workspace\n  deskfs serve --listen 127.0.0.1:0 --root /mnt/work/desks\n  deskfs serve --socket /run/deskfs/desks.sock\n  deskfs serve --listen 0.0.0.0:8443 --tls-cert cert.pem --tls-key key.pem   # HTTPS only\n  TOKEN=$(deskfs token create alice)\n  curl -H \"Authorization: Bearer $TOKEN\" http://127.0.0.1:8765/v1/desks/alice/list\n\nThe API is described at GET /v1/openapi.json."
     )]
     Serve(serve_cmd::ServeArgs),
     /// Bearer tokens that open one desk over HTTP: create, list, revoke.

@@ -40,6 +40,7 @@ pub fn run(a: McpArgs) -> Result<()> {
         .thread_name("deskfs-mcp")
         .build()
         .context("cannot start the MCP server's runtime")?;
-    rt.block_on(deskfs_serve::mcp::serve_stdio(App::new(&root), grant))
+    let app = App::new(&root).with_exec(crate::serve_cmd::exec_host());
+    rt.block_on(deskfs_serve::mcp::serve_stdio(app, grant))
         .map_err(|e| anyhow!(e))
 }

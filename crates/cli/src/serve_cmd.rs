@@ -30,6 +30,13 @@ pub struct ServeArgs {
     /// Listen on a Unix socket instead of TCP.
     #[arg(long, value_name = "PATH")]
     pub socket: Option<PathBuf>,
+    /// Serve HTTPS only, with this certificate chain (PEM, the server's certificate
+    /// first). Needs --tls-key; TCP only.
+    #[arg(long, value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1, not encrypted).
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Arguments of `deskfs token`.
@@ -82,14 +89,33 @@ pub fn serve(a: ServeArgs) -> Result<()> {
             root.display()
         );
     }
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (None, None) => None,
+        (Some(_), None) => bail!(
+            "--tls-cert needs --tls-key: give both (the certificate chain and its private key, PEM) or neither"
+        ),
+        (None, Some(_)) => bail!(
+            "--tls-key needs --tls-cert: give both (the certificate chain and its private key, PEM) or neither"
+        ),
+        (Some(_), Some(_)) if a.socket.is_some() => bail!(
+            "--tls-cert/--tls-key are for TCP: a Unix socket (--socket) is served as plain HTTP; drop --socket or the TLS flags"
+        ),
+        (Some(cert), Some(key)) => Some(deskfs_serve::tls::TlsConfig::load(cert, key)?),
+    };
     let listen = match a.socket {
         Some(p) => Listen::Unix(crate::absolute(&p)),
-        None => Listen::Tcp(a.listen.parse::<SocketAddr>().map_err(|_| {
-            anyhow!(
-                "invalid --listen {:?}: give IP:PORT, e.g. 127.0.0.1:8765",
-                a.listen
-            )
-        })?),
+        None => {
+            let addr = a.listen.parse::<SocketAddr>().map_err(|_| {
+                anyhow!(
+                    "invalid --listen {:?}: give IP:PORT, e.g. 127.0.0.1:8765",
+                    a.listen
+                )
+            })?;
+            match tls {
+                Some(tls) => Listen::Tls { addr, tls },
+                None => Listen::Tcp(addr),
+            }
+        }
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -110,11 +136,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         };
         let shown_root = root.display().to_string();
         let app = deskfs_serve::api::App::new(&root)
-            .with_exec(
-                deskfs_serve::exec::ExecHost::new()
-                    .hiding(crate::exec_cmd::private_paths)
-                    .with_env(crate::exec_cmd::git_identity()),
-            )
+            .with_exec(exec_host())
             .with_workspace_status(workspace_status_of(&root));
         deskfs_serve::serve_app(
             app,
@@ -129,6 +151,16 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         .await
         .map_err(|e| anyhow!(e))
     })
+}
+
+/// What this binary adds to every command the server runs (HTTP and MCP): deskfs's
+/// private host paths hidden, the caller's git identity, and the task journal with the
+/// changes from the mount daemon's change ring.
+pub(crate) fn exec_host() -> deskfs_serve::exec::ExecHost {
+    deskfs_serve::exec::ExecHost::new()
+        .hiding(crate::exec_cmd::private_paths)
+        .with_env(crate::exec_cmd::git_identity())
+        .with_journal(crate::journal_cmd::watch_factory())
 }
 
 /// The status of the deskfs workspace `root` is on, for one desk's status

@@ -49,6 +49,10 @@ pub const RESUME_ENTRIES: usize = 3;
 /// Changes asked from the daemon per request.
 const PAGE: usize = 10_000;
 
+/// deskfs's own directory of a desk (its record, locks, the journal), relative to the
+/// desk: read-only to agents, and its changes are never an exec's.
+const SYSTEM_DIR: &str = ".desk";
+
 /// Where the journal of a desk lives, relative to the desk (its own appends are never
 /// reported as an exec's changes).
 pub const JOURNAL_DIR: &str = ".desk/journal";
@@ -259,14 +263,15 @@ enum St {
 }
 
 /// Nets a sequence of changes into what differs between before and after, per path,
-/// relative to `prefix` (changes outside it, and under [`JOURNAL_DIR`], are ignored):
+/// relative to `prefix` (changes outside it, and under `.desk/` — deskfs's own record,
+/// locks and this journal, read-only to agents — are ignored):
 /// created then deleted is neither; created then changed is created; deleted then created
 /// is changed; a rename is a delete of its old path and a create of its new one (a
 /// directory's entries already listed move along; its untouched content is not listed).
 pub fn net_changes(changes: &[RingChange], prefix: &str) -> Files {
     let rel = |p: &str| -> Option<String> {
         let r = p.strip_prefix(prefix)?;
-        if r.is_empty() || r == JOURNAL_DIR || r.starts_with(&format!("{JOURNAL_DIR}/")) {
+        if r.is_empty() || r == SYSTEM_DIR || r.starts_with(&format!("{SYSTEM_DIR}/")) {
             return None;
         }
         Some(r.to_owned())
@@ -465,6 +470,9 @@ pub struct ExecRecord<'a> {
     pub signal: Option<i32>,
     /// Killed because its time ran out.
     pub timed_out: bool,
+    /// Killed by the system that ran it (its time ran out, its client went away, the
+    /// server stopped), not ended on its own.
+    pub killed: bool,
     /// Its output.
     pub output: Output,
 }
@@ -496,6 +504,9 @@ pub struct Entry {
     /// Killed because its time ran out.
     #[serde(default)]
     pub timed_out: bool,
+    /// Killed by the system that ran it (timeout, client gone, server stopping).
+    #[serde(default)]
+    pub killed: bool,
     /// Whether the output was captured (else the byte counts and `output` are absent).
     pub output_captured: bool,
     /// Why not, when not.
@@ -569,6 +580,7 @@ impl Entry {
             exit_code: r.exit_code,
             signal: r.signal,
             timed_out: r.timed_out,
+            killed: r.killed,
             output_captured: captured,
             output_note: note,
             stdout_bytes: out,
@@ -604,10 +616,13 @@ impl Entry {
         }
     }
 
-    /// `exit 0`, `signal 9`, `timeout`.
+    /// `exit 0`, `signal 9`, `timeout`, `killed`.
     pub fn status_text(&self) -> String {
         if self.timed_out {
             return "timeout".into();
+        }
+        if self.killed {
+            return "killed".into();
         }
         match (self.exit_code, self.signal) {
             (_, Some(s)) => format!("signal {s}"),
@@ -905,19 +920,26 @@ mod tests {
             net_changes(&seq, "desks/a/"),
             files(&["n/", "n/e"], &[], &[])
         );
-        // Outside the desk, or the journal itself: ignored; moved in from outside: created.
+        // Outside the desk, or deskfs's own `.desk/` (the journal, the server's write
+        // lock): ignored; moved in from outside: created; a name merely like it: kept.
         let seq = vec![
             RingChange {
                 path: "desks/b/x".into(),
                 ..ch("created", "", false)
             },
             ch("changed", ".desk/journal/_desk.jsonl", false),
+            ch("changed", ".desk/locks/files.lock", false),
+            ch("created", ".desk", true),
+            ch("created", ".desktop", false),
             RingChange {
                 path: "elsewhere/y".into(),
                 ..mv("", "y", false)
             },
         ];
-        assert_eq!(net_changes(&seq, "desks/a/"), files(&["y"], &[], &[]));
+        assert_eq!(
+            net_changes(&seq, "desks/a/"),
+            files(&[".desktop", "y"], &[], &[])
+        );
     }
 
     #[test]
@@ -965,6 +987,7 @@ mod tests {
                 exit_code: Some(0),
                 signal: None,
                 timed_out: false,
+                killed: false,
                 // Long lines: more than a pipe buffer, so interleaving would show.
                 output: Output::Captured(OutputTally {
                     stdout_bytes: 9000,
@@ -1055,6 +1078,7 @@ mod tests {
                 exit_code: Some(0),
                 signal: None,
                 timed_out: false,
+                killed: false,
                 output: Output::NotCaptured("terminal".into()),
             },
             ChangeWatch::unknown("not on a deskfs mount").finish(),

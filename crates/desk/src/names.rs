@@ -70,6 +70,10 @@ pub fn check_branch(name: &str) -> Result<()> {
     })
 }
 
+/// The longest part (between `/`) of a branch name, bytes: a file name (255) less
+/// `.lock`.
+const BRANCH_PART_MAX: usize = 250;
+
 fn branch_rule(name: &str) -> Result<(), String> {
     if name.is_empty() {
         return Err("it is empty".into());
@@ -110,6 +114,13 @@ fn branch_rule(name: &str) -> Result<(), String> {
         if comp.ends_with(".lock") {
             return Err("no part of it can end with '.lock'".into());
         }
+        // git keeps a branch as a file of that name, and `NAME.lock` while it changes it.
+        if comp.len() > BRANCH_PART_MAX {
+            return Err(format!(
+                "a part of it is {} bytes; at most {BRANCH_PART_MAX} (git stores it as a file name)",
+                comp.len()
+            ));
+        }
     }
     Ok(())
 }
@@ -117,6 +128,17 @@ fn branch_rule(name: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn branch_parts_fit_a_file_name() {
+        assert!(check_branch(&"n".repeat(250)).is_ok());
+        assert!(check_branch(&format!("a/{}", "n".repeat(250))).is_ok());
+        for bad in ["n".repeat(251), format!("{}/a", "n".repeat(256))] {
+            let e = check_branch(&bad).expect_err("a part longer than a file name");
+            assert!(e.to_string().contains("at most 250"), "{e}");
+        }
+        assert!(check_task(&"n".repeat(251)).is_err());
+    }
 
     #[test]
     fn agents() {

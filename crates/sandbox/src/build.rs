@@ -30,6 +30,7 @@ pub(crate) fn build(
     check_workdir(&spec.workdir, &desk)?;
     let layout = layout::plan(&desk, spec.net, &spec.hide, host);
     let environment = env::environment(spec, host, &layout.toolchain)?;
+    desk_state(&desk)?;
     for rel in env::CACHE_DIRS {
         let dir = desk.join(rel);
         std::fs::create_dir_all(&dir)
@@ -93,6 +94,54 @@ pub(crate) fn build(
     cmd.env_clear().envs(environment);
     fds::pass_to_child(&mut cmd, filter, status);
     Ok(cmd)
+}
+
+/// Makes sure the desk's `.desk` (bound read-only inside, see the layout) is a real
+/// directory of the desk before bwrap binds it by path: made (mode 0755 less the umask)
+/// when missing, so an agent never finds a writable place there to plant a fake journal
+/// in; refused when it is a symlink or anything else, so the bind can never show a
+/// directory from outside the desk (or a writable one from inside it) at `/desk/.desk`.
+///
+/// Nothing the agent runs can swap it between this check and the bind: inside every
+/// running sandbox `/desk/.desk` is a read-only mount point (`EROFS`, `EBUSY`), and the
+/// desk's other interfaces refuse changes under `.desk`.
+///
+/// # Errors
+/// [`SandboxError::Io`] when it is not a directory (the message says what to do) or
+/// cannot be made.
+fn desk_state(desk: &Path) -> Result<(), SandboxError> {
+    let state = desk.join(layout::DESK_STATE);
+    let what = || format!("binding {} read-only", state.display());
+    let refuse = || {
+        SandboxError::io(
+            what(),
+            std::io::Error::other(format!(
+                "the desk's {} is a symlink or not a directory (planted from inside exec?); \
+                 deskfs keeps the desk's records there and will not bind what it points at: \
+                 remove it and make it a directory again (mkdir {})",
+                layout::DESK_STATE,
+                layout::DESK_STATE
+            )),
+        )
+    };
+    match std::fs::symlink_metadata(&state) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(refuse()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match std::fs::create_dir(&state) {
+                Ok(()) => Ok(()),
+                // made meanwhile: look again
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                    match std::fs::symlink_metadata(&state) {
+                        Ok(m) if m.is_dir() => Ok(()),
+                        _ => Err(refuse()),
+                    }
+                }
+                Err(e) => Err(SandboxError::io(what(), e)),
+            }
+        }
+        Err(e) => Err(SandboxError::io(what(), e)),
+    }
 }
 
 /// `workdir` must be `/desk` or a normalized absolute path under it that exists on the

@@ -10,6 +10,8 @@
 //! /toolchain/cargo/bin      host CARGO_HOME/bin, read-only (rustup proxies; not CARGO_HOME
 //!                           itself, which holds crates.io credentials)
 //! /desk                     the desk, read-write
+//! /desk/.desk               the desk's own records (task records, the task journal,
+//!                           locks), read-only: kept by deskfs, never by the agent
 //! ```
 //! Nothing else of the host is visible: no /root, /home, /work, /var, /run, /sys, no
 //! other desk, no deskfs data directory. Host paths that would otherwise show through one
@@ -59,6 +61,10 @@ const PROC_MASKED: &[&str] = &[
     "timer_stats",
     "sched_debug",
 ];
+
+/// The directory of the desk that deskfs keeps for itself (task records, the task
+/// journal, locks; `deskfs_desk`'s layout): bound read-only over its place in the desk.
+pub(crate) const DESK_STATE: &str = ".desk";
 
 /// In-sandbox home of the host's rustup directory when it is not under a bound dir.
 pub(crate) const TOOLCHAIN_RUSTUP: &str = "/toolchain/rustup";
@@ -176,6 +182,13 @@ pub(crate) fn plan(desk: &Path, net: Net, hide: &[PathBuf], host: &Host) -> Layo
     toolchain(&mut out, &mut views, host);
 
     out.arg(&[&"--bind", &desk, &DESK_MOUNT]);
+    // The desk's records and its task journal, written by deskfs after each command, are
+    // the agent's to read, never to forge: bound read-only over their place. A write,
+    // create, delete or rename under it fails with EROFS, and renaming or removing
+    // `/desk/.desk` itself (to put a fake in its place) with EBUSY, a mount point.
+    // `build` made sure it is a real directory of the desk (not a symlink out of it).
+    let state = Path::new(DESK_MOUNT).join(DESK_STATE);
+    out.arg(&[&"--ro-bind", &desk.join(DESK_STATE), &state]);
     views.push(View {
         host: desk.to_path_buf(),
         inside: PathBuf::from(DESK_MOUNT),
@@ -356,6 +369,30 @@ mod tests {
         for forbidden in ["/root", "/home", "/work", "/var", "/run", "/sys"] {
             assert!(!a.iter().any(|x| x == forbidden), "{forbidden} in {a:?}");
         }
+    }
+
+    #[test]
+    fn desk_state_is_bound_read_only_over_the_desk() {
+        // `.desk` (task records, the task journal, locks) read-only right after the
+        // read-write bind of the desk, so it lies on top of it
+        let desk = tempfile::tempdir().unwrap();
+        let canon = std::fs::canonicalize(desk.path()).unwrap();
+        let a = pairs(&plan(&canon, Net::None, &[], &Host::default()).args);
+        let bind = a.iter().position(|x| x == "--bind").unwrap();
+        assert_eq!(
+            a[bind + 3..bind + 6],
+            [
+                "--ro-bind".to_string(),
+                canon.join(".desk").to_string_lossy().into_owned(),
+                "/desk/.desk".to_string()
+            ],
+            "{a:?}"
+        );
+        // and nothing binds it (or anything else over /desk) writable afterwards
+        assert!(
+            !a[bind + 6..].iter().any(|x| x.starts_with("/desk")),
+            "{a:?}"
+        );
     }
 
     #[test]

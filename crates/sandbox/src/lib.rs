@@ -1,6 +1,8 @@
 //! `deskfs exec`: a command run against a desk inside a bubblewrap sandbox.
 //!
-//! The command sees the desk read-write at [`DESK_MOUNT`] (`/desk`), the system
+//! The command sees the desk read-write at [`DESK_MOUNT`] (`/desk`) except the desk's
+//! own records, `/desk/.desk` (task records, the task journal, locks), which are
+//! read-only (`EROFS`; renaming `/desk/.desk` itself is `EBUSY`), the system
 //! directories read-only, a fresh `/tmp`, its own `/proc` and a minimal `/dev`, and
 //! nothing else of the host: no other desk, no deskfs data directory (workspace configs
 //! with bucket keys, metadata databases, caches), no home directories. The environment is
@@ -57,7 +59,7 @@ pub enum Net {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SandboxSpec {
     /// Host path of the desk (absolute; symlinks are resolved); bound read-write at
-    /// [`DESK_MOUNT`]. Must exist.
+    /// [`DESK_MOUNT`], its `.desk` read-only over `/desk/.desk`. Must exist.
     pub desk_dir: PathBuf,
     /// Working directory INSIDE the sandbox: [`DESK_MOUNT`] or a path under it (e.g.
     /// `/desk/tasks/T`), absolute, without `..`; must exist on the desk.
@@ -115,7 +117,8 @@ pub fn check_bwrap() -> Result<PathBuf, SandboxError> {
 /// variables with [`Net::Host`], `RUSTUP_HOME` when the host's Rust toolchain is offered
 /// (read-only at `/toolchain`, see the layout), then [`SandboxSpec::env`].
 ///
-/// Side effect: creates the desk's cache directories (`.cache/{cargo,npm,pip,uv,go}`).
+/// Side effect: creates the desk's cache directories (`.cache/{cargo,npm,pip,uv,go}`)
+/// and its `.desk` directory when missing (bound read-only inside).
 /// Spawn it from a thread that outlives the command: bwrap's `--die-with-parent` fires
 /// when the spawning thread exits.
 ///
@@ -123,7 +126,8 @@ pub fn check_bwrap() -> Result<PathBuf, SandboxError> {
 /// [`SandboxError::BwrapMissing`], [`SandboxError::EmptyCommand`],
 /// [`SandboxError::DeskMissing`], [`SandboxError::BadWorkdir`],
 /// [`SandboxError::WorkdirMissing`], [`SandboxError::BadEnvName`],
-/// [`SandboxError::ForbiddenEnv`], [`SandboxError::Io`] (cache directories, seccomp memfd).
+/// [`SandboxError::ForbiddenEnv`], [`SandboxError::Io`] (cache directories, seccomp memfd;
+/// the desk's `.desk` is a symlink or not a directory: refused, never bound).
 pub fn command(
     spec: &SandboxSpec,
     argv: &[OsString],

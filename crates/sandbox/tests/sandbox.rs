@@ -257,6 +257,172 @@ fn desk_is_writable_and_shows_on_the_host() {
     assert!(w.desk.join("repos/r").is_dir());
 }
 
+/// A desk with records under `.desk` as deskfs leaves them: `(journal file, its content)`.
+fn desk_with_records(w: &World) -> (PathBuf, &'static str) {
+    let journal = w.desk.join(".desk/journal/_desk.jsonl");
+    fs::create_dir_all(journal.parent().unwrap()).unwrap();
+    fs::create_dir_all(w.desk.join(".desk/locks")).unwrap();
+    fs::create_dir_all(w.desk.join(".desk/tasks")).unwrap();
+    fs::write(w.desk.join(".desk/tasks/t1.toml"), "repo = \"app\"\n").unwrap();
+    let line = "{\"id\":\"real\"}\n";
+    fs::write(&journal, line).unwrap();
+    (journal, line)
+}
+
+/// Runs each command in one sandbox (`sh -c CMD`, stderr kept) and returns, per
+/// command, `Ok(())` when it succeeded or `Err(stderr)` when it failed.
+fn each_inside(spec: &SandboxSpec, cmds: &[&str]) -> Vec<Result<(), String>> {
+    let mut script = String::new();
+    for (i, c) in cmds.iter().enumerate() {
+        let quoted = c.replace('\'', "'\\''");
+        script.push_str(&format!(
+            "if sh -c '{quoted}' 2>/tmp/e; then echo \"{i} ok\"; else echo \"{i} failed $(tr '\\n' ' ' </tmp/e)\"; fi\n"
+        ));
+    }
+    let out = sh(spec, &script);
+    assert!(out.status.success(), "{}", show(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), cmds.len(), "{}", show(&out));
+    lines
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let rest = l.strip_prefix(&format!("{i} ")).unwrap_or(l);
+            if rest == "ok" {
+                Ok(())
+            } else {
+                Err(rest.trim_start_matches("failed").trim().to_owned())
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn desk_records_are_read_only_inside() {
+    let w = World::new();
+    let (journal, line) = desk_with_records(&w);
+    // (command, what the kernel must answer: EROFS under it, EBUSY for the mount point)
+    let refused = [
+        (
+            "echo x > /desk/.desk/journal/_desk.jsonl",
+            "Read-only file system",
+        ),
+        (
+            "echo x >> /desk/.desk/journal/_desk.jsonl",
+            "Read-only file system",
+        ),
+        (
+            "echo x > /desk/.desk/journal/t1.jsonl",
+            "Read-only file system",
+        ),
+        (
+            "rm /desk/.desk/journal/_desk.jsonl",
+            "Read-only file system",
+        ),
+        ("rm -r /desk/.desk/journal", "Read-only file system"),
+        ("mkdir /desk/.desk/y", "Read-only file system"),
+        ("mkdir -p /desk/.desk/journal/y", "Read-only file system"),
+        (
+            "touch /desk/.desk/locks/task-t1.lock",
+            "Read-only file system",
+        ),
+        (
+            "chmod 666 /desk/.desk/journal/_desk.jsonl",
+            "Read-only file system",
+        ),
+        (
+            "ln -s /desk/notes /desk/.desk/journal/l",
+            "Read-only file system",
+        ),
+        ("rmdir /desk/.desk/locks", "Read-only file system"),
+        (
+            "mv /desk/.desk/journal /desk/.desk/j",
+            "Read-only file system",
+        ),
+        ("mv /desk/.desk /desk/x", "Device or resource busy"),
+        ("rmdir /desk/.desk", "Device or resource busy"),
+        // a fake journal directory moved over it, or the real one moved out
+        (
+            "mkdir -p /desk/notes/fake && mv -T /desk/notes/fake /desk/.desk",
+            "",
+        ),
+        ("mv /desk/.desk/journal /desk/notes/j", ""),
+        ("mv /desk/notes/fake /desk/.desk/journal2", ""),
+        ("rm -rf /desk/.desk", ""),
+        // a user namespace of its own (where the host allows one) cannot take the
+        // read-only mount away: it is locked to the mounts it came with (EINVAL)
+        (
+            "unshare -Um sh -c 'umount -l /desk/.desk; echo x > /desk/.desk/journal/_desk.jsonl'",
+            "",
+        ),
+    ];
+    let cmds: Vec<&str> = refused.iter().map(|(c, _)| *c).collect();
+    for ((cmd, want), got) in refused.iter().zip(each_inside(&w.spec(), &cmds)) {
+        match got {
+            Ok(()) => panic!("{cmd} succeeded inside the sandbox"),
+            Err(stderr) => assert!(stderr.contains(want), "{cmd}: {stderr}"),
+        }
+    }
+    // nothing of it reached the desk
+    assert_eq!(fs::read_to_string(&journal).unwrap(), line);
+    assert!(!w.desk.join(".desk/journal/t1.jsonl").exists());
+    assert!(!w.desk.join(".desk/y").exists());
+    assert!(!w.desk.join(".desk/journal2").exists());
+    assert!(!w.desk.join("x").exists());
+    // (moving the journal out is a copy that cannot remove the original: EXDEV, EROFS)
+    assert!(w.desk.join(".desk/journal").is_dir());
+    assert!(w.desk.join(".desk/locks").is_dir());
+    assert!(w.desk.join(".desk/tasks/t1.toml").is_file());
+    // ...while it reads, and the rest of the desk stays writable
+    let out = sh(
+        &w.spec(),
+        "cat /desk/.desk/journal/_desk.jsonl && ls /desk/.desk && echo x > /desk/notes/x && mkdir /desk/y && mv /desk/y /desk/z",
+    );
+    assert!(out.status.success(), "{}", show(&out));
+    assert_eq!(stdout(&out), format!("{line}journal\nlocks\ntasks\n"));
+    assert_eq!(fs::read_to_string(w.desk.join("notes/x")).unwrap(), "x\n");
+    assert!(w.desk.join("z").is_dir());
+}
+
+#[test]
+fn missing_desk_records_are_made_before_the_bind() {
+    // a desk without `.desk` gets one: a real directory, read-only inside at once
+    let w = World::new();
+    let out = sh(&w.spec(), "mkdir /desk/.desk/journal");
+    assert!(!out.status.success(), "{}", show(&out));
+    let meta = fs::symlink_metadata(w.desk.join(".desk")).unwrap();
+    assert!(meta.is_dir());
+    assert!(!w.desk.join(".desk/journal").exists());
+}
+
+#[test]
+fn desk_records_that_are_not_a_directory_are_never_bound() {
+    // `.desk` as a symlink (planted from inside before it was read-only) is refused
+    // before anything runs: not one out of the desk (another desk would show at
+    // /desk/.desk), not one to a writable place inside it; a plain file neither
+    let w = World::new();
+    let state = w.desk.join(".desk");
+    for target in [w.other.clone(), w.desk.join("notes")] {
+        let _ = fs::remove_file(&state);
+        std::os::unix::fs::symlink(&target, &state).unwrap();
+        let err = command(&w.spec(), &argv(&["true"])).unwrap_err();
+        assert!(matches!(err, SandboxError::Io { .. }), "{err}");
+        assert!(
+            err.to_string().contains("symlink or not a directory"),
+            "{err}"
+        );
+    }
+    fs::remove_file(&state).unwrap();
+    fs::write(&state, "").unwrap();
+    let err = command(&w.spec(), &argv(&["true"])).unwrap_err();
+    assert!(matches!(err, SandboxError::Io { .. }), "{err}");
+    assert_eq!(
+        fs::read_to_string(w.other.join("secret.txt")).unwrap(),
+        "desk b secret\n"
+    );
+}
+
 #[test]
 fn writes_outside_the_desk_fail() {
     let w = World::new();
@@ -467,6 +633,7 @@ fn bad_input_is_refused_before_anything_is_created() {
         SandboxError::WorkdirMissing { .. }
     ));
     assert!(!w.desk.join(".cache").exists());
+    assert!(!w.desk.join(".desk").exists());
     let err = command(&SandboxSpec::new(w.root.join("desks/zz")), &argv(&["true"])).unwrap_err();
     assert!(matches!(err, SandboxError::DeskMissing { .. }), "{err}");
     assert!(!w.root.join("desks/zz").exists());

@@ -58,7 +58,7 @@ pub struct App {
     /// the desk's `files.lock` covers other processes and hosts).
     write_queues: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// What the host adds to every command run ([`crate::exec`]).
-    exec: crate::exec::ExecHost,
+    pub(crate) exec: crate::exec::ExecHost,
     /// The status of the workspace the root is on, when the binary can tell.
     workspace_status: Option<crate::status::WorkspaceStatus>,
 }
@@ -251,6 +251,7 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/desks/{agent}/resume", get(resume))
         .route("/v1/desks/{agent}/exec", post(exec))
         .route("/v1/desks/{agent}/status", get(desk_status))
+        .route("/v1/desks/{agent}/journal", get(journal))
         .route("/v1/desks/{agent}/tasks", get(list_tasks).post(start_task))
         .route("/v1/desks/{agent}/tasks/{task}/finish", post(finish_task))
         .fallback(|| async {
@@ -785,6 +786,84 @@ async fn resume(
     Ok(axum::Json(r).into_response())
 }
 
+/// Entries the journal endpoint and tool return when the request names no limit.
+pub const JOURNAL_DEFAULT_LIMIT: usize = 20;
+/// The most entries one journal request returns.
+pub const JOURNAL_MAX_LIMIT: usize = 1000;
+
+/// The newest `limit` entries of the task journal of the desk `g` opens, oldest first:
+/// of task `task` (`_desk`: the execs outside tasks), or of all of them merged.
+///
+/// # Errors
+/// `bad_request` (a limit of 0 or over [`JOURNAL_MAX_LIMIT`], an invalid task name),
+/// `not_found` (no such task, and no journal for it), the grant's codes, `io`.
+pub(crate) async fn journal_entries(
+    app: &Arc<App>,
+    g: Grant,
+    agent: &str,
+    task: Option<String>,
+    limit: Option<usize>,
+) -> Result<Vec<deskfs_desk::journal::Entry>> {
+    let limit = limit.unwrap_or(JOURNAL_DEFAULT_LIMIT);
+    if !(1..=JOURNAL_MAX_LIMIT).contains(&limit) {
+        return Err(ServeError::new(
+            Code::BadRequest,
+            format!("limit {limit} is out of range; give 1 to {JOURNAL_MAX_LIMIT}"),
+        ));
+    }
+    let (desk, _) = open_granted(app, g, agent, false).await?;
+    blocking(move || {
+        use deskfs_desk::journal;
+        if let Some(t) = task.as_deref() {
+            if t != journal::DESK_JOURNAL {
+                deskfs_desk::names::check_task(t).map_err(desk_error)?;
+                if !desk.task_dir(t).exists() && !journal::journal_path(&desk, Some(t)).exists()
+                {
+                    return Err(ServeError::new(
+                        Code::NotFound,
+                        format!("no task {t:?} and no journal of it; see the tasks with GET /v1/desks/{{agent}}/tasks"),
+                    ));
+                }
+            }
+        }
+        journal::read(&desk, task.as_deref(), limit).map_err(desk_error)
+    })
+    .await
+}
+
+async fn journal(
+    State(app): State<Arc<App>>,
+    UrlPath(agent): UrlPath<String>,
+    query: std::result::Result<
+        axum::extract::Query<HashMap<String, String>>,
+        axum::extract::rejection::QueryRejection,
+    >,
+    headers: HeaderMap,
+) -> Result<Response> {
+    let axum::extract::Query(q) =
+        query.map_err(|e| ServeError::new(Code::BadRequest, format!("bad query: {e}")))?;
+    if let Some(k) = q.keys().find(|k| !matches!(k.as_str(), "task" | "limit")) {
+        return Err(ServeError::new(
+            Code::BadRequest,
+            format!("unknown query parameter {k:?}; the journal takes task and limit"),
+        ));
+    }
+    let limit = q
+        .get("limit")
+        .map(|l| {
+            l.parse::<usize>().map_err(|_| {
+                ServeError::new(
+                    Code::BadRequest,
+                    format!("limit {l:?} is not a number; give 1 to {JOURNAL_MAX_LIMIT}"),
+                )
+            })
+        })
+        .transpose()?;
+    let g = grant(&app, &headers).await?;
+    let entries = journal_entries(&app, g, &agent, q.get("task").cloned(), limit).await?;
+    Ok(axum::Json(json!({ "entries": entries })).into_response())
+}
+
 async fn list_tasks(
     State(app): State<Arc<App>>,
     UrlPath(agent): UrlPath<String>,
@@ -877,7 +956,7 @@ async fn exec(
     let req: crate::exec::ExecRequest = json_body(&body)?;
     // A command can change anything in the desk: read-only tokens are refused.
     let (desk, _) = open_desk(&app, &headers, &agent, true).await?;
-    let running = crate::exec::start(&desk, &app.exec, req).await?;
+    let running = crate::exec::start(&desk, &app.exec, req, crate::exec_journal::Via::Http).await?;
     // Dropping the stream (the client went away) drops `running`, which kills the
     // command; the keep-alive comments find a closed connection within their interval.
     let events = futures::stream::unfold(running, |mut r| async move {

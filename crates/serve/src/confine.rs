@@ -8,6 +8,20 @@
 //! that way and then act on one plain name relative to it (`openat` with `O_EXCL`,
 //! `renameat2`, `unlinkat`, `mkdirat`), which cannot leave the parent either.
 //!
+//! The desk's `.desk/` ([`DESK_STATE`]: task records, the task journal, locks) is kept by
+//! deskfs: it can be read, but every change whose target lies in it, or is it, is refused
+//! (`read_only_path`), whichever way the path reaches it. The check is on what the kernel
+//! resolved, not only on the text: after the parent directory of the target is open
+//! (beneath the desk), it is walked up with `openat(fd, "..")` to the desk's root,
+//! comparing device and inode numbers (`statx` with `AT_STATX_DONT_SYNC`: the cached
+//! attributes, no round trip to a FUSE daemon); a parent that is `.desk` or lies under it
+//! is refused, and so is the name `.desk` in the desk's root. So a symlink the agent
+//! planted (`x -> .desk`, `y -> .desk/journal`) leads nowhere writable. This costs one
+//! `statx` for a target in the desk's root and two syscalls per level below it; `/proc`
+//! is not needed. Nothing an agent can do moves a directory into or out of `.desk`
+//! between the check and the change (here it is refused; inside `deskfs exec` `.desk`
+//! is a read-only mount point).
+//!
 //! Writes replace atomically: the content goes to a temporary file in the same
 //! directory, is `fsync`ed, and is renamed over the name (readers see the old file or the
 //! new one, never a mix; deskfs makes the rename durable with the file's commit).
@@ -22,6 +36,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::Serialize;
 
 use crate::error::{Code, Result, ServeError};
+
+/// The desk's own directory (task records, the task journal, locks): readable, never
+/// changed through these interfaces (`read_only_path`).
+pub const DESK_STATE: &str = ".desk";
+/// [`DESK_STATE`] for system calls.
+const DESK_STATE_C: &CStr = c".desk";
 
 /// Longest name of one path component, bytes (Linux `NAME_MAX`).
 pub const NAME_MAX: usize = 255;
@@ -97,6 +117,11 @@ impl RelPath {
     /// Whether this is the desk's root.
     pub fn is_root(&self) -> bool {
         self.parts.is_empty()
+    }
+
+    /// Whether the path, as text, is [`DESK_STATE`] or lies under it.
+    pub fn in_desk_state(&self) -> bool {
+        self.parts.first().is_some_and(|c| c == DESK_STATE)
     }
 
     /// The path as shown in messages and results (`a/b`; empty for the root).
@@ -239,6 +264,69 @@ pub enum Precondition {
 #[derive(Debug)]
 pub struct DeskDir {
     fd: OwnedFd,
+    /// The desk directory's identity, where a walk up from a directory inside ends.
+    root: FileId,
+    /// `RESOLVE_*` flags of every resolution beneath the desk.
+    resolve: u64,
+}
+
+/// How paths resolve beneath a desk by default: symlinks followed while they stay inside.
+const RESOLVE_DEFAULT: u64 = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+
+/// Which file a descriptor or name is: device and inode numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileId {
+    dev_major: u32,
+    dev_minor: u32,
+    ino: u64,
+}
+
+/// The identity of `name` in `dir` (the empty name: `dir` itself) and whether it is a
+/// directory, never following a symlink. From the attributes the kernel has
+/// (`AT_STATX_DONT_SYNC`): device and inode numbers never change, so a FUSE mount is not
+/// asked.
+fn file_id(dir: RawFd, name: &CStr) -> io::Result<(FileId, bool)> {
+    let mut stx = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    let mut flags = libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC;
+    if name.is_empty() {
+        flags |= libc::AT_EMPTY_PATH;
+    }
+    // SAFETY: valid C string; `stx` is a zeroed `statx` the call fills.
+    let rc = unsafe {
+        libc::statx(
+            dir,
+            name.as_ptr(),
+            flags,
+            libc::STATX_TYPE | libc::STATX_INO,
+            stx.as_mut_ptr(),
+        )
+    };
+    if rc != 0 {
+        return Err(last_err());
+    }
+    // SAFETY: zero-initialised and filled by a successful statx.
+    let stx = unsafe { stx.assume_init() };
+    let id = FileId {
+        dev_major: stx.stx_dev_major,
+        dev_minor: stx.stx_dev_minor,
+        ino: stx.stx_ino,
+    };
+    Ok((id, u32::from(stx.stx_mode) & libc::S_IFMT == libc::S_IFDIR))
+}
+
+/// Most directory levels walked up from a target's parent to the desk's root (a path
+/// of at most [`PATH_MAX`] bytes has fewer; links inside the desk may lead deeper).
+const MAX_WALK: usize = 1 << 16;
+
+/// The refusal of a change of `shown` (desk-relative) under [`DESK_STATE`].
+fn read_only(doing: &str, shown: &str) -> ServeError {
+    let shown = if shown.is_empty() { "/" } else { shown };
+    ServeError::new(
+        Code::ReadOnlyPath,
+        format!(
+            "cannot {doing} {shown}: `{DESK_STATE}/` is kept by deskfs (task records, the task journal, locks) and is read-only to agents"
+        ),
+    )
 }
 
 static TMP_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -251,9 +339,10 @@ fn last_err() -> io::Error {
     io::Error::last_os_error()
 }
 
-/// `openat2(dir, path, flags | O_CLOEXEC, mode)` resolving beneath `dir` without magic
-/// links; retried on `EAGAIN` (a rename raced the resolution) and `EINTR`.
-fn openat2(dir: RawFd, path: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd> {
+/// `openat2(dir, path, flags | O_CLOEXEC, mode)` resolving with `resolve` (at least
+/// `RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS`); retried on `EAGAIN` (a rename raced the
+/// resolution) and `EINTR`.
+fn openat2(dir: RawFd, path: &CStr, flags: i32, mode: u32, resolve: u64) -> io::Result<OwnedFd> {
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (flags | libc::O_CLOEXEC) as u64;
     how.mode = if flags & libc::O_CREAT != 0 {
@@ -261,7 +350,7 @@ fn openat2(dir: RawFd, path: &CStr, flags: i32, mode: u32) -> io::Result<OwnedFd
     } else {
         0
     };
-    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    how.resolve = resolve | RESOLVE_DEFAULT;
     let mut tries = 0;
     loop {
         // SAFETY: `path` is a valid C string, `how` a valid `open_how` of the size passed;
@@ -385,13 +474,118 @@ impl DeskDir {
             ));
         }
         // SAFETY: a descriptor the kernel just gave us.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let (root, _) = file_id(fd.as_raw_fd(), c"").map_err(|e| {
+            ServeError::new(Code::Io, format!("cannot open desk {}: {e}", dir.display()))
+        })?;
         Ok(DeskDir {
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd,
+            root,
+            resolve: RESOLVE_DEFAULT,
         })
     }
 
+    /// The same desk with no symlink followed anywhere (`RESOLVE_NO_SYMLINKS`; a write to
+    /// a link replaces the link): for callers confined to a part of the desk that checked
+    /// for links as text, so a link swapped in after their check cannot lead elsewhere in
+    /// the desk (the memory tool and `memories/`). A link in the way fails with `ELOOP`.
+    ///
+    /// # Errors
+    /// `io` when the descriptor cannot be duplicated.
+    pub fn without_symlinks(&self) -> Result<DeskDir> {
+        let fd = self
+            .fd
+            .try_clone()
+            .map_err(|e| ServeError::new(Code::Io, format!("cannot hold the desk: {e}")))?;
+        Ok(DeskDir {
+            fd,
+            root: self.root,
+            resolve: self.resolve | libc::RESOLVE_NO_SYMLINKS,
+        })
+    }
+
+    fn follows_links(&self) -> bool {
+        self.resolve & libc::RESOLVE_NO_SYMLINKS == 0
+    }
+
+    /// Refuses a change of the entry `name` of directory `dir` (open beneath the desk)
+    /// when that entry is the desk's [`DESK_STATE`] or lies under it, judged by what the
+    /// kernel resolved (see the module documentation): `dir` is the desk's root and `name`
+    /// is `.desk`, or `dir` is `.desk` or one of its descendants (walked up with `..` to
+    /// the root, comparing device and inode). `shown` names the target in the error.
+    ///
+    /// # Errors
+    /// `read_only_path` (403); `outside_desk` when the walk up reaches `/` without meeting
+    /// the desk (the directory was moved out meanwhile); `io` when a step fails.
+    fn refuse_state(&self, dir: &OwnedFd, name: &CStr, doing: &str, shown: &str) -> Result<()> {
+        let io_err = |e| ServeError::io(doing, shown, e);
+        let (mut at, _) = file_id(dir.as_raw_fd(), c"").map_err(io_err)?;
+        if at == self.root {
+            return if name.to_bytes() == DESK_STATE.as_bytes() {
+                Err(read_only(doing, shown))
+            } else {
+                Ok(())
+            };
+        }
+        let state = match file_id(self.fd.as_raw_fd(), DESK_STATE_C) {
+            Ok((id, true)) => id,
+            // no `.desk` directory (a symlink in its place is refused by name, and the
+            // desk library refuses to open such a desk): nothing lies under it
+            Ok((_, false)) => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(()),
+            Err(e) => return Err(io_err(e)),
+        };
+        let mut up_from: Option<OwnedFd> = None;
+        for _ in 0..MAX_WALK {
+            if at == state {
+                return Err(read_only(doing, shown));
+            }
+            let from = up_from.as_ref().map_or(dir.as_raw_fd(), AsRawFd::as_raw_fd);
+            // SAFETY: a NUL-terminated literal and a descriptor we own; a new descriptor
+            // or -1.
+            let fd = unsafe {
+                libc::openat(
+                    from,
+                    c"..".as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                return Err(io_err(last_err()));
+            }
+            // SAFETY: a descriptor the kernel just gave us.
+            let parent = unsafe { OwnedFd::from_raw_fd(fd) };
+            let (id, _) = file_id(parent.as_raw_fd(), c"").map_err(io_err)?;
+            if id == self.root {
+                return Ok(());
+            }
+            if id == at {
+                // `/`: the directory was moved out of the desk meanwhile
+                return Err(ServeError::new(
+                    Code::OutsideDesk,
+                    format!("cannot {doing} {shown}: its directory is no longer inside the desk"),
+                ));
+            }
+            at = id;
+            up_from = Some(parent);
+        }
+        Err(ServeError::new(
+            Code::Io,
+            format!("cannot {doing} {shown}: more than {MAX_WALK} directory levels above it"),
+        ))
+    }
+
+    /// [`DeskDir::refuse_state`] for `p` as text first (`.desk` or under it), then for
+    /// its parent `dir` as resolved and its last name `name`.
+    fn refuse_state_of(&self, p: &RelPath, dir: &OwnedFd, name: &CStr, doing: &str) -> Result<()> {
+        if p.in_desk_state() {
+            return Err(read_only(doing, &p.display()));
+        }
+        self.refuse_state(dir, name, doing, &p.display())
+    }
+
     fn resolve(&self, p: &RelPath, flags: i32, doing: &str) -> Result<OwnedFd> {
-        openat2(self.fd.as_raw_fd(), &p.c_path(), flags, 0)
+        openat2(self.fd.as_raw_fd(), &p.c_path(), flags, 0, self.resolve)
             .map_err(|e| ServeError::io(doing, &p.display(), e))
     }
 
@@ -409,7 +603,7 @@ impl DeskDir {
                 format!("cannot {doing} the desk's root directory; name a path inside it"),
             ));
         };
-        let fd = openat2(self.fd.as_raw_fd(), &dir.c_path(), flags, 0)
+        let fd = openat2(self.fd.as_raw_fd(), &dir.c_path(), flags, 0, self.resolve)
             .map_err(|e| ServeError::io(doing, &p.display(), e))?;
         Ok((fd, cstr(name)?))
     }
@@ -505,10 +699,15 @@ impl DeskDir {
     ///
     /// # Errors
     /// `exists` (without `parents`, or a non-directory in the way), `not_found` (a
-    /// missing parent without `parents`), `outside_desk`, `io`.
+    /// missing parent without `parents`), `outside_desk`, `read_only_path` (`.desk` or a
+    /// directory under it, also an existing one with `parents`), `io`.
     pub fn mkdir(&self, p: &RelPath, parents: bool) -> Result<()> {
+        if p.in_desk_state() {
+            return Err(read_only("create directory", &p.display()));
+        }
         if !parents {
             let (dir, name) = self.parent(p, "create directory")?;
+            self.refuse_state_of(p, &dir, &name, "create directory")?;
             // SAFETY: valid C string, a descriptor we own.
             return check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) })
                 .map_err(|e| ServeError::io("create directory", &p.display(), e));
@@ -517,6 +716,7 @@ impl DeskDir {
         for part in &p.parts {
             at = at.join(part);
             let (dir, name) = self.parent(&at, "create directory")?;
+            self.refuse_state_of(&at, &dir, &name, "create directory")?;
             // SAFETY: as above.
             let rc = unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) };
             if rc != 0 {
@@ -550,6 +750,9 @@ impl DeskDir {
     /// loop.
     fn follow_links(&self, p: &RelPath) -> Result<RelPath> {
         let mut cur = p.clone();
+        if !self.follows_links() {
+            return Ok(cur);
+        }
         for _ in 0..40 {
             let Some((dir, _)) = cur.split_last() else {
                 return Ok(cur);
@@ -585,9 +788,15 @@ impl DeskDir {
     /// whole tree; symlinks inside are removed, never followed).
     ///
     /// # Errors
-    /// `not_found`, `not_empty` (a directory without `recursive`), `outside_desk`, `io`.
+    /// `not_found`, `not_empty` (a directory without `recursive`), `outside_desk`,
+    /// `read_only_path` (`.desk` or anything under it), `bad_path` (the desk's root:
+    /// never removed, so neither is its `.desk`), `io`.
     pub fn remove(&self, p: &RelPath, recursive: bool) -> Result<()> {
+        if p.in_desk_state() {
+            return Err(read_only("delete", &p.display()));
+        }
         let (dir, name) = self.parent(p, "delete")?;
+        self.refuse_state_of(p, &dir, &name, "delete")?;
         let st = fstatat(dir.as_raw_fd(), &name, libc::AT_SYMLINK_NOFOLLOW)
             .map_err(|e| ServeError::io("delete", &p.display(), e))?;
         if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
@@ -609,10 +818,19 @@ impl DeskDir {
     /// `exists` (`RENAME_NOREPLACE`).
     ///
     /// # Errors
-    /// `not_found`, `exists`, `not_empty`, `is_dir`, `not_dir`, `outside_desk`, `io`.
+    /// `not_found`, `exists`, `not_empty`, `is_dir`, `not_dir`, `outside_desk`,
+    /// `read_only_path` (either side `.desk` or under it: nothing moves into, out of or
+    /// over it, nor does `.desk` itself), `io`.
     pub fn rename(&self, from: &RelPath, to: &RelPath, overwrite: bool) -> Result<()> {
+        for p in [from, to] {
+            if p.in_desk_state() {
+                return Err(read_only("move", &p.display()));
+            }
+        }
         let (fdir, fname) = self.parent(from, "move")?;
         let (tdir, tname) = self.parent(to, "move")?;
+        self.refuse_state_of(from, &fdir, &fname, "move")?;
+        self.refuse_state_of(to, &tdir, &tname, "move")?;
         let flags = if overwrite { 0 } else { libc::RENAME_NOREPLACE };
         // SAFETY: valid C strings, descriptors we own.
         let rc = unsafe {
@@ -640,11 +858,17 @@ impl DeskDir {
     /// filled by the caller and then [`Staged::commit`]ted (dropping it removes the file).
     ///
     /// # Errors
-    /// `not_found` / `not_dir` (the parent), `outside_desk`, `bad_path` (the root), `io`.
+    /// `not_found` / `not_dir` (the parent), `outside_desk`, `read_only_path` (the file,
+    /// or the one a symlink at `p` leads to, is under `.desk`), `bad_path` (the root),
+    /// `io`.
     pub fn stage(&self, p: &RelPath) -> Result<Staged> {
+        if p.in_desk_state() {
+            return Err(read_only("write", &p.display()));
+        }
         let p = &self.follow_links(p)?;
         // Opened for reading (not O_PATH): its fsync makes the rename durable.
         let (dir, name) = self.parent_with(p, "write", libc::O_RDONLY | libc::O_DIRECTORY)?;
+        self.refuse_state_of(p, &dir, &name, "write")?;
         let n = TMP_SEQ.fetch_add(1, Ordering::Relaxed);
         let tmp = cstr(&format!(".deskfs-put.{}.{n}", std::process::id()))?;
         // SAFETY: valid C string, a descriptor we own; a new descriptor or -1.
@@ -848,5 +1072,304 @@ impl Drop for Staged {
             // SAFETY: valid C string, a descriptor we own.
             unsafe { libc::unlinkat(self.dir.as_raw_fd(), self.tmp.as_ptr(), 0) };
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::unix::fs::symlink;
+
+    /// A desk with its records as deskfs leaves them, a note, and the journal's content.
+    fn desk() -> (tempfile::TempDir, std::path::PathBuf, DeskDir) {
+        let t = tempfile::tempdir().expect("tempdir");
+        let desk = t.path().join("desk");
+        for d in [".desk/journal", ".desk/locks", ".desk/tasks", "notes/fake"] {
+            std::fs::create_dir_all(desk.join(d)).expect("mkdir");
+        }
+        std::fs::write(desk.join(".desk/journal/_desk.jsonl"), JOURNAL).expect("write");
+        std::fs::write(desk.join(".desk/tasks/t1.toml"), "repo = \"app\"\n").expect("write");
+        std::fs::write(desk.join("notes/n"), "note").expect("write");
+        let d = DeskDir::open(&desk).expect("open");
+        (t, desk, d)
+    }
+
+    const JOURNAL: &str = "{\"id\":\"real\"}\n";
+
+    #[test]
+    fn without_symlinks_no_link_is_followed_even_inside_the_desk() {
+        let (_t, desk, d) = desk();
+        std::fs::create_dir(desk.join("memories")).expect("mkdir");
+        std::fs::write(desk.join("notes/f"), "notes").expect("write");
+        // As if swapped in after a caller's check: a link inside the desk, out of memories/.
+        symlink("../notes", desk.join("memories/d")).expect("symlink");
+        symlink("../notes/f", desk.join("memories/f")).expect("symlink");
+        assert!(
+            d.open_read(&rel("memories/d/f")).is_ok(),
+            "the default follows inside"
+        );
+        let m = d.without_symlinks().expect("dup");
+        assert_eq!(code(m.open_read(&rel("memories/d/f"))), Code::OutsideDesk);
+        assert_eq!(code(m.open_read(&rel("memories/f"))), Code::OutsideDesk);
+        assert_eq!(code(m.list(&rel("memories/d"))), Code::OutsideDesk);
+        assert_eq!(code(m.stat(&rel("memories/d/f"))), Code::OutsideDesk);
+        assert_eq!(code(put(&m, "memories/d/new", b"x")), Code::OutsideDesk);
+        assert_eq!(
+            code(m.mkdir(&rel("memories/d/sub"), false)),
+            Code::OutsideDesk
+        );
+        assert_eq!(
+            code(m.remove(&rel("memories/d/f"), false)),
+            Code::OutsideDesk
+        );
+        assert_eq!(
+            code(m.rename(&rel("memories/d/f"), &rel("memories/g"), false)),
+            Code::OutsideDesk
+        );
+        // A write to the link itself replaces the link, never its target.
+        put(&m, "memories/f", b"mine").expect("put over the link");
+        assert_eq!(std::fs::read(desk.join("notes/f")).expect("read"), b"notes");
+        assert_eq!(
+            std::fs::read(desk.join("memories/f")).expect("read"),
+            b"mine"
+        );
+        assert!(!desk.join("notes/new").exists() && !desk.join("notes/sub").exists());
+        // Paths without links work as before.
+        put(&m, "memories/a", b"a").expect("put");
+        assert_eq!(
+            m.open_read(&rel("memories/a")).map(|(_, st)| st.size).ok(),
+            Some(1)
+        );
+    }
+
+    fn rel(s: &str) -> RelPath {
+        RelPath::parse(s).expect("path")
+    }
+
+    fn code<T: std::fmt::Debug>(r: Result<T>) -> Code {
+        r.expect_err("should be refused").code
+    }
+
+    fn put(d: &DeskDir, p: &str, data: &[u8]) -> Result<Committed> {
+        let mut s = d.stage(&rel(p))?;
+        s.file().expect("file").write_all(data).expect("write");
+        s.commit(&Precondition::None)
+    }
+
+    /// `.desk` is as [`desk`] made it: the journal's content, the records, no stray file.
+    fn assert_intact(desk: &Path) {
+        let j = desk.join(".desk/journal/_desk.jsonl");
+        assert_eq!(std::fs::read_to_string(j).expect("journal"), JOURNAL);
+        let names = |d: &str| {
+            let mut v: Vec<String> = std::fs::read_dir(desk.join(d))
+                .expect("read_dir")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            v.sort();
+            v
+        };
+        assert_eq!(names(".desk"), ["journal", "locks", "tasks"]);
+        assert_eq!(names(".desk/journal"), ["_desk.jsonl"]);
+        assert_eq!(names(".desk/locks"), Vec::<String>::new());
+        assert_eq!(names(".desk/tasks"), ["t1.toml"]);
+        let st = std::fs::symlink_metadata(desk.join(".desk")).expect("stat");
+        assert!(st.is_dir());
+    }
+
+    #[test]
+    fn desk_state_is_read_only_by_its_own_path() {
+        assert_eq!(DESK_STATE_C.to_bytes(), DESK_STATE.as_bytes());
+        let (_t, desk, d) = desk();
+        for p in [
+            ".desk/journal/_desk.jsonl",
+            ".desk/journal/t1.jsonl",
+            ".desk/x",
+        ] {
+            assert_eq!(code(put(&d, p, b"forged")), Code::ReadOnlyPath, "put {p}");
+        }
+        assert_eq!(code(put(&d, ".desk", b"x")), Code::ReadOnlyPath);
+        for (p, parents) in [
+            (".desk/y", false),
+            (".desk/journal/y", true),
+            (".desk", true),
+            (".desk/journal", true),
+        ] {
+            assert_eq!(
+                code(d.mkdir(&rel(p), parents)),
+                Code::ReadOnlyPath,
+                "mkdir {p}"
+            );
+        }
+        for (p, recursive) in [
+            (".desk/journal/_desk.jsonl", false),
+            (".desk/locks", false),
+            (".desk/journal", true),
+            (".desk", true),
+            (".desk/none", false),
+        ] {
+            assert_eq!(
+                code(d.remove(&rel(p), recursive)),
+                Code::ReadOnlyPath,
+                "delete {p}"
+            );
+        }
+        for (from, to, overwrite) in [
+            (".desk", "moved", false),
+            (".desk/journal", "notes/j", false),
+            (".desk/journal/_desk.jsonl", "notes/j", false),
+            ("notes/n", ".desk/journal/_desk.jsonl", true),
+            ("notes/n", ".desk/n", false),
+            ("notes/fake", ".desk", true),
+            (".desk/journal", ".desk/j", false),
+        ] {
+            assert_eq!(
+                code(d.rename(&rel(from), &rel(to), overwrite)),
+                Code::ReadOnlyPath,
+                "move {from} to {to}"
+            );
+        }
+        let e = d.remove(&rel(".desk"), true).expect_err("refused");
+        assert_eq!(e.code.status(), 403);
+        assert!(
+            e.message.contains("kept by deskfs") && e.message.contains("read-only"),
+            "{}",
+            e.message
+        );
+        // reads stay allowed
+        let (mut f, st) = d
+            .open_read(&rel(".desk/journal/_desk.jsonl"))
+            .expect("read");
+        let mut s = String::new();
+        f.read_to_string(&mut s).expect("read");
+        assert_eq!((s.as_str(), st.kind), (JOURNAL, Kind::File));
+        assert_eq!(d.list(&rel(".desk")).expect("list").len(), 3);
+        assert_eq!(d.stat(&rel(".desk")).expect("stat").kind, Kind::Dir);
+        // a `.desk` anywhere but the desk's root is an ordinary name
+        d.mkdir(&rel("notes/.desk"), false).expect("mkdir");
+        put(&d, "notes/.desk/x", b"mine").expect("put");
+        d.rename(&rel("notes/.desk"), &rel("notes/other"), false)
+            .expect("move");
+        assert_intact(&desk);
+    }
+
+    #[test]
+    fn desk_state_is_read_only_through_symlinks() {
+        // what the kernel resolves counts, not the text: links planted by the agent
+        let (_t, desk, d) = desk();
+        symlink(".desk", desk.join("x")).expect("symlink");
+        symlink(".desk/journal", desk.join("y")).expect("symlink");
+        symlink(".desk/journal/_desk.jsonl", desk.join("j")).expect("symlink");
+        symlink(".", desk.join("dot")).expect("symlink");
+        symlink("../.desk", desk.join("notes/up")).expect("symlink");
+        for p in [
+            "x/journal/_desk.jsonl",
+            "x/journal/t1.jsonl",
+            "x/x",
+            "y/_desk.jsonl",
+            "y/new.jsonl",
+            "j",
+            "dot/.desk",
+            "dot/.desk/journal/_desk.jsonl",
+            "notes/up/journal/_desk.jsonl",
+            "notes/up/tasks/t1.toml",
+        ] {
+            assert_eq!(code(put(&d, p, b"forged")), Code::ReadOnlyPath, "put {p}");
+        }
+        for p in ["x/y", "y/sub", "dot/.desk", "notes/up/z"] {
+            assert_eq!(
+                code(d.mkdir(&rel(p), false)),
+                Code::ReadOnlyPath,
+                "mkdir {p}"
+            );
+        }
+        // mkdir -p finds the link in the way and never looks through it
+        assert_eq!(code(d.mkdir(&rel("x/journal/z"), true)), Code::Exists);
+        for (p, recursive) in [
+            ("y/_desk.jsonl", false),
+            ("x/journal", true),
+            ("x/locks", false),
+            ("dot/.desk", true),
+            ("notes/up/tasks", true),
+        ] {
+            assert_eq!(
+                code(d.remove(&rel(p), recursive)),
+                Code::ReadOnlyPath,
+                "delete {p}"
+            );
+        }
+        for (from, to, overwrite) in [
+            ("y/_desk.jsonl", "notes/stolen", false),
+            ("notes/n", "y/_desk.jsonl", true),
+            ("notes/n", "x/n", false),
+            ("dot/.desk", "notes/old", false),
+            ("notes/fake", "dot/.desk", true),
+            ("x/journal", "notes/j", false),
+            ("notes/up/journal", "notes/j", false),
+        ] {
+            assert_eq!(
+                code(d.rename(&rel(from), &rel(to), overwrite)),
+                Code::ReadOnlyPath,
+                "move {from} to {to}"
+            );
+        }
+        // reads through the links stay allowed
+        let (mut f, _) = d.open_read(&rel("y/_desk.jsonl")).expect("read");
+        let mut s = String::new();
+        f.read_to_string(&mut s).expect("read");
+        assert_eq!(s, JOURNAL);
+        assert_eq!(d.list(&rel("x")).expect("list").len(), 3);
+        // the links themselves are the agent's: moved and removed, never what they name
+        d.rename(&rel("x"), &rel("notes/x"), false)
+            .expect("move link");
+        d.remove(&rel("notes/x"), false).expect("remove link");
+        d.remove(&rel("dot"), true).expect("remove link");
+        d.remove(&rel("notes"), true)
+            .expect("remove notes with a link in it");
+        assert_intact(&desk);
+    }
+
+    #[test]
+    fn removing_the_desk_root_never_removes_desk_state() {
+        let (_t, desk, d) = desk();
+        for recursive in [false, true] {
+            assert_eq!(code(d.remove(&RelPath::root(), recursive)), Code::BadPath);
+            assert_eq!(code(d.remove(&rel("."), recursive)), Code::BadPath);
+        }
+        assert_intact(&desk);
+        assert!(desk.join("notes/n").is_file());
+    }
+
+    #[test]
+    fn desk_state_cannot_be_made_by_an_agent() {
+        // a desk without `.desk` yet (older desks): no one but deskfs makes it, under
+        // no name that reaches it
+        let t = tempfile::tempdir().expect("tempdir");
+        let desk = t.path().join("desk");
+        std::fs::create_dir_all(desk.join("notes/fake/journal")).expect("mkdir");
+        symlink(".", desk.join("dot")).expect("symlink");
+        let d = DeskDir::open(&desk).expect("open");
+        for (p, parents) in [
+            (".desk", false),
+            (".desk", true),
+            (".desk/journal", true),
+            ("dot/.desk", false),
+        ] {
+            assert_eq!(
+                code(d.mkdir(&rel(p), parents)),
+                Code::ReadOnlyPath,
+                "mkdir {p}"
+            );
+        }
+        for p in [".desk", "dot/.desk"] {
+            assert_eq!(code(put(&d, p, b"x")), Code::ReadOnlyPath, "put {p}");
+            assert_eq!(
+                code(d.rename(&rel("notes/fake"), &rel(p), false)),
+                Code::ReadOnlyPath,
+                "move to {p}"
+            );
+        }
+        assert!(std::fs::symlink_metadata(desk.join(".desk")).is_err());
+        assert!(desk.join("notes/fake/journal").is_dir());
     }
 }

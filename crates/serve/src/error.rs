@@ -44,6 +44,9 @@ pub enum Code {
     TokenScope,
     /// A read-only token asked for a change (403).
     ReadOnlyToken,
+    /// A change under the desk's `.desk/` (task records, the task journal, locks), which
+    /// deskfs keeps and agents may only read (403).
+    ReadOnlyPath,
     /// No desk of that agent (404).
     UnknownDesk,
     /// The endpoint does not take this method (405).
@@ -79,6 +82,7 @@ impl Code {
             Code::TokenRevoked => "token_revoked",
             Code::TokenScope => "token_scope",
             Code::ReadOnlyToken => "read_only_token",
+            Code::ReadOnlyPath => "read_only_path",
             Code::UnknownDesk => "unknown_desk",
             Code::MethodNotAllowed => "method_not_allowed",
             Code::TooLarge => "too_large",
@@ -92,7 +96,7 @@ impl Code {
         match self {
             Code::BadRequest | Code::BadPath | Code::NameTooLong | Code::PathTooLong => 400,
             Code::Unauthorized | Code::TokenExpired | Code::TokenRevoked => 401,
-            Code::OutsideDesk | Code::TokenScope | Code::ReadOnlyToken => 403,
+            Code::OutsideDesk | Code::TokenScope | Code::ReadOnlyToken | Code::ReadOnlyPath => 403,
             Code::NotFound | Code::UnknownDesk => 404,
             Code::Exists | Code::IsDir | Code::NotDir | Code::NotEmpty | Code::Conflict => 409,
             Code::EtagMismatch => 412,

@@ -34,12 +34,15 @@ use std::time::{Duration, Instant};
 use base64::Engine;
 use deskfs_desk::Desk;
 use deskfs_sandbox::{Ended, Killer, Net, Piped, SandboxError, SandboxSpec, DESK_MOUNT};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use crate::confine::{DeskDir, Kind, RelPath};
 use crate::error::{Code, Result, ServeError};
+use crate::exec_journal::{PendingEntry, SharedTally, Via};
+use deskfs_desk::journal::WatchFactory;
 
 /// Timeout of a command that names none, seconds.
 pub const DEFAULT_TIMEOUT_SECS: u64 = 600;
@@ -53,7 +56,7 @@ const CHUNK: usize = 64 * 1024;
 const QUEUE: usize = 16;
 
 /// Network access of the command.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum NetChoice {
     /// The host's network.
@@ -64,7 +67,7 @@ pub enum NetChoice {
 }
 
 /// One command to run (the JSON body of `POST /v1/desks/{agent}/exec`).
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// Program and arguments (no shell). Exclusive with `shell`.
@@ -89,7 +92,7 @@ pub struct ExecRequest {
 }
 
 /// How a command ended.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct ExitInfo {
     /// The exit code as a shell reports it: the command's own, 128 + signal when a signal
     /// ended it, 127 when the program does not exist, 137 when it was killed.
@@ -107,6 +110,10 @@ pub struct ExitInfo {
     pub timed_out: bool,
     /// It was killed (its timeout passed, or the client went away).
     pub killed: bool,
+    /// The id of its entry in the desk's task journal (absent when this server keeps no
+    /// journal, or the entry could not be written).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub journal_id: Option<String>,
 }
 
 /// One event of a running command, in order: output chunks, then one `Exit` or `Error`.
@@ -142,6 +149,9 @@ type HideFn = dyn Fn() -> Vec<PathBuf> + Send + Sync;
 pub struct ExecHost {
     hide: Option<Arc<HideFn>>,
     env: Vec<(String, String)>,
+    /// Watches the desk's mount for each command's file changes, for the task journal
+    /// (`None`: no journal is kept).
+    journal: Option<WatchFactory>,
     /// The commands running now: id → (agent, its killer).
     running: Arc<Mutex<HashMap<u64, (String, Killer)>>>,
 }
@@ -153,6 +163,7 @@ impl std::fmt::Debug for ExecHost {
         f.debug_struct("ExecHost")
             .field("hide", &self.hide.is_some())
             .field("env", &self.env.iter().map(|(k, _)| k).collect::<Vec<_>>())
+            .field("journal", &self.journal.is_some())
             .finish()
     }
 }
@@ -176,6 +187,13 @@ impl ExecHost {
     /// checked like a request's at each command.
     pub fn with_env(mut self, env: Vec<(String, String)>) -> Self {
         self.env = env;
+        self
+    }
+
+    /// Records every command in the desk's task journal (`.desk/journal/`), with the file
+    /// changes `watch` reports for it (see `deskfs_desk::journal`).
+    pub fn with_journal(mut self, watch: WatchFactory) -> Self {
+        self.journal = Some(watch);
         self
     }
 
@@ -392,8 +410,30 @@ fn utf8_cut(buf: &mut Vec<u8>) -> Vec<u8> {
     std::mem::replace(buf, rest)
 }
 
-/// Reads `pipe` to its end, sending chunks as `wrap`; returns the bytes read.
-fn pump(mut pipe: impl Read, tx: mpsc::Sender<ExecEvent>, wrap: fn(Vec<u8>) -> ExecEvent) -> u64 {
+/// Which stream a pump reads.
+#[derive(Clone, Copy)]
+enum Stream {
+    Stdout,
+    Stderr,
+}
+
+impl Stream {
+    fn event(self, b: Vec<u8>) -> ExecEvent {
+        match self {
+            Stream::Stdout => ExecEvent::Stdout(b),
+            Stream::Stderr => ExecEvent::Stderr(b),
+        }
+    }
+}
+
+/// Reads `pipe` to its end, sending chunks as events of `stream` and adding them to
+/// `tally` (the journal's count, when kept); returns the bytes read.
+fn pump(
+    mut pipe: impl Read,
+    tx: mpsc::Sender<ExecEvent>,
+    stream: Stream,
+    tally: Option<SharedTally>,
+) -> u64 {
     let mut total = 0u64;
     let mut buf = vec![0u8; CHUNK];
     let mut pending: Vec<u8> = Vec::new();
@@ -406,37 +446,58 @@ fn pump(mut pipe: impl Read, tx: mpsc::Sender<ExecEvent>, wrap: fn(Vec<u8>) -> E
             Err(_) => break,
         };
         total += n as u64;
+        if let Some(t) = &tally {
+            let mut t = t.lock().unwrap_or_else(|p| p.into_inner());
+            match stream {
+                Stream::Stdout => t.stdout(&buf[..n]),
+                Stream::Stderr => t.stderr(&buf[..n]),
+            }
+        }
         if receiver_gone {
             continue; // drain, so the command is never stuck on a full pipe
         }
         pending.extend_from_slice(&buf[..n]);
         let out = utf8_cut(&mut pending);
-        if !out.is_empty() && tx.blocking_send(wrap(out)).is_err() {
+        if !out.is_empty() && tx.blocking_send(stream.event(out)).is_err() {
             receiver_gone = true;
         }
     }
     if !pending.is_empty() && !receiver_gone {
-        let _ = tx.blocking_send(wrap(pending));
+        let _ = tx.blocking_send(stream.event(pending));
     }
     total
 }
 
 /// Starts `req` on `desk` and returns its events as they come. Validation, the
 /// working directory and the sandbox's own checks fail here, before anything runs.
+/// When `host` keeps a journal, the command is recorded in it (as run `via`) before its
+/// `Exit` event is sent; a command that never ran is not recorded.
 ///
 /// # Errors
 /// `bad_request` (no command or both forms, an empty program, NUL bytes, a refused or
 /// malformed variable name, a timeout out of range), the path codes of `cwd`
 /// (`outside_desk`, `not_found`, `not_dir`, `bad_path`, `name_too_long`, …),
 /// `exec_unavailable` (no bubblewrap, or it cannot be started), `io`.
-pub async fn start(desk: &Desk, host: &ExecHost, req: ExecRequest) -> Result<ExecStream> {
-    let desk_dir = desk.dir().to_path_buf();
+pub async fn start(desk: &Desk, host: &ExecHost, req: ExecRequest, via: Via) -> Result<ExecStream> {
+    let d = desk.clone();
     let h = host.clone();
-    let (piped, timeout, started) = tokio::task::spawn_blocking(move || {
-        let (spec, argv, timeout) = prepare(&desk_dir, &h, &req)?;
+    let (piped, timeout, started, entry) = tokio::task::spawn_blocking(move || {
+        let (spec, argv, timeout) = prepare(d.dir(), &h, &req)?;
+        let entry = h.journal.as_ref().map(|w| {
+            let command = argv
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            let cwd = spec
+                .workdir
+                .strip_prefix(DESK_MOUNT)
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            PendingEntry::begin(w, &d, via, command, cwd)
+        });
         let started = Instant::now();
         let piped = deskfs_sandbox::spawn_piped(&spec, &argv).map_err(sandbox_error)?;
-        Ok::<_, ServeError>((piped, timeout, started))
+        Ok::<_, ServeError>((piped, timeout, started, entry))
     })
     .await
     .map_err(|e| ServeError::new(Code::Io, format!("a worker failed: {e}")))??;
@@ -446,6 +507,7 @@ pub async fn start(desk: &Desk, host: &ExecHost, req: ExecRequest) -> Result<Exe
         started,
         host.clone(),
         desk.agent().to_owned(),
+        entry,
     ))
 }
 
@@ -456,16 +518,23 @@ fn supervise(
     started: Instant,
     host: ExecHost,
     agent: String,
+    entry: Option<PendingEntry>,
 ) -> ExecStream {
     let (tx, rx) = mpsc::channel(QUEUE);
     let killer = piped.killer();
     let out = piped.take_stdout();
     let err = piped.take_stderr();
     let (tx_out, tx_err) = (tx.clone(), tx.clone());
-    let out =
-        tokio::task::spawn_blocking(move || out.map_or(0, |o| pump(o, tx_out, ExecEvent::Stdout)));
-    let err =
-        tokio::task::spawn_blocking(move || err.map_or(0, |e| pump(e, tx_err, ExecEvent::Stderr)));
+    let (tally_out, tally_err) = (
+        entry.as_ref().map(PendingEntry::tally),
+        entry.as_ref().map(PendingEntry::tally),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        out.map_or(0, |o| pump(o, tx_out, Stream::Stdout, tally_out))
+    });
+    let err = tokio::task::spawn_blocking(move || {
+        err.map_or(0, |e| pump(e, tx_err, Stream::Stderr, tally_err))
+    });
     let k = killer.clone();
     let id = host.register(&agent, killer.clone());
     tokio::spawn(async move {
@@ -483,7 +552,15 @@ fn supervise(
         host.unregister(id);
         let event = match ended {
             Ok(Ok(e)) => {
-                ExecEvent::Exit(exit_info(e, started, stdout_bytes, stderr_bytes, timed_out))
+                let mut exit = exit_info(e, started, stdout_bytes, stderr_bytes, timed_out);
+                if let Some(entry) = entry {
+                    let x = exit.clone();
+                    exit.journal_id = tokio::task::spawn_blocking(move || entry.finish(&x))
+                        .await
+                        .ok()
+                        .flatten();
+                }
+                ExecEvent::Exit(exit)
             }
             Ok(Err(e)) => ExecEvent::Error(sandbox_error(e)),
             Err(e) => ExecEvent::Error(ServeError::new(
@@ -511,6 +588,7 @@ fn exit_info(
         stderr_bytes,
         timed_out: timed_out && e.killed,
         killed: e.killed,
+        journal_id: None,
     }
 }
 
@@ -568,7 +646,7 @@ impl Capture {
 }
 
 /// A command's output collected (for callers that take one result, like MCP tools).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, JsonSchema)]
 pub struct Collected {
     /// stdout as text (invalid UTF-8 replaced); when longer than the cap, its first and
     /// last half-cap with `[... N bytes left out ...]` between.
@@ -594,8 +672,9 @@ pub async fn collect(
     host: &ExecHost,
     req: ExecRequest,
     cap: usize,
+    via: Via,
 ) -> Result<Collected> {
-    let mut s = start(desk, host, req).await?;
+    let mut s = start(desk, host, req, via).await?;
     let (mut out, mut err) = (Capture::new(cap), Capture::new(cap));
     while let Some(ev) = s.next().await {
         match ev {
@@ -695,7 +774,7 @@ mod tests {
     }
 
     async fn run(d: &Desk, req: ExecRequest) -> Result<Collected> {
-        collect(d, &ExecHost::new(), req, COLLECT_CAP).await
+        collect(d, &ExecHost::new(), req, COLLECT_CAP, Via::Http).await
     }
 
     /// Some process runs `sleep MARKER`.
@@ -708,6 +787,17 @@ mod tests {
                 .is_ok()
                 && s == want
         })
+    }
+
+    /// Waits (bounded) for `sleep MARKER` to run: the shell prints before it execs sleep.
+    async fn started(marker: &str) -> bool {
+        for _ in 0..500 {
+            if sleeping(marker) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        false
     }
 
     async fn gone(marker: &str) -> bool {
@@ -782,7 +872,7 @@ mod tests {
             timeout_secs: Some(60),
             ..sh("echo ready; i=0; while [ ! -e /desk/go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; echo done")
         };
-        let mut s = start(&d, &ExecHost::new(), req).await.unwrap();
+        let mut s = start(&d, &ExecHost::new(), req, Via::Http).await.unwrap();
         let first = tokio::time::timeout(Duration::from_secs(20), s.next())
             .await
             .unwrap();
@@ -812,11 +902,16 @@ mod tests {
         let (_t, d) = desk();
         let marker = format!("{}.{}", 2001, std::process::id());
         let host = ExecHost::new();
-        let mut s = start(&d, &host, sh(&format!("echo started; exec sleep {marker}")))
-            .await
-            .unwrap();
+        let mut s = start(
+            &d,
+            &host,
+            sh(&format!("echo started; exec sleep {marker}")),
+            Via::Http,
+        )
+        .await
+        .unwrap();
         assert!(matches!(s.next().await, Some(ExecEvent::Stdout(_))));
-        assert!(sleeping(&marker));
+        assert!(started(&marker).await);
         assert_eq!(host.running("alice"), 1);
         drop(s);
         assert!(gone(&marker).await, "sleep {marker} outlived its client");
@@ -829,11 +924,137 @@ mod tests {
         assert_eq!(host.running("alice"), 0);
     }
 
+    /// A host that journals, with changes "unknown" (no mount daemon in unit tests; the
+    /// changes themselves are proven by tests/e2e/99-journal.sh on a real mount).
+    fn journaling() -> ExecHost {
+        ExecHost::new().with_journal(Arc::new(|_: &Desk| {
+            deskfs_desk::journal::ChangeWatch::unknown("unit test")
+        }))
+    }
+
+    async fn exit_of(s: &mut ExecStream) -> ExitInfo {
+        while let Some(ev) = s.next().await {
+            if let ExecEvent::Exit(x) = ev {
+                return x;
+            }
+        }
+        panic!("no exit event");
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn every_run_is_in_the_journal_before_its_exit_is_reported() {
+        use deskfs_desk::journal;
+        let (_t, d) = desk();
+        let host = journaling();
+        let c = collect(
+            &d,
+            &host,
+            sh("echo out; echo err >&2; exit 3"),
+            COLLECT_CAP,
+            Via::Mcp,
+        )
+        .await
+        .unwrap();
+        let id = c
+            .exit
+            .journal_id
+            .clone()
+            .expect("no journal id in the exit");
+        let e = journal::read(&d, Some(journal::DESK_JOURNAL), 10).unwrap();
+        assert_eq!(e.len(), 1, "{e:?}");
+        let e = &e[0];
+        assert_eq!(e.id, id);
+        assert_eq!(
+            (e.via.as_str(), e.cwd.as_str(), e.task.as_deref()),
+            ("mcp", "", None)
+        );
+        assert_eq!(e.command, ["sh", "-c", "echo out; echo err >&2; exit 3"]);
+        assert_eq!(
+            (e.exit_code, e.signal, e.killed, e.timed_out),
+            (Some(3), None, false, false)
+        );
+        assert_eq!((e.stdout_bytes, e.stderr_bytes), (Some(4), Some(4)));
+        let out = e.output.as_deref().unwrap();
+        assert!(out == "out\nerr\n" || out == "err\nout\n", "{out:?}");
+        assert_eq!(e.changes_unknown.as_deref(), Some("unit test"));
+
+        // A run in a task's worktree goes to that task's journal, with its cwd.
+        let req = ExecRequest {
+            command: vec!["true".into()],
+            cwd: Some("tasks/t1".into()),
+            ..ExecRequest::default()
+        };
+        collect(&d, &host, req, COLLECT_CAP, Via::Http)
+            .await
+            .unwrap();
+        let t = journal::read(&d, Some("t1"), 10).unwrap();
+        assert_eq!(t.len(), 1, "{t:?}");
+        assert_eq!(
+            (t[0].via.as_str(), t[0].cwd.as_str(), t[0].task.as_deref()),
+            ("http", "tasks/t1", Some("t1"))
+        );
+
+        // A command that never ran (refused before it started) is not recorded; a host
+        // without a journal records nothing.
+        let bad = ExecRequest {
+            command: vec!["true".into()],
+            cwd: Some("nope".into()),
+            ..ExecRequest::default()
+        };
+        assert!(collect(&d, &host, bad, COLLECT_CAP, Via::Http)
+            .await
+            .is_err());
+        collect(&d, &ExecHost::new(), sh("true"), COLLECT_CAP, Via::Http)
+            .await
+            .unwrap();
+        assert_eq!(journal::read(&d, None, 100).unwrap().len(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn killed_runs_are_journaled_as_killed() {
+        use deskfs_desk::journal;
+        let (_t, d) = desk();
+        let host = journaling();
+        // Its timeout passes.
+        let mut req = sh("echo started; exec sleep 1000");
+        req.timeout_secs = Some(1);
+        let mut s = start(&d, &host, req, Via::Http).await.unwrap();
+        let x = exit_of(&mut s).await;
+        assert!(x.timed_out && x.killed, "{x:?}");
+        let e = journal::read(&d, None, 10).unwrap();
+        assert!(
+            e[0].timed_out && e[0].killed && e[0].status_text() == "timeout",
+            "{e:?}"
+        );
+        assert_eq!(e[0].output.as_deref(), Some("started\n"));
+        // Its client goes away: the entry is written after the kill, with no one to tell.
+        let mut s = start(&d, &host, sh("echo started; exec sleep 1000"), Via::Http)
+            .await
+            .unwrap();
+        assert!(matches!(s.next().await, Some(ExecEvent::Stdout(_))));
+        drop(s);
+        let mut e = Vec::new();
+        for _ in 0..500 {
+            e = journal::read(&d, None, 10).unwrap();
+            if e.len() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(e.len(), 2, "the killed run is not in the journal: {e:?}");
+        assert!(
+            e[1].killed && !e[1].timed_out && e[1].signal == Some(9),
+            "{:?}",
+            e[1]
+        );
+        assert_eq!(e[1].status_text(), "killed");
+    }
+
     #[tokio::test(flavor = "multi_thread")]
     async fn a_server_shutting_down_kills_its_commands() {
         let (_t, d) = desk();
         let host = ExecHost::new();
-        let mut s = start(&d, &host, sh("echo started; exec sleep 1000"))
+        let mut s = start(&d, &host, sh("echo started; exec sleep 1000"), Via::Http)
             .await
             .unwrap();
         assert!(matches!(s.next().await, Some(ExecEvent::Stdout(_))));
@@ -858,7 +1079,9 @@ mod tests {
         let mut req = sh("echo $GIT_AUTHOR_NAME $A $FOO");
         req.env.insert("FOO".into(), "bar".into());
         req.env.insert("A".into(), "mine".into());
-        let c = collect(&d, &host, req, COLLECT_CAP).await.unwrap();
+        let c = collect(&d, &host, req, COLLECT_CAP, Via::Http)
+            .await
+            .unwrap();
         assert_eq!(c.stdout, "srv mine bar\n");
         for name in [
             "AWS_SECRET_ACCESS_KEY",
@@ -952,6 +1175,7 @@ mod tests {
             &ExecHost::new(),
             sh("head -c 100000 /dev/zero | tr '\\0' x; echo; echo tail-line"),
             1000,
+            Via::Http,
         )
         .await
         .unwrap();
@@ -961,7 +1185,7 @@ mod tests {
             c.stdout.len()
         );
         assert_eq!(c.exit.stdout_bytes, 100011);
-        let mut s = start(&d, &ExecHost::new(), sh("printf '\\377\\376'"))
+        let mut s = start(&d, &ExecHost::new(), sh("printf '\\377\\376'"), Via::Http)
             .await
             .unwrap();
         let mut bytes = Vec::new();

@@ -7,11 +7,13 @@ pub mod api;
 pub mod confine;
 pub mod error;
 pub mod exec;
+pub mod exec_journal;
 pub mod fstools;
 pub mod mcp;
 pub mod memory;
 pub mod openapi;
 pub mod status;
+pub mod tls;
 pub mod tokens;
 
 #[cfg(test)]
@@ -25,8 +27,16 @@ pub use error::{Code, Result, ServeError};
 /// Where the server listens.
 #[derive(Clone, Debug)]
 pub enum Listen {
-    /// A TCP address (`127.0.0.1:8765`).
+    /// A TCP address (`127.0.0.1:8765`), plain HTTP.
     Tcp(SocketAddr),
+    /// A TCP address serving HTTPS only ([`tls`]): every connection must complete a TLS
+    /// handshake with `tls`'s certificate before its first request.
+    Tls {
+        /// The address.
+        addr: SocketAddr,
+        /// The certificate chain and key, checked ([`tls::TlsConfig::load`]).
+        tls: tls::TlsConfig,
+    },
     /// A Unix socket path (created; an existing socket file is replaced).
     Unix(PathBuf),
 }
@@ -36,8 +46,8 @@ pub enum Listen {
 /// address or a Unix socket (bearer tokens guard every request either way).
 fn allowed_hosts(listen: &Listen) -> Vec<String> {
     match listen {
-        Listen::Tcp(a) if a.ip().is_unspecified() => Vec::new(),
-        Listen::Tcp(a) => {
+        Listen::Tcp(a) | Listen::Tls { addr: a, .. } if a.ip().is_unspecified() => Vec::new(),
+        Listen::Tcp(a) | Listen::Tls { addr: a, .. } => {
             let mut v: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
             let ip = a.ip().to_string();
             if !v.contains(&ip) {
@@ -50,7 +60,8 @@ fn allowed_hosts(listen: &Listen) -> Vec<String> {
 }
 
 /// Serves the desks under `root` on `listen` until `shutdown` resolves. `ready` is
-/// called with the bound address (for `:0`) once the server accepts connections.
+/// called with the bound address (for `:0`) once the server accepts connections:
+/// `http://IP:PORT`, `https://IP:PORT` ([`Listen::Tls`]) or `unix:PATH`.
 ///
 /// # Errors
 /// `io` when the address cannot be bound or the server fails.
@@ -82,18 +93,31 @@ pub async fn serve_app(
     };
     let app = api::router(state.clone()).merge(mcp::router(state, allowed_hosts(&listen)));
     let io = |what: String, e: std::io::Error| ServeError::new(Code::Io, format!("{what}: {e}"));
+    let bind = |addr: SocketAddr| async move {
+        let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
+            io(
+                format!("cannot listen on {addr} (in use? pick another --listen)"),
+                e,
+            )
+        })?;
+        let bound = l
+            .local_addr()
+            .map_err(|e| io("no local address".into(), e))?;
+        Ok::<_, ServeError>((l, bound))
+    };
     match listen {
         Listen::Tcp(addr) => {
-            let l = tokio::net::TcpListener::bind(addr).await.map_err(|e| {
-                io(
-                    format!("cannot listen on {addr} (in use? pick another --listen)"),
-                    e,
-                )
-            })?;
-            let bound = l
-                .local_addr()
-                .map_err(|e| io("no local address".into(), e))?;
+            let (l, bound) = bind(addr).await?;
             ready(format!("http://{bound}"));
+            axum::serve(l, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+                .map_err(|e| io("server failed".into(), e))
+        }
+        Listen::Tls { addr, tls } => {
+            let (l, bound) = bind(addr).await?;
+            let l = tls::TlsListener::new(l, &tls).map_err(|e| io("no local address".into(), e))?;
+            ready(format!("https://{bound}"));
             axum::serve(l, app)
                 .with_graceful_shutdown(shutdown)
                 .await

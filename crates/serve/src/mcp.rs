@@ -43,6 +43,8 @@ use serde_json::{json, Value};
 use crate::api::{self, blocking, commit_locked, desk_error, open_granted, App};
 use crate::confine::{DeskDir, Precondition};
 use crate::error::{Code, Result, ServeError};
+use crate::exec::{Collected, ExecRequest, COLLECT_CAP};
+use crate::exec_journal::Via;
 use crate::fstools::{self, desk_path, shown, Edit};
 use crate::tokens::Grant;
 
@@ -188,6 +190,52 @@ pub struct TaskFinishArgs {
     pub discard: bool,
     /// A line for the desk's notes.
     pub note: Option<String>,
+}
+
+/// Arguments of `journal`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JournalArgs {
+    /// A task's name, or `_desk` for the commands run outside tasks; absent: every
+    /// journal of the desk, merged by start time.
+    #[serde(default)]
+    pub task: Option<String>,
+    /// At most this many of the newest entries (default 20, at most 1000).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+/// The text of an `exec` result: how it ended, then each non-empty stream.
+fn exec_text(c: &Collected) -> String {
+    let x = &c.exit;
+    let how = if x.timed_out {
+        format!("killed after its timeout (exit {})", x.code)
+    } else if x.killed {
+        format!("killed (exit {})", x.code)
+    } else {
+        match x.signal {
+            Some(sig) => format!("exit {} (signal {sig})", x.code),
+            None => format!("exit {}", x.code),
+        }
+    };
+    let mut t = format!("{how} in {:.3} s", x.duration_ms as f64 / 1000.0);
+    for (name, body, cut) in [
+        ("stdout", &c.stdout, c.stdout_truncated),
+        ("stderr", &c.stderr, c.stderr_truncated),
+    ] {
+        if !body.is_empty() {
+            let note = if cut {
+                " (cut: its middle is left out)"
+            } else {
+                ""
+            };
+            t.push_str(&format!("\n--- {name}{note} ---\n{body}"));
+            if !body.ends_with('\n') {
+                t.push('\n');
+            }
+        }
+    }
+    t
 }
 
 /// Where the grant of a call comes from.
@@ -594,6 +642,51 @@ impl DeskTools {
             })
             .await?;
             Ok(structured(to_value(&finished)?))
+        }
+        .await;
+        done(r)
+    }
+
+    #[tool(
+        description = "Run a command next to the desk's data, in a sandbox (bubblewrap) where the desk is /desk and nothing else of the host's data shows: `command` as argv, or `shell` as one line for sh -c; `cwd` desk-relative (tasks/T runs in task T's worktree); `env`; `timeout_secs` (default 600, at most 3600; the whole process tree is killed when it passes); `net`: host (default) or none. stdin is empty, no terminal. Returns how it ended, stdout and stderr (each kept up to 1 MiB: its first and last half). Every run is recorded in the desk's task journal with the files it changed.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        ),
+        output_schema = schema_for_output::<Collected>()
+    )]
+    async fn exec(
+        &self,
+        Parameters(req): Parameters<ExecRequest>,
+        ctx: RequestContext<RoleServer>,
+    ) -> std::result::Result<CallToolResult, rmcp::ErrorData> {
+        let r = async {
+            let (desk, _, _) = self.desk(&ctx, true).await?;
+            let c = crate::exec::collect(&desk, &self.app.exec, req, COLLECT_CAP, Via::Mcp).await?;
+            let mut res = CallToolResult::success(vec![ContentBlock::text(exec_text(&c))]);
+            res.structured_content = Some(to_value(&c)?);
+            Ok(res)
+        }
+        .await;
+        done(r)
+    }
+
+    #[tool(
+        description = "The desk's task journal, written by the system: every command run (CLI, HTTP, MCP) with its working directory, start, duration, exit status, output (bytes and the first 64 KiB) and the files it created, changed and deleted, as the filesystem recorded them. `task`: one task's journal (`_desk`: commands outside tasks); `limit`: newest N (default 20).",
+        annotations(read_only_hint = true)
+    )]
+    async fn journal(
+        &self,
+        Parameters(a): Parameters<JournalArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> std::result::Result<CallToolResult, rmcp::ErrorData> {
+        let r = async {
+            let g = self.grant(&ctx)?;
+            let agent = g.agent.clone();
+            let entries = api::journal_entries(&self.app, g, &agent, a.task, a.limit).await?;
+            Ok(structured(json!({ "entries": to_value(&entries)? })))
         }
         .await;
         done(r)

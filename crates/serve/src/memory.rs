@@ -247,7 +247,19 @@ pub fn input_schema() -> Value {
 ///
 /// Never fails: every failure is one of the error strings, with `is_error` set.
 pub fn run(desk: &DeskDir, input: &Value, writable: bool) -> MemoryOutcome {
-    match dispatch(desk, input, writable) {
+    // Every component was checked for links as text (`check_links`); resolving with no
+    // link followed makes a link swapped in after that check fail (`ELOOP`, the symlink
+    // string) instead of leading elsewhere in the desk.
+    let desk = match desk.without_symlinks() {
+        Ok(d) => d,
+        Err(e) => {
+            return MemoryOutcome {
+                text: io_failed(&e),
+                is_error: true,
+            }
+        }
+    };
+    match dispatch(&desk, input, writable) {
         Ok(text) => MemoryOutcome::ok(text),
         Err(text) => MemoryOutcome {
             text,

@@ -83,13 +83,13 @@ pub fn document() -> Value {
         "info": {
             "title": "deskfs desks",
             "version": "1",
-            "description": "An agent's desk (files, tasks) on a deskfs workspace. Every call but this document needs `Authorization: Bearer <token>` (`deskfs token create AGENT`); a token opens one desk. Errors are `{\"error\": {\"code\", \"message\"}}` with stable codes."
+            "description": "An agent's desk (files, tasks) on a deskfs workspace. Every call but this document needs `Authorization: Bearer <token>` (`deskfs token create AGENT`); a token opens one desk. Errors are `{\"error\": {\"code\", \"message\"}}` with stable codes. The desk's `.desk/` (task records, the task journal, locks) is kept by deskfs: it can be read, and every change under it (a write, mkdir, move into, out of or of it, delete), however the path reaches it (a symlink included), is 403 read_only_path."
         },
         "components": {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
-                    "code": {"type": "string", "enum": ["bad_request", "bad_path", "outside_desk", "name_too_long", "path_too_long", "not_found", "exists", "is_dir", "not_dir", "not_empty", "conflict", "etag_mismatch", "range_not_satisfiable", "unauthorized", "token_expired", "token_revoked", "token_scope", "read_only_token", "unknown_desk", "method_not_allowed", "too_large", "io", "exec_unavailable"]},
+                    "code": {"type": "string", "enum": ["bad_request", "bad_path", "outside_desk", "name_too_long", "path_too_long", "not_found", "exists", "is_dir", "not_dir", "not_empty", "conflict", "etag_mismatch", "range_not_satisfiable", "unauthorized", "token_expired", "token_revoked", "token_scope", "read_only_token", "read_only_path", "unknown_desk", "method_not_allowed", "too_large", "io", "exec_unavailable"]},
                     "message": {"type": "string"}}}}},
                 "Stat": {"type": "object", "required": ["path", "kind", "size", "mode", "mtime_ns", "etag"], "properties": {
                     "path": {"type": "string"}, "kind": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},
