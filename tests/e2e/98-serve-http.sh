@@ -108,6 +108,7 @@ expect_bad "bad --expires" "invalid lifetime" token create alice --expires 3y
 expect_bad "token for a missing desk" "no desk for agent" token create nobody
 expect_bad "revoke an unknown id" "no token with id" token revoke abcdef123
 expect_bad "serve a missing root" "does not exist" serve --root "$MNT/none"
+expect_bad "--max-commands 0" "not in 1..=1024" serve --max-commands 0
 ws_umount "$MNT"
 
 if have_s3; then

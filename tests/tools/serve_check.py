@@ -460,6 +460,9 @@ def mem_err(body, want, what, token="rw"):
 
 
 ok("/v1/desks/{agent}/memory" in doc["paths"], "openapi has the memory endpoint")
+ok("/v1/desks/{agent}/journal" in doc["paths"] and "too_many_commands" in
+   doc["components"]["schemas"]["Error"]["properties"]["error"]["properties"]["code"]["enum"],
+   "openapi has the journal endpoint and every error code")
 MEMS = os.path.join(DESK, "memories")
 st, err, _, text = mem({"command": "view", "path": "/memories"})
 ok(st == 200 and err == "false" and text.startswith(

@@ -37,6 +37,11 @@ pub struct ServeArgs {
     /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1, not encrypted).
     #[arg(long, value_name = "PEM")]
     pub tls_key: Option<PathBuf>,
+    /// Commands (exec over HTTP and MCP) run at once, over all desks; past it a command
+    /// is refused with 429 too_many_commands.
+    #[arg(long, value_name = "N", default_value_t = deskfs_serve::exec::DEFAULT_MAX_RUNNING as u16,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub max_commands: u16,
 }
 
 /// Arguments of `deskfs token`.
@@ -136,7 +141,7 @@ pub fn serve(a: ServeArgs) -> Result<()> {
         };
         let shown_root = root.display().to_string();
         let app = deskfs_serve::api::App::new(&root)
-            .with_exec(exec_host())
+            .with_exec(exec_host().with_limit(usize::from(a.max_commands)))
             .with_workspace_status(workspace_status_of(&root));
         deskfs_serve::serve_app(
             app,

@@ -765,22 +765,22 @@ fn read_file(path: &Path, limit: usize) -> Result<Vec<Entry>> {
     };
     let len = f.metadata().ctx("read", path)?.len();
     const CHUNK: u64 = 256 << 10;
-    let mut tail: Vec<u8> = Vec::new();
+    // Chunks read from the end, newest last; joined once.
+    let mut chunks: Vec<Vec<u8>> = Vec::new();
+    let mut lines = 0usize;
     let mut pos = len;
-    loop {
-        // Enough complete lines (the first may be partial unless at the start)?
-        let lines = tail.iter().filter(|&&b| b == b'\n').count();
-        if pos == 0 || lines > limit {
-            break;
-        }
+    // Enough complete lines (the first may be partial unless at the start)?
+    while pos > 0 && lines <= limit {
         let n = CHUNK.min(pos);
         pos -= n;
         let mut buf = vec![0u8; n as usize];
         f.seek(SeekFrom::Start(pos)).ctx("read", path)?;
         f.read_exact(&mut buf).ctx("read", path)?;
-        buf.extend_from_slice(&tail);
-        tail = buf;
+        lines += buf.iter().filter(|&&b| b == b'\n').count();
+        chunks.push(buf);
     }
+    chunks.reverse();
+    let tail = chunks.concat();
     let mut parts: Vec<&[u8]> = tail.split(|&b| b == b'\n').collect();
     // The piece after the last newline: empty, or a torn line.
     parts.pop();

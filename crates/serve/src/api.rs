@@ -21,6 +21,7 @@
 //! | `GET /v1/desks/{agent}/resume` | what `deskfs resume --json` prints |
 //! | `POST /v1/desks/{agent}/exec` `{"command"\|"shell", "cwd", "env", "timeout_secs", "net"}` | run a command in the sandbox: `text/event-stream` of `stdout`/`stderr` chunks as they come, then `exit` (or `error`); see [`crate::exec`] |
 //! | `GET /v1/desks/{agent}/status` | the desk (repos, tasks, disk usage), exec, and the workspace it is on (dirty, pending, failing uploads) |
+//! | `GET /v1/desks/{agent}/journal[?task=T&limit=N]` | the task journal: every command run (CLI, HTTP, MCP), how it ended, its output and files ([`journal_entries`]) |
 //! | `GET /v1/desks/{agent}/tasks` | open tasks (`deskfs task list --json`) |
 //! | `POST /v1/desks/{agent}/tasks` `{"task", "repo", "branch"}` | start a task (a worktree) |
 //! | `POST /v1/desks/{agent}/tasks/{task}/finish` `{"discard", "note"}` | finish a task |

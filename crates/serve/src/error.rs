@@ -58,9 +58,41 @@ pub enum Code {
     /// This server cannot run the command: no bubblewrap, or the sandbox could not be
     /// set up (the command never ran) (503).
     ExecUnavailable,
+    /// The server already runs as many commands as it takes; the command did not start
+    /// (429).
+    TooManyCommands,
 }
 
 impl Code {
+    /// Every code, in the order of the OpenAPI document's enum.
+    pub const ALL: [Code; 25] = [
+        Code::BadRequest,
+        Code::BadPath,
+        Code::OutsideDesk,
+        Code::NameTooLong,
+        Code::PathTooLong,
+        Code::NotFound,
+        Code::Exists,
+        Code::IsDir,
+        Code::NotDir,
+        Code::NotEmpty,
+        Code::Conflict,
+        Code::EtagMismatch,
+        Code::RangeNotSatisfiable,
+        Code::Unauthorized,
+        Code::TokenExpired,
+        Code::TokenRevoked,
+        Code::TokenScope,
+        Code::ReadOnlyToken,
+        Code::ReadOnlyPath,
+        Code::UnknownDesk,
+        Code::MethodNotAllowed,
+        Code::TooLarge,
+        Code::Io,
+        Code::ExecUnavailable,
+        Code::TooManyCommands,
+    ];
+
     /// The code as sent (`snake_case`).
     pub fn as_str(self) -> &'static str {
         match self {
@@ -88,6 +120,7 @@ impl Code {
             Code::TooLarge => "too_large",
             Code::Io => "io",
             Code::ExecUnavailable => "exec_unavailable",
+            Code::TooManyCommands => "too_many_commands",
         }
     }
 
@@ -105,6 +138,7 @@ impl Code {
             Code::TooLarge => 413,
             Code::Io => 500,
             Code::ExecUnavailable => 503,
+            Code::TooManyCommands => 429,
         }
     }
 }

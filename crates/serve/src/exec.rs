@@ -48,6 +48,10 @@ use deskfs_desk::journal::WatchFactory;
 pub const DEFAULT_TIMEOUT_SECS: u64 = 600;
 /// The longest timeout a request may ask for, seconds.
 pub const MAX_TIMEOUT_SECS: u64 = 3600;
+/// Commands one server runs at once unless told otherwise ([`ExecHost::with_limit`]).
+/// Each holds three threads of its own while it runs (two pipe readers and its waiter;
+/// never tokio's blocking pool, which file requests use).
+pub const DEFAULT_MAX_RUNNING: usize = 64;
 /// What [`collect`] keeps of each stream by default: 1 MiB (the first and last half).
 pub const COLLECT_CAP: usize = 1 << 20;
 /// Largest chunk read from a pipe at once.
@@ -145,7 +149,7 @@ type HideFn = dyn Fn() -> Vec<PathBuf> + Send + Sync;
 /// data outside `$DESKFS_HOME`: mount caches, metadata databases, local bucket
 /// directories), base environment (e.g. the server's git identity), and a count of the
 /// commands running per desk. Cheap to clone (shared).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ExecHost {
     hide: Option<Arc<HideFn>>,
     env: Vec<(String, String)>,
@@ -154,6 +158,23 @@ pub struct ExecHost {
     journal: Option<WatchFactory>,
     /// The commands running now: id → (agent, its killer).
     running: Arc<Mutex<HashMap<u64, (String, Killer)>>>,
+    /// One permit per command that may run at once.
+    slots: Arc<tokio::sync::Semaphore>,
+    /// Their number.
+    limit: usize,
+}
+
+impl Default for ExecHost {
+    fn default() -> ExecHost {
+        ExecHost {
+            hide: None,
+            env: Vec::new(),
+            journal: None,
+            running: Arc::default(),
+            slots: Arc::new(tokio::sync::Semaphore::new(DEFAULT_MAX_RUNNING)),
+            limit: DEFAULT_MAX_RUNNING,
+        }
+    }
 }
 
 static NEXT_RUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -197,6 +218,15 @@ impl ExecHost {
         self
     }
 
+    /// Runs at most `n` commands at once (at least 1); past it a command is refused with
+    /// `too_many_commands` (429) before it starts.
+    pub fn with_limit(mut self, n: usize) -> Self {
+        let n = n.max(1);
+        self.slots = Arc::new(tokio::sync::Semaphore::new(n));
+        self.limit = n;
+        self
+    }
+
     /// How many commands run on `agent`'s desk now.
     pub fn running(&self, agent: &str) -> usize {
         self.running
@@ -218,6 +248,16 @@ impl ExecHost {
         {
             k.kill();
         }
+    }
+
+    /// Waits until no command runs and every ended one is in the journal, at most
+    /// `within`; whether that was reached. A server stopping calls it after
+    /// [`ExecHost::kill_all`], so the commands it killed are recorded before it exits.
+    pub async fn drain(&self, within: Duration) -> bool {
+        let all = u32::try_from(self.limit).unwrap_or(u32::MAX);
+        tokio::time::timeout(within, self.slots.acquire_many(all))
+            .await
+            .is_ok_and(|permits| permits.is_ok())
     }
 
     fn register(&self, agent: &str, killer: Killer) -> u64 {
@@ -477,8 +517,18 @@ fn pump(
 /// `bad_request` (no command or both forms, an empty program, NUL bytes, a refused or
 /// malformed variable name, a timeout out of range), the path codes of `cwd`
 /// (`outside_desk`, `not_found`, `not_dir`, `bad_path`, `name_too_long`, …),
-/// `exec_unavailable` (no bubblewrap, or it cannot be started), `io`.
+/// `exec_unavailable` (no bubblewrap, or it cannot be started), `too_many_commands`
+/// (the server's limit of running commands is reached), `io`.
 pub async fn start(desk: &Desk, host: &ExecHost, req: ExecRequest, via: Via) -> Result<ExecStream> {
+    let slot = host.slots.clone().try_acquire_owned().map_err(|_| {
+        ServeError::new(
+            Code::TooManyCommands,
+            format!(
+                "this server already runs {} commands, as many as it takes; retry when one has ended (deskfs serve --max-commands raises the limit)",
+                host.limit
+            ),
+        )
+    })?;
     let d = desk.clone();
     let h = host.clone();
     let (piped, timeout, started, entry) = tokio::task::spawn_blocking(move || {
@@ -508,7 +558,28 @@ pub async fn start(desk: &Desk, host: &ExecHost, req: ExecRequest, via: Via) -> 
         host.clone(),
         desk.agent().to_owned(),
         entry,
+        slot,
     ))
+}
+
+/// Runs `f` on a thread of its own, not on tokio's blocking pool: a command may run for an
+/// hour, and the threads of many commands must never starve the file requests that pool
+/// serves. The receiver gets `f`'s result, or an error when the thread could not start
+/// (then `f` and what it holds are dropped: a pipe closes, a command is killed).
+fn own_thread<T: Send + 'static>(
+    name: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> tokio::sync::oneshot::Receiver<T> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let started = std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let _ = tx.send(f());
+        });
+    if let Err(e) = started {
+        tracing::error!(error = %e, "cannot start a thread for a command");
+    }
+    rx
 }
 
 /// Pumps the output of `piped` and reports its end, killing it at `timeout`.
@@ -519,6 +590,7 @@ fn supervise(
     host: ExecHost,
     agent: String,
     entry: Option<PendingEntry>,
+    slot: tokio::sync::OwnedSemaphorePermit,
 ) -> ExecStream {
     let (tx, rx) = mpsc::channel(QUEUE);
     let killer = piped.killer();
@@ -529,16 +601,16 @@ fn supervise(
         entry.as_ref().map(PendingEntry::tally),
         entry.as_ref().map(PendingEntry::tally),
     );
-    let out = tokio::task::spawn_blocking(move || {
+    let out = own_thread("exec-stdout", move || {
         out.map_or(0, |o| pump(o, tx_out, Stream::Stdout, tally_out))
     });
-    let err = tokio::task::spawn_blocking(move || {
+    let err = own_thread("exec-stderr", move || {
         err.map_or(0, |e| pump(e, tx_err, Stream::Stderr, tally_err))
     });
     let k = killer.clone();
     let id = host.register(&agent, killer.clone());
     tokio::spawn(async move {
-        let mut wait = tokio::task::spawn_blocking(move || piped.wait());
+        let mut wait = own_thread("exec-wait", move || piped.wait());
         let (ended, timed_out) = tokio::select! {
             r = &mut wait => (r, false),
             _ = tokio::time::sleep(timeout) => {
@@ -568,6 +640,8 @@ fn supervise(
                 format!("waiting for the command failed: {e}"),
             )),
         };
+        // The slot is free once the command ended and its entry is written.
+        drop(slot);
         let _ = tx.send(event).await;
     });
     ExecStream { rx, killer }
@@ -1051,6 +1125,44 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread")]
+    async fn commands_past_the_limit_are_refused_before_they_start() {
+        let (_t, d) = desk();
+        let host = ExecHost::new().with_limit(2);
+        let mut a = start(&d, &host, sh("echo a; exec sleep 1000"), Via::Http)
+            .await
+            .unwrap();
+        let mut b = start(&d, &host, sh("echo b; exec sleep 1000"), Via::Http)
+            .await
+            .unwrap();
+        let e = start(&d, &host, sh("touch /desk/third"), Via::Http)
+            .await
+            .expect_err("a third command past the limit of 2");
+        assert_eq!((e.code, e.code.status()), (Code::TooManyCommands, 429));
+        assert!(e.message.contains("--max-commands"), "{}", e.message);
+        assert!(!d.dir().join("third").exists(), "the refused command ran");
+        // The slot comes back when a command has ended (here: killed by its client).
+        assert!(matches!(a.next().await, Some(ExecEvent::Stdout(_))));
+        drop(a);
+        let mut c = None;
+        for _ in 0..500 {
+            match start(&d, &host, sh("echo c"), Via::Http).await {
+                Ok(s) => {
+                    c = Some(s);
+                    break;
+                }
+                Err(e) if e.code == Code::TooManyCommands => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let mut c = c.expect("no slot came back after a command ended");
+        assert_eq!(exit_of(&mut c).await.code, 0);
+        assert!(matches!(b.next().await, Some(ExecEvent::Stdout(_))));
+        drop(b);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
     async fn a_server_shutting_down_kills_its_commands() {
         let (_t, d) = desk();
         let host = ExecHost::new();
@@ -1067,6 +1179,26 @@ mod tests {
             "{end:?}"
         );
         assert_eq!(host.running("alice"), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_server_stopping_journals_the_commands_it_killed() {
+        let (_t, d) = desk();
+        let host = journaling();
+        // The client keeps no stream: nothing but the drain waits for the entry.
+        let mut s = start(&d, &host, sh("echo started; exec sleep 1000"), Via::Mcp)
+            .await
+            .unwrap();
+        assert!(matches!(s.next().await, Some(ExecEvent::Stdout(_))));
+        host.kill_all();
+        assert!(host.drain(Duration::from_secs(20)).await, "not drained");
+        let e = deskfs_desk::journal::read(&d, None, 10).unwrap();
+        assert!(e.len() == 1 && e[0].killed && e[0].via == "mcp", "{e:?}");
+        drop(s);
+        assert!(
+            host.drain(Duration::from_secs(1)).await,
+            "an idle host drains at once"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]

@@ -86,6 +86,26 @@ pub fn read_text(dir: &DeskDir, p: &RelPath) -> Result<(String, Stat)> {
     Ok((String::from_utf8_lossy(&buf).into_owned(), st))
 }
 
+/// The file's text, which must be UTF-8 (for an edit that writes the whole file back:
+/// a lossy read would replace every invalid byte), with the version it was read at.
+///
+/// # Errors
+/// `conflict` when the file is not UTF-8; those of [`read_text`].
+pub fn read_utf8(dir: &DeskDir, p: &RelPath) -> Result<(String, Stat)> {
+    let (buf, st) = read_bytes(dir, p)?;
+    let text = String::from_utf8(buf).map_err(|e| {
+        ServeError::new(
+            Code::Conflict,
+            format!(
+                "{} is not UTF-8 text (byte {} is not): an edit would corrupt it; replace it whole with write_file",
+                shown(p),
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })?;
+    Ok((text, st))
+}
+
 /// `read_text_file`: the whole text, or its first `head` or last `tail` lines.
 ///
 /// # Errors
@@ -116,16 +136,27 @@ pub fn read_text_file(
 }
 
 /// `read_multiple_files`: each file as `PATH:\nTEXT\n`, or `PATH: Error - MESSAGE` for
-/// one that cannot be read (the others are still read), separated by `\n---\n`.
+/// one that cannot be read (the others are still read), separated by `\n---\n`. The
+/// texts together are at most [`MAX_TEXT`] bytes: a file past that budget is an error
+/// line asking for another call.
 pub fn read_multiple_files(dir: &DeskDir, paths: &[String]) -> String {
+    let mut budget = MAX_TEXT as usize;
     paths
         .iter()
-        .map(
-            |path| match desk_path(path).and_then(|p| read_text(dir, &p).map(|(t, _)| (p, t))) {
-                Ok((p, text)) => format!("{}:\n{text}\n", shown(&p)),
+        .map(|path| {
+            let read = desk_path(path).and_then(|p| read_text(dir, &p).map(|(t, _)| (p, t)));
+            match read {
+                Ok((p, text)) if text.len() <= budget => {
+                    budget -= text.len();
+                    format!("{}:\n{text}\n", shown(&p))
+                }
+                Ok(_) => format!(
+                    "{path}: Error - the files before it fill this result's {} MiB; read it in another call",
+                    MAX_TEXT >> 20
+                ),
                 Err(e) => format!("{path}: Error - {}", e.message),
-            },
-        )
+            }
+        })
         .collect::<Vec<_>>()
         .join("\n---\n")
 }
@@ -620,6 +651,46 @@ mod tests {
             parts[1]
         );
         assert!(parts[2].starts_with("nope: Error - "), "{}", parts[2]);
+    }
+
+    #[test]
+    fn read_multiple_holds_at_most_one_budget_of_text() {
+        let (t, d) = desk();
+        put(&t, "big", &"x".repeat((MAX_TEXT as usize) / 2 + 1));
+        put(&t, "small", "s");
+        let names: Vec<String> = ["big", "big", "small", "big"].map(String::from).to_vec();
+        let out = read_multiple_files(&d, &names);
+        assert!(out.len() < MAX_TEXT as usize + 4096, "{} bytes", out.len());
+        let parts: Vec<&str> = out.split("\n---\n").collect();
+        assert_eq!(parts.len(), 4);
+        assert!(parts[0].starts_with("/desk/big:\nxxx"));
+        assert!(
+            parts[1].starts_with("big: Error - ") && parts[1].contains("another call"),
+            "{}",
+            &parts[1][..80.min(parts[1].len())]
+        );
+        assert_eq!(parts[2], "/desk/small:\ns\n");
+        assert!(parts[3].starts_with("big: Error - "));
+    }
+
+    #[test]
+    fn edits_read_only_utf8_text() {
+        let (t, d) = desk();
+        std::fs::write(t.path().join("bin"), b"ok\xff\n").expect("write");
+        put(&t, "txt", "fine\n");
+        let e = read_utf8(&d, &desk_path("bin").expect("path")).expect_err("not UTF-8");
+        assert_eq!(e.code, Code::Conflict);
+        assert!(
+            e.message.contains("byte 2") && e.message.contains("write_file"),
+            "{}",
+            e.message
+        );
+        assert_eq!(
+            read_utf8(&d, &desk_path("txt").expect("path"))
+                .expect("utf8")
+                .0,
+            "fine\n"
+        );
     }
 
     #[test]

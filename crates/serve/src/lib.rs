@@ -88,8 +88,12 @@ pub async fn serve_app(
     let exec = state.exec_host().clone();
     let shutdown = async move {
         shutdown.await;
-        // Running commands are killed: their streams end, and so do their connections.
+        // Running commands are killed: their streams end, and so do their connections;
+        // their journal entries are written before the server goes.
         exec.kill_all();
+        if !exec.drain(std::time::Duration::from_secs(10)).await {
+            tracing::warn!("commands still running 10 s after they were killed; stopping anyway");
+        }
     };
     let app = api::router(state.clone()).merge(mcp::router(state, allowed_hosts(&listen)));
     let io = |what: String, e: std::io::Error| ServeError::new(Code::Io, format!("{what}: {e}"));

@@ -13,7 +13,11 @@
 //!   [`crate::fstools`]); text results also come as structured content
 //!   `{"content": TEXT}`;
 //! * the desk's: `task_start`, `task_list`, `task_finish`, `resume` (structured content:
-//!   the JSON of `deskfs task … --json` / `deskfs resume --json`).
+//!   the JSON of `deskfs task … --json` / `deskfs resume --json`);
+//! * `exec`: a command in the sandbox ([`crate::exec::collect`]), journaled `via: mcp`;
+//!   `journal`: the task journal's entries ([`crate::api::journal_entries`]);
+//! * `memory`: Anthropic's memory tool (`memory_20250818`) on `memories/`
+//!   ([`crate::memory`]), its result strings as published.
 //!
 //! A tool that fails returns an error result (`isError: true`) whose text is
 //! `Error [CODE]: MESSAGE` with the stable codes of the HTTP API ([`crate::Code`]).
@@ -401,7 +405,7 @@ impl DeskTools {
             let p = desk_path(&a.path)?;
             let (_, dir, _) = self.desk(&ctx, !a.dry_run).await?;
             let rp = p.clone();
-            let (old, st) = blocking(move || fstools::read_text(&dir, &rp)).await?;
+            let (old, st) = blocking(move || fstools::read_utf8(&dir, &rp)).await?;
             let new = fstools::apply_edits(&old, &a.edits)?;
             let diff = fstools::fenced_diff(&shown(&p), &old.replace("\r\n", "\n"), &new);
             if !a.dry_run {
@@ -777,14 +781,19 @@ impl ServerHandler for DeskTools {
 /// # Errors
 /// `io` when the transport fails.
 pub async fn serve_stdio(app: Arc<App>, grant: Grant) -> Result<()> {
+    let exec = app.exec.clone();
     let running = DeskTools::fixed(app, grant)
         .serve(rmcp::transport::stdio())
         .await
         .map_err(|e| ServeError::new(Code::Io, format!("MCP session failed to start: {e}")))?;
-    running
+    let ended = running
         .waiting()
         .await
-        .map_err(|e| ServeError::new(Code::Io, format!("MCP session failed: {e}")))?;
+        .map_err(|e| ServeError::new(Code::Io, format!("MCP session failed: {e}")));
+    // The client is gone: commands still running are killed and journaled.
+    exec.kill_all();
+    exec.drain(std::time::Duration::from_secs(10)).await;
+    ended?;
     Ok(())
 }
 
@@ -817,9 +826,15 @@ async fn authenticate(State(app): State<Arc<App>>, mut req: Request, next: Next)
 pub fn router(app: Arc<App>, allowed_hosts: Vec<String>) -> Router {
     let tools_app = app.clone();
     let config = StreamableHttpServerConfig::default().with_allowed_hosts(allowed_hosts);
+    // A session is ended after this long without a message (rmcp's default is 300 s): it
+    // must outlast the longest tool call, an exec at its greatest timeout.
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(std::time::Duration::from_secs(
+        crate::exec::MAX_TIMEOUT_SECS + 300,
+    ));
     let service = StreamableHttpService::new(
         move || Ok(DeskTools::bearer(tools_app.clone())),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(sessions),
         config,
     );
     Router::new()

@@ -39,7 +39,8 @@ fn exec_path(agent: &Value) -> Value {
         "signal": {"type": ["integer", "null"], "description": "code - 128 for codes 129..=192 (as a shell infers it); 9 when killed"},
         "duration_ms": {"type": "integer"}, "stdout_bytes": {"type": "integer"}, "stderr_bytes": {"type": "integer"},
         "timed_out": {"type": "boolean", "description": "its timeout passed and it was killed, with every process it started"},
-        "killed": {"type": "boolean"}}});
+        "killed": {"type": "boolean", "description": "killed by the server: its timeout passed, the client went away, or the server stopped"},
+        "journal_id": {"type": "string", "description": "its entry in the desk's task journal (GET .../journal); absent when the entry could not be written"}}});
     let request = json!({"type": "object", "additionalProperties": false, "properties": {
         "command": {"type": "array", "items": {"type": "string"}, "minItems": 1, "description": "program and arguments (no shell); or give shell"},
         "shell": {"type": "string", "description": "a command line run as sh -c SHELL; or give command"},
@@ -54,7 +55,21 @@ fn exec_path(agent: &Value) -> Value {
         "requestBody": {"required": true, "content": {"application/json": {"schema": request}}},
         "responses": with(json!({"200": {"description": "the events", "content": {"text/event-stream": {"schema": {"type": "string"},
             "x-events": {"stdout": chunk, "stderr": chunk, "exit": exit, "error": {"$ref": "#/components/schemas/Error"}}}}}}),
-            errors(&[400, 401, 403, 404, 409, 500, 503]))
+            errors(&[400, 401, 403, 404, 409, 429, 500, 503]))
+    }})
+}
+
+/// `GET /v1/desks/{agent}/journal`.
+fn journal_path(agent: &Value) -> Value {
+    let q = |name: &str, schema: Value, what: &str| json!({"name": name, "in": "query", "required": false, "schema": schema, "description": what});
+    json!({"get": {
+        "summary": "The desk's task journal, written by the system: every command run (CLI, HTTP, MCP) with its argv, cwd, start, duration, exit status (killed, timed_out), output (bytes; the first 64 KiB when captured) and the files it created, changed and deleted as the mount recorded them (files null with changes_unknown when not known)",
+        "parameters": [agent,
+            q("task", json!({"type": "string"}), "one task's journal; _desk for commands outside tasks; absent: all, merged by start time"),
+            q("limit", json!({"type": "integer", "minimum": 1, "maximum": crate::api::JOURNAL_MAX_LIMIT, "default": crate::api::JOURNAL_DEFAULT_LIMIT}), "the newest N entries, returned oldest first")],
+        "responses": with(json!({"200": {"description": "the entries", "content": {"application/json": {"schema": {"type": "object", "properties": {
+            "entries": {"type": "array", "items": {"type": "object", "required": ["id", "via", "command", "cwd", "start", "start_ms", "duration_ms", "exit_code", "signal", "timed_out", "killed", "output_captured", "files"]}}}}}}}}),
+            errors(&[400, 401, 403, 404, 500]))
     }})
 }
 
@@ -89,7 +104,7 @@ pub fn document() -> Value {
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
             "schemas": {
                 "Error": {"type": "object", "required": ["error"], "properties": {"error": {"type": "object", "required": ["code", "message"], "properties": {
-                    "code": {"type": "string", "enum": ["bad_request", "bad_path", "outside_desk", "name_too_long", "path_too_long", "not_found", "exists", "is_dir", "not_dir", "not_empty", "conflict", "etag_mismatch", "range_not_satisfiable", "unauthorized", "token_expired", "token_revoked", "token_scope", "read_only_token", "read_only_path", "unknown_desk", "method_not_allowed", "too_large", "io", "exec_unavailable"]},
+                    "code": {"type": "string", "enum": crate::error::Code::ALL.map(crate::error::Code::as_str)},
                     "message": {"type": "string"}}}}},
                 "Stat": {"type": "object", "required": ["path", "kind", "size", "mode", "mtime_ns", "etag"], "properties": {
                     "path": {"type": "string"}, "kind": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},
@@ -131,6 +146,7 @@ pub fn document() -> Value {
                 "responses": with(json!({"201": json_ok("Stat")}), errors(&[400, 401, 403, 404, 409, 500]))}},
             "/v1/desks/{agent}/exec": exec_path(&agent),
             "/v1/desks/{agent}/status": status_path(&agent),
+            "/v1/desks/{agent}/journal": journal_path(&agent),
             "/v1/desks/{agent}/resume": {"get": {"summary": "What a session reads first (as `deskfs resume --json`)", "parameters": [agent], "responses": with(json!({"200": {"description": "the resume"}}), errors(&auth_errors))}},
             "/v1/desks/{agent}/tasks": {
                 "get": {"summary": "Open tasks", "parameters": [agent], "responses": with(json!({"200": {"description": "the tasks"}}), errors(&auth_errors))},
