@@ -159,7 +159,9 @@ pub fn run(a: ExecArgs) -> Result<u8> {
             .filter(|p| !desk.dir().starts_with(p))
             .collect(),
     };
-    // The task journal: the mount's changes under the desk, before and after.
+    // The task journal: the mount's changes under the desk, before and after (what the
+    // sandbox makes on the desk is made first, so it is not the command's).
+    deskfs_sandbox::prepare_desk(desk.dir())?;
     let (watch, start, t0) = (
         crate::journal_cmd::watch_desk(&desk),
         std::time::SystemTime::now(),

@@ -217,7 +217,11 @@ fn desk_view(full: &Value, desk_prefix: &str) -> Value {
         .filter_map(|f| {
             let p = f.get("path")?.as_str()?.trim_start_matches('/');
             let rel = p.strip_prefix(desk_prefix)?;
-            Some(json!({"path": rel, "attempts": f.get("attempts"), "error": f.get("error")}))
+            let error = f
+                .get("error")
+                .and_then(Value::as_str)
+                .map(without_addresses);
+            Some(json!({"path": rel, "attempts": f.get("attempts"), "error": error}))
         })
         .collect();
     let backup = full.get("backup").map(|b| {
@@ -241,6 +245,28 @@ fn desk_view(full: &Value, desk_prefix: &str) -> Value {
         "cache": full.get("cache"),
         "backup": backup,
     })
+}
+
+/// `text` with every URL (`scheme://…` up to the next space or quote) replaced by
+/// `<bucket>`: an upload error names the request's endpoint, bucket and key, which a
+/// desk's token holder is not shown.
+fn without_addresses(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let start = rest[..i]
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '+' || c == '-' || c == '.'))
+            .map_or(0, |j| j + 1);
+        out.push_str(&rest[..start]);
+        out.push_str("<bucket>");
+        let tail = &rest[i + 3..];
+        let end = tail
+            .find(|c: char| c.is_whitespace() || matches!(c, '"' | '\'' | ')' | ',' | '>'))
+            .unwrap_or(tail.len());
+        rest = &tail[end..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `deskfs token …`.
@@ -314,4 +340,24 @@ pub fn token(a: TokenArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_addresses;
+
+    #[test]
+    fn upload_errors_name_no_bucket_address() {
+        assert_eq!(
+            without_addresses(
+                "Error performing PUT http://127.0.0.1:3900/bkt/desks/a/f in 1s: 503"
+            ),
+            "Error performing PUT <bucket> in 1s: 503"
+        );
+        assert_eq!(
+            without_addresses("url \"https://s3.example.com/b?x=1\", and s3://b/k)"),
+            "url \"<bucket>\", and <bucket>)"
+        );
+        assert_eq!(without_addresses("disk full"), "disk full");
+    }
 }

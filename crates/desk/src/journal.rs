@@ -686,14 +686,30 @@ pub fn append(desk: &Desk, task: Option<&str>, entry: &Entry) -> Result<()> {
             std::io::Error::other("it is a symlink (planted from inside exec?); the journal refuses to follow it: remove it"),
         ));
     }
+    let new_dir = !dir.exists();
     fs::create_dir_all(&dir).ctx("create", &dir)?;
+    if new_dir {
+        // The new directory's entry in `.desk/` is durable before a line is acknowledged.
+        sync_dir(dir.parent().unwrap_or(&dir))?;
+    }
     let path = journal_path(desk, task);
     let mut line = serde_json::to_vec(entry).map_err(|e| DeskError::Encode {
         path: path.clone(),
         reason: e.to_string(),
     })?;
     line.push(b'\n');
-    append_line(&path, &line)
+    let new_file = !path.exists();
+    append_line(&path, &line)?;
+    if new_file {
+        // So is the new journal file's entry in `.desk/journal/`.
+        sync_dir(&dir)?;
+    }
+    Ok(())
+}
+
+/// `fsync` of a directory (its entries), errors passed on.
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir).and_then(|d| d.sync_all()).ctx("sync", dir)
 }
 
 /// One whole line appended atomically (see [`append`]).
@@ -758,7 +774,11 @@ pub fn record_exec(
 /// backwards from the end, so a long journal costs only its tail. A torn last line and
 /// lines that do not parse are skipped. A missing file is empty.
 fn read_file(path: &Path, limit: usize) -> Result<Vec<Entry>> {
-    let mut f = match File::open(path) {
+    let opened = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path);
+    let mut f = match opened {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(DeskError::io("open", path, e)),
@@ -1026,6 +1046,20 @@ mod tests {
         }
         assert_eq!(read(&d, Some("t1"), 1000).unwrap().len(), 200);
         assert_eq!(read(&d, None, 7).unwrap().len(), 7);
+    }
+
+    #[test]
+    fn a_journal_that_is_a_symlink_is_never_read_through() {
+        let (_t, d) = desk();
+        let elsewhere = d.dir().join("notes/fake.jsonl");
+        std::fs::create_dir_all(elsewhere.parent().unwrap()).unwrap();
+        std::fs::write(&elsewhere, serde_json::to_string(&rec(1)).unwrap() + "\n").unwrap();
+        std::fs::create_dir_all(journal_dir(&d)).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, journal_path(&d, Some("t1"))).unwrap();
+        assert!(
+            read(&d, Some("t1"), 10).is_err(),
+            "a linked journal was read"
+        );
     }
 
     #[test]

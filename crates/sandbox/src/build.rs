@@ -30,12 +30,7 @@ pub(crate) fn build(
     check_workdir(&spec.workdir, &desk)?;
     let layout = layout::plan(&desk, spec.net, &spec.hide, host);
     let environment = env::environment(spec, host, &layout.toolchain)?;
-    desk_state(&desk)?;
-    for rel in env::CACHE_DIRS {
-        let dir = desk.join(rel);
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| SandboxError::io(format!("creating {}", dir.display()), e))?;
-    }
+    prepare_desk(&desk)?;
 
     let mut cmd = Command::new(bwrap);
     cmd.args([
@@ -109,6 +104,19 @@ pub(crate) fn build(
 /// # Errors
 /// [`SandboxError::Io`] when it is not a directory (the message says what to do) or
 /// cannot be made.
+/// What the sandbox needs on the desk before it starts: `.desk/` as a real directory
+/// (bound read-only) and the tool cache directories (`.cache/…`) the environment points
+/// at. Idempotent; see [`crate::prepare_desk`].
+pub(crate) fn prepare_desk(desk: &Path) -> Result<(), SandboxError> {
+    desk_state(desk)?;
+    for rel in env::CACHE_DIRS {
+        let dir = desk.join(rel);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| SandboxError::io(format!("creating {}", dir.display()), e))?;
+    }
+    Ok(())
+}
+
 fn desk_state(desk: &Path) -> Result<(), SandboxError> {
     let state = desk.join(layout::DESK_STATE);
     let what = || format!("binding {} read-only", state.display());

@@ -149,6 +149,24 @@ pub fn run(spec: &SandboxSpec, argv: &[OsString]) -> Result<i32, SandboxError> {
     run::run(spec, argv)
 }
 
+/// Makes what every sandbox of the desk at `desk_dir` needs there (`.desk/`, the tool
+/// cache directories under `.cache/`), as starting one does. A caller that watches the
+/// desk's changes (the task journal) calls it before it starts watching, so these are
+/// never counted as the command's own. Idempotent.
+///
+/// # Errors
+/// [`SandboxError::DeskMissing`]; [`SandboxError::Io`] when `.desk` is not a directory
+/// or a directory cannot be made.
+pub fn prepare_desk(desk_dir: &std::path::Path) -> Result<(), SandboxError> {
+    let desk = std::fs::canonicalize(desk_dir)
+        .ok()
+        .filter(|d| d.is_dir())
+        .ok_or_else(|| SandboxError::DeskMissing {
+            path: desk_dir.to_path_buf(),
+        })?;
+    build::prepare_desk(&desk)
+}
+
 /// Starts `argv` in the sandbox (see [`command`]) with stdin `/dev/null` and stdout and
 /// stderr piped to the caller, and returns at once. No terminal reaches the command (it
 /// runs in a session of its own). bwrap is spawned and waited for by a thread of its own,

@@ -541,6 +541,20 @@ pub(crate) async fn commit_locked(
     staged: crate::confine::Staged,
     pre: Precondition,
 ) -> Result<crate::confine::Committed> {
+    with_write_lock(app, agent, desk, move || staged.commit(&pre)).await
+}
+
+/// Runs `f` (blocking) holding the desk's write turn: this server's queue for `agent`,
+/// then `.desk/locks/files.lock` (other servers and hosts).
+///
+/// # Errors
+/// Those of `f`; `conflict` when the lock stays held elsewhere for [`WRITE_LOCK_WAIT`].
+async fn with_write_lock<T: Send + 'static>(
+    app: &Arc<App>,
+    agent: &str,
+    desk: &Desk,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     let queue = app.write_queue(agent);
     let _turn = queue.lock().await;
     let lock_path = desk.locks_dir().join("files.lock");
@@ -552,7 +566,7 @@ pub(crate) async fn commit_locked(
             false,
         )
         .map_err(desk_error)?;
-        staged.commit(&pre)
+        f()
     })
     .await
 }
@@ -731,17 +745,7 @@ pub(crate) async fn memory_command(
     if !change {
         return blocking(move || Ok(crate::memory::run(&dir, &input, false))).await;
     }
-    let queue = app.write_queue(agent);
-    let _turn = queue.lock().await;
-    let lock_path = desk.locks_dir().join("files.lock");
-    blocking(move || {
-        let _lock = deskfs_desk::lock::FileLock::acquire(
-            &lock_path,
-            "the desk's file writes",
-            WRITE_LOCK_WAIT,
-            false,
-        )
-        .map_err(desk_error)?;
+    with_write_lock(app, agent, &desk, move || {
         Ok(crate::memory::run(&dir, &input, true))
     })
     .await

@@ -232,7 +232,7 @@ impl Stat {
             libc::S_IFLNK => Kind::Symlink,
             _ => Kind::Other,
         };
-        let mtime_ns = st.st_mtime * 1_000_000_000 + st.st_mtime_nsec;
+        let mtime_ns = ns(st.st_mtime, st.st_mtime_nsec);
         Stat {
             path: path.display(),
             kind,
@@ -241,10 +241,16 @@ impl Stat {
             mtime_ns,
             etag: format!("\"{:x}-{:x}-{:x}\"", st.st_ino, mtime_ns, st.st_size),
             target,
-            atime_ns: st.st_atime * 1_000_000_000 + st.st_atime_nsec,
-            ctime_ns: st.st_ctime * 1_000_000_000 + st.st_ctime_nsec,
+            atime_ns: ns(st.st_atime, st.st_atime_nsec),
+            ctime_ns: ns(st.st_ctime, st.st_ctime_nsec),
         }
     }
+}
+
+/// Nanoseconds since the epoch of a `stat` time, saturating (a time past the year 2262,
+/// which `touch -d` can set, shows as the largest one instead of overflowing).
+fn ns(sec: i64, nsec: i64) -> i64 {
+    sec.saturating_mul(1_000_000_000).saturating_add(nsec)
 }
 
 /// A condition on the current version for a write (HTTP `If-Match` / `If-None-Match`).

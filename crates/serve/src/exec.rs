@@ -533,6 +533,8 @@ pub async fn start(desk: &Desk, host: &ExecHost, req: ExecRequest, via: Via) -> 
     let h = host.clone();
     let (piped, timeout, started, entry) = tokio::task::spawn_blocking(move || {
         let (spec, argv, timeout) = prepare(d.dir(), &h, &req)?;
+        // What the sandbox makes on the desk is made before the journal's watch starts.
+        deskfs_sandbox::prepare_desk(d.dir()).map_err(sandbox_error)?;
         let entry = h.journal.as_ref().map(|w| {
             let command = argv
                 .iter()
@@ -1082,6 +1084,28 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(journal::read(&d, None, 100).unwrap().len(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread")]
+    async fn what_the_sandbox_makes_on_the_desk_is_made_before_the_watch() {
+        let (_t, d) = desk();
+        let _ = std::fs::remove_dir_all(d.dir().join(".cache"));
+        let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s2 = seen.clone();
+        let host = ExecHost::new().with_journal(Arc::new(move |d: &Desk| {
+            s2.store(
+                d.dir().join(".cache").is_dir(),
+                std::sync::atomic::Ordering::SeqCst,
+            );
+            deskfs_desk::journal::ChangeWatch::unknown("unit test")
+        }));
+        collect(&d, &host, sh("true"), COLLECT_CAP, Via::Http)
+            .await
+            .unwrap();
+        assert!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            "the watch began before the sandbox's cache directories were made"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread")]

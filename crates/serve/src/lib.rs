@@ -43,11 +43,15 @@ pub enum Listen {
 
 /// The `Host` header values `/mcp` accepts (DNS-rebinding protection): the loopback
 /// names, plus the listening address when it is a specific one; any for a wildcard
-/// address or a Unix socket (bearer tokens guard every request either way).
+/// address, TLS (the certificate's name is checked by the client) or a Unix socket
+/// (bearer tokens guard every request either way).
 fn allowed_hosts(listen: &Listen) -> Vec<String> {
     match listen {
-        Listen::Tcp(a) | Listen::Tls { addr: a, .. } if a.ip().is_unspecified() => Vec::new(),
-        Listen::Tcp(a) | Listen::Tls { addr: a, .. } => {
+        Listen::Tcp(a) if a.ip().is_unspecified() => Vec::new(),
+        // Over TLS a rebinding page cannot pass the client's check of the certificate's
+        // name, and clients use that name as the Host: any Host is taken.
+        Listen::Tls { .. } => Vec::new(),
+        Listen::Tcp(a) => {
             let mut v: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
             let ip = a.ip().to_string();
             if !v.contains(&ip) {

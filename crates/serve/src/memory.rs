@@ -667,6 +667,22 @@ fn line_of(hay: &str, pos: usize) -> usize {
         + 1
 }
 
+/// The distinct 1-based lines where the sorted offsets `at` fall, in one pass over `hay`.
+fn lines_of(hay: &str, at: &[usize]) -> Vec<usize> {
+    let (mut line, mut from, mut out) = (1usize, 0usize, Vec::new());
+    for &pos in at {
+        line += hay.as_bytes()[from..pos]
+            .iter()
+            .filter(|&&b| b == b'\n')
+            .count();
+        from = pos;
+        if out.last() != Some(&line) {
+            out.push(line);
+        }
+    }
+    out
+}
+
 fn str_replace(desk: &DeskDir, a: &Args<'_>) -> Out<String> {
     let p = path_arg(desk, a, "path")?;
     let old = a.str("old_str")?;
@@ -682,8 +698,7 @@ fn str_replace(desk: &DeskDir, a: &Args<'_>) -> Out<String> {
         }
         [pos] => *pos,
         many => {
-            let mut lines: Vec<usize> = many.iter().map(|&at| line_of(&content, at)).collect();
-            lines.dedup();
+            let lines = lines_of(&content, many);
             let list: Vec<String> = lines.iter().map(usize::to_string).collect();
             return Err(fill(
                 text::STR_REPLACE_MULTIPLE,
@@ -1105,6 +1120,24 @@ mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         assert!(names.iter().all(|n| !n.starts_with('.')), "{names:?}");
+    }
+
+    #[test]
+    fn lines_of_counts_in_one_pass() {
+        let hay = "a\nb a\n\na a";
+        let at = occurrences(hay, "a");
+        assert_eq!(lines_of(hay, &at), vec![1, 2, 4]);
+        assert_eq!(
+            lines_of(hay, &at),
+            at.iter()
+                .map(|&p| line_of(hay, p))
+                .fold(Vec::new(), |mut v, l| {
+                    if v.last() != Some(&l) {
+                        v.push(l)
+                    }
+                    v
+                })
+        );
     }
 
     #[test]
