@@ -672,6 +672,24 @@ impl DeskDir {
         Ok((File::from(fd), Stat::of(p, &st, None)))
     }
 
+    /// The whole content of the regular file `p` when it is at most `max` bytes (`None`
+    /// when it is larger: the caller says so in its own words), with its attributes.
+    ///
+    /// # Errors
+    /// Those of [`DeskDir::open_read`]; `io` reading.
+    pub fn read_up_to(&self, p: &RelPath, max: u64) -> Result<(Option<Vec<u8>>, Stat)> {
+        let (f, st) = self.open_read(p)?;
+        if st.size > max {
+            return Ok((None, st));
+        }
+        let mut buf = Vec::with_capacity(st.size as usize);
+        use std::io::Read;
+        f.take(max + 1)
+            .read_to_end(&mut buf)
+            .map_err(|e| ServeError::io("read", &p.display(), e))?;
+        Ok((Some(buf), st))
+    }
+
     /// The entries of directory `p`, sorted by name, each described without following
     /// symlinks. Entries whose names are not UTF-8 are shown with U+FFFD.
     ///

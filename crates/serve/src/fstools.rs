@@ -9,7 +9,7 @@
 //! a [`ServeError`] whose code the MCP layer puts in the error result. Writes are only
 //! staged here ([`stage_text`]); the caller commits them under the desk's write lock.
 
-use std::io::{Read, Write};
+use std::io::Write;
 
 use globset::{Glob, GlobMatcher};
 use serde::Serialize;
@@ -58,23 +58,17 @@ pub fn shown(p: &RelPath) -> String {
 }
 
 fn read_bytes(dir: &DeskDir, p: &RelPath) -> Result<(Vec<u8>, Stat)> {
-    let (mut f, st) = dir.open_read(p)?;
-    if st.size > MAX_TEXT {
-        return Err(ServeError::new(
+    match dir.read_up_to(p, MAX_TEXT)? {
+        (Some(buf), st) => Ok((buf, st)),
+        (None, st) => Err(ServeError::new(
             Code::TooLarge,
             format!(
                 "{} is {} bytes, more than the {MAX_TEXT} a tool reads; use head/tail or the HTTP API's Range",
                 shown(p),
                 st.size
             ),
-        ));
+        )),
     }
-    let mut buf = Vec::with_capacity(st.size as usize);
-    Read::by_ref(&mut f)
-        .take(MAX_TEXT + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| ServeError::io("read", &shown(p), e))?;
-    Ok((buf, st))
 }
 
 /// The file's text (UTF-8; invalid bytes become U+FFFD) with the version it was read at.

@@ -36,7 +36,7 @@
 //! `fsync`, rename; an edit commits only if the file still has the ETag it was read
 //! with), and `memories/` is made at the first write.
 
-use std::io::{Read, Write};
+use std::io::Write;
 
 use serde_json::{json, Map, Value};
 
@@ -564,8 +564,10 @@ fn listing(shown: &str, size: u64, lines: &[String]) -> String {
 /// The content of file `p` and its ETag (at most [`MAX_FILE_BYTES`]); `strict`: refuse
 /// content that is not UTF-8 (for edits), else show it with U+FFFD.
 fn read_text(desk: &DeskDir, p: &MemPath<'_>, strict: bool) -> Out<(String, String)> {
-    let (mut f, st) = desk.open_read(&p.rel).map_err(|e| io_failed(&e))?;
-    if st.size > MAX_FILE_BYTES {
+    let (buf, st) = desk
+        .read_up_to(&p.rel, MAX_FILE_BYTES)
+        .map_err(|e| io_failed(&e))?;
+    let Some(buf) = buf else {
         return Err(fill(
             text::TOO_LARGE,
             &[
@@ -574,12 +576,7 @@ fn read_text(desk: &DeskDir, p: &MemPath<'_>, strict: bool) -> Out<(String, Stri
                 ("max", &MAX_FILE_BYTES.to_string()),
             ],
         ));
-    }
-    let mut buf = Vec::with_capacity(st.size as usize);
-    (&mut f)
-        .take(MAX_FILE_BYTES + 1)
-        .read_to_end(&mut buf)
-        .map_err(|e| io_failed(&ServeError::io("read", &p.rel.display(), e)))?;
+    };
     let text = match String::from_utf8(buf) {
         Ok(s) => s,
         Err(_) if strict => return Err(fill(text::NOT_UTF8, &[("path", p.shown)])),
