@@ -408,12 +408,36 @@ pub trait MetaTxn {
     fn mark_pending(&mut self, path: &[u8], recursive: bool, not_before_ns: i64) -> Result<u64>;
     /// Up to `limit` pending paths due at `now_ns`, oldest due first.
     fn due_pending(&mut self, now_ns: i64, limit: usize) -> Result<Vec<PendingRow>>;
+    /// [`MetaTxn::due_pending`] for mount session `me` when other mounts share the
+    /// workspace: the rows `me` marked last (and rows marked outside any session) due at
+    /// `now_ns`, the rows other sessions marked only once due at `others_ns` (each mount
+    /// uploads what it changed; the others step in for one that is late or gone). Engines
+    /// that do not record who marked a row (SQLite: every mount is on one host) give every
+    /// row due at `now_ns`.
+    fn due_pending_for(
+        &mut self,
+        now_ns: i64,
+        limit: usize,
+        me: u64,
+        others_ns: i64,
+    ) -> Result<Vec<PendingRow>> {
+        let _ = (me, others_ns);
+        self.due_pending(now_ns, limit)
+    }
     /// Removes a pending row if it was not re-marked since `gen` was read.
     fn finish_pending(&mut self, path: &[u8], gen: u64) -> Result<()>;
     /// Records a failed attempt and when to retry.
     fn fail_pending(&mut self, path: &[u8], gen: u64, error: &str, retry_at_ns: i64) -> Result<()>;
     /// Postpones a pending row without counting an attempt (e.g. file still being written).
     fn defer_pending(&mut self, path: &[u8], gen: u64, retry_at_ns: i64) -> Result<()>;
+    /// Makes a pending row nobody's (every mount takes it when due; see
+    /// [`MetaTxn::due_pending_for`]) if it was not re-marked since `gen` was read: its
+    /// marker found the content held only by another mount's cache, whose uploader must
+    /// do it. No-op for engines that do not record who marked a row.
+    fn disown_pending(&mut self, path: &[u8], gen: u64) -> Result<()> {
+        let _ = (path, gen);
+        Ok(())
+    }
     /// Whether `path` is pending, itself or through a recursive mark of an ancestor.
     fn is_pending(&mut self, path: &[u8]) -> Result<bool>;
     /// Counts and the oldest sequence number of pending work (counting reads every

@@ -423,7 +423,7 @@ impl PgEngine {
                     if let Err(e) = client.batch_execute(&ddl).await {
                         tracing::warn!(error = %e, "cannot add the dentries(parent, cookie) index; readdir of big directories stays slower");
                     }
-                    Ok(())
+                    schema::add_pending_owner(&client, &spec.schema).await
                 }
             }
         })?;

@@ -16,7 +16,7 @@
 //! |---|---|---|---|---|
 //! | `Alone` | long (60 s) | yes | no | reused (pool) |
 //! | `SameHost` | short (1 s) + change feed | no | yes | deleted (a peer may share the cache dir) |
-//! | `OtherHosts` | short (1 s) + change feed | no | yes | deleted |
+//! | `OtherHosts` | short (1 s) + change feed | no | yes | reused, unless a mount on this host is live too |
 //!
 //! Entering a shared state publishes this mount's open files and acknowledges the newest
 //! peer (the joiner waits for that before serving, so no file it could unlink is open
@@ -136,6 +136,10 @@ pub(crate) struct Coherence {
     /// Times this mount began sharing (facts about rows known only while alone are
     /// valid within one alone period: see `datasync`).
     sharings: AtomicU64,
+    /// Another live session runs on this host: it may use this cache directory (and
+    /// read its staging files by path), so a purged inode's staging file is deleted
+    /// rather than reused. Mounts on other hosts never see this cache.
+    local_peer: AtomicBool,
 }
 
 impl Default for Coherence {
@@ -150,6 +154,7 @@ impl Default for Coherence {
             stopped: AtomicBool::new(false),
             notified: AtomicBool::new(false),
             sharings: AtomicU64::new(0),
+            local_peer: AtomicBool::new(true),
         }
     }
 }
@@ -176,6 +181,12 @@ impl Coherence {
         self.peers().shared()
     }
 
+    /// Whether a mount on this host other than this one may be using this cache
+    /// directory (true until the session table was read).
+    pub(crate) fn cache_may_be_shared(&self) -> bool {
+        self.local_peer.load(Ordering::SeqCst)
+    }
+
     /// The current alone period: `Some(n)` while alone, a number that changes whenever
     /// other mounts appear (so a fact learnt while alone is not trusted after a shared
     /// spell); `None` while shared.
@@ -187,6 +198,9 @@ impl Coherence {
     /// Moves to the state the session table `sessions` implies for this mount on `host`.
     pub(crate) fn observe(&self, host: &str, sessions: &[SessionRow]) -> Transition {
         let (to, newest_peer) = Peers::of(self.session(), host, sessions);
+        let me = self.session();
+        let local = sessions.iter().any(|s| s.id != me && s.host == host);
+        self.local_peer.store(local, Ordering::SeqCst);
         let from = Peers::from_code(self.peers.swap(to.code(), Ordering::SeqCst));
         if to.shared() && !from.shared() {
             self.sharings.fetch_add(1, Ordering::SeqCst);
@@ -280,8 +294,9 @@ mod unit {
         let c = Coherence::default();
         c.set_session(5);
         // Before the first observation the mount assumes company.
-        assert!(c.shared());
+        assert!(c.shared() && c.cache_may_be_shared());
         let t = c.observe("a", &[s(5, "a")]);
+        assert!(!c.cache_may_be_shared());
         assert_eq!(
             (t.from, t.to, t.newest_peer),
             (Peers::SameHost, Peers::Alone, None)
@@ -293,14 +308,14 @@ mod unit {
             (t.from, t.to, t.newest_peer),
             (Peers::Alone, Peers::SameHost, Some(7))
         );
-        assert!(t.starts_sharing() && c.shared());
+        assert!(t.starts_sharing() && c.shared() && c.cache_may_be_shared());
         // SameHost -> OtherHosts
         let t = c.observe("a", &[s(5, "a"), s(7, "a"), s(9, "b")]);
         assert_eq!(
             (t.from, t.to, t.newest_peer),
             (Peers::SameHost, Peers::OtherHosts, Some(9))
         );
-        assert!(!t.starts_sharing() && !t.ends_sharing());
+        assert!(!t.starts_sharing() && !t.ends_sharing() && c.cache_may_be_shared());
         // OtherHosts -> SameHost
         let t = c.observe("a", &[s(5, "a"), s(7, "a")]);
         assert_eq!((t.from, t.to), (Peers::OtherHosts, Peers::SameHost));
@@ -311,6 +326,8 @@ mod unit {
         let t = c.observe("a", &[s(5, "a"), s(11, "b")]);
         assert_eq!((t.from, t.to), (Peers::Alone, Peers::OtherHosts));
         assert!(t.starts_sharing());
+        // Only another host's mount: nobody else can use this cache directory.
+        assert!(c.shared() && !c.cache_may_be_shared());
         let t = c.observe("a", &[s(5, "a")]);
         assert_eq!((t.from, t.to), (Peers::OtherHosts, Peers::Alone));
         // Acknowledgements.

@@ -221,6 +221,11 @@ impl Vfs {
                 if !self.feed_seen.first(r.seq) {
                     continue;
                 }
+                // Another mount is busy changing the workspace: this mount's uploader
+                // waits for a quiet moment too (`uploader::BURST_DEFER`), so it does not
+                // take that mount's fresh pending rows (its to upload) and compete with
+                // it for the database while the burst lasts.
+                self.note_activity();
                 if let (Some(parent), Some(name)) = (r.parent, r.name.clone()) {
                     self.invalidate_now(&Invalidation::Entry { parent, name });
                     // The directory's cached listing and attributes too.

@@ -786,9 +786,9 @@ impl Vfs {
     /// Drops an inode's local data after it was purged.
     pub(crate) fn purge_local(&self, ino: Ino) {
         self.forget_orphan_object(ino);
-        // Its staging file can serve a new file, unless another mount (which may share
-        // this cache dir and upload from it) is live.
-        let res = if self.shared() {
+        // Its staging file can serve a new file, unless another mount on this host (which
+        // may share this cache dir and upload from it) is live.
+        let res = if self.coherence.cache_may_be_shared() {
             self.cache.remove_staging(ino)
         } else {
             self.cache.recycle_staging(ino)

@@ -161,6 +161,11 @@ const ELSEWHERE_FORGET: Duration = Duration::from_secs(10);
 /// Longest a burst of request-path changes postpones an upload that is due.
 pub const BURST_DEFER: Duration = Duration::from_secs(10);
 
+/// How long past its due time a pending row another mount marked waits for that mount
+/// before this one reconciles it (the marking mount may postpone it by up to
+/// [`BURST_DEFER`] during a burst of its own).
+pub const OTHERS_GRACE: Duration = Duration::from_secs(10);
+
 /// Uploads in flight at once while a burst goes on (the uploads past [`BURST_DEFER`]).
 pub const BURST_WORKERS: usize = 2;
 
@@ -270,8 +275,20 @@ async fn run(vfs: Arc<Vfs>) {
             // A wider window than the workers need: rows other mounts must do are skipped,
             // and the rest wait here for the next free worker (see `DueWindow`).
             let want = vfs.cfg.upload_workers * 32;
+            // Shared with other mounts: rows another mount marked are its to upload (it
+            // holds their content, and reconciling them here only to find that costs
+            // database round trips on both sides); this mount steps in for a row only
+            // OTHERS_GRACE past its due time, or at once under a barrier.
+            let others = if vfs.shared() && horizon != i64::MAX {
+                horizon.saturating_sub(OTHERS_GRACE.as_nanos() as i64)
+            } else {
+                horizon
+            };
+            let me = vfs.coherence.session();
             if window.wants_read(urgent, horizon) {
-                match deskfs_meta::read(&*vfs.meta, |t| t.due_pending(horizon, want)) {
+                match deskfs_meta::read(&*vfs.meta, |t| {
+                    t.due_pending_for(horizon, want, me, others)
+                }) {
                     Ok(mut rows) => {
                         if horizon == i64::MAX && !urgent {
                             if rows.len() < want {
@@ -372,7 +389,17 @@ async fn process(vfs: &Arc<Vfs>, row: PendingRow) -> bool {
     let path = row.path.clone();
     let gen = row.gen;
     let r = match res {
-        Ok(Outcome::Elsewhere) => return false,
+        Ok(Outcome::Elsewhere) => {
+            // The row may be this mount's (it marked it: a rename of, or a repair to,
+            // content another cache holds); the holder's uploader must take it now, not
+            // only OTHERS_GRACE past due.
+            if vfs.shared() {
+                if let Err(e) = deskfs_meta::txn(&*vfs.meta, |t| t.disown_pending(&path, gen)) {
+                    tracing::debug!(error = %e, "cannot hand a pending row over to its holder");
+                }
+            }
+            return false;
+        }
         Ok(Outcome::Done) => deskfs_meta::txn(&*vfs.meta, |t| t.finish_pending(&path, gen)),
         Ok(Outcome::Defer(d)) => deskfs_meta::txn(&*vfs.meta, |t| {
             t.defer_pending(&path, gen, now + d.as_nanos() as i64)

@@ -279,11 +279,16 @@ fn plan<'a>(ops: &'a [Op]) -> Vec<Stmt<'a>> {
                 ino,
                 session,
                 delta,
-            } => push(
-                Q::AddOpen,
-                vec![p(i(*ino)), p(i(*session)), p(*delta)],
-                Out::Done,
-            ),
+            } => {
+                push(
+                    Q::AddOpen,
+                    vec![p(i(*ino)), p(i(*session)), p(*delta)],
+                    Out::Done,
+                );
+                if *delta < 0 {
+                    push(Q::PruneOpen, vec![p(i(*ino)), p(i(*session))], Out::Done);
+                }
+            }
             Op::SetXattr {
                 ino,
                 name,

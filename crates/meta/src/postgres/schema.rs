@@ -55,7 +55,7 @@ CREATE TABLE {S}.pending(path bytea NOT NULL,
   path_key bytea GENERATED ALWAYS AS (sha256(path)) STORED PRIMARY KEY,
   recursive boolean NOT NULL,
   seq bigint NOT NULL, gen bigint NOT NULL, due bigint NOT NULL, since bigint NOT NULL,
-  attempts bigint NOT NULL, last_error text);
+  attempts bigint NOT NULL, last_error text, owner bigint);
 CREATE INDEX pending_due ON {S}.pending(due);
 CREATE INDEX pending_seq_idx ON {S}.pending(seq);
 CREATE TABLE {S}.kv(key text PRIMARY KEY, value text NOT NULL);
@@ -276,6 +276,36 @@ pub(super) async fn inspect(client: &Client, schema: &str) -> Result<Found> {
             "bad schema_version record {other:?}"
         ))),
     }
+}
+
+/// Adds `pending.owner` (the session that marked a row last; see
+/// `MetaTxn::due_pending_for`) to a workspace made before it existed: a nullable column
+/// without a default, so PostgreSQL changes only the catalog. Looked up first, so an
+/// up-to-date schema takes no lock. Errors: [`MetaError::Db`] with the fix when the
+/// column is missing and cannot be added (the login does not own the schema's tables).
+pub(super) async fn add_pending_owner(client: &Client, schema: &str) -> Result<()> {
+    let row = client
+        .query_one(
+            "SELECT EXISTS (SELECT 1 FROM pg_attribute
+               WHERE attrelid = to_regclass(format('%I.pending', $1::text))
+                 AND attname = 'owner' AND NOT attisdropped)",
+            &[&schema],
+        )
+        .await
+        .map_err(db_err)?;
+    let present: bool = row.try_get(0).map_err(db_err)?;
+    if present {
+        return Ok(());
+    }
+    let ddl = format!("ALTER TABLE {schema}.pending ADD COLUMN IF NOT EXISTS owner bigint");
+    client.batch_execute(&ddl).await.map_err(|e| MetaError::Db {
+        code: e.code().map(|c| c.code().to_string()),
+        message: format!(
+            "cannot add column {schema}.pending.owner ({}); mount once as the role that owns \
+             the schema's tables",
+            super::config::one_line(&e)
+        ),
+    })
 }
 
 /// Further checks of a deskfs schema of a supported version: every table is there and

@@ -724,3 +724,66 @@ fn commits_are_flushed_on_demand() {
     e.make_durable().unwrap();
     assert_eq!(e.counters().round_trips, before + 1, "one round trip");
 }
+
+/// Each mount uploads what it marked: `due_pending_for` gives a session its own rows (and
+/// rows marked outside any session) when due, another session's only once due at the
+/// later bound; a re-mark makes the row the re-marker's.
+#[test]
+fn pending_rows_belong_to_the_session_that_marked_them() {
+    let Some(f) = pg("pending_rows_belong_to_the_session_that_marked_them") else {
+        return;
+    };
+    let a = f.engine.clone();
+    let b = Arc::new(PgEngine::open(&f.url).unwrap());
+    let sa = txn(&*a, |t| t.register_session("a", 1, 1)).unwrap();
+    let sb = txn(&*b, |t| t.register_session("b", 2, 1)).unwrap();
+    let plain = PgEngine::open(&f.url).unwrap(); // no session: its marks are nobody's
+    a.log_changes_as(sa).unwrap();
+    b.log_changes_as(sb).unwrap();
+    txn(&*a, |t| t.mark_pending(b"by-a", false, 100)).unwrap();
+    txn(&*b, |t| t.mark_pending(b"by-b", false, 100)).unwrap();
+    txn(&plain, |t| t.mark_pending(b"by-none", false, 100)).unwrap();
+    let due = |e: &dyn MetaEngine, me: u64, others: i64| -> Vec<String> {
+        let mut v: Vec<String> = read(e, |t| t.due_pending_for(1_000, 10, me, others))
+            .unwrap()
+            .into_iter()
+            .map(|r| String::from_utf8(r.path).unwrap())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(due(&*a, sa, 50), ["by-a", "by-none"]);
+    assert_eq!(due(&*b, sb, 50), ["by-b", "by-none"]);
+    // Past the others' bound, every due row.
+    assert_eq!(due(&*b, sb, 100), ["by-a", "by-b", "by-none"]);
+    // Never more than due_pending would give.
+    assert!(read(&*a, |t| t.due_pending_for(99, 10, sa, i64::MAX))
+        .unwrap()
+        .is_empty());
+    // B re-marks A's path: B's now.
+    txn(&*b, |t| t.mark_pending(b"by-a", false, 100)).unwrap();
+    assert_eq!(due(&*a, sa, 50), ["by-none"]);
+    assert_eq!(due(&*b, sb, 50), ["by-a", "by-b", "by-none"]);
+}
+
+/// A workspace made before `pending.owner` existed gets the column when opened, and
+/// marks and reads of pending rows work on it.
+#[test]
+fn an_older_schema_gets_the_pending_owner_column() {
+    let Some(f) = pg("an_older_schema_gets_the_pending_owner_column") else {
+        return;
+    };
+    txn(&*f.engine, |t| t.mark_pending(b"old", false, 1)).unwrap();
+    admin(
+        &f.base,
+        &format!("ALTER TABLE {}.pending DROP COLUMN owner", f.schema),
+    );
+    let e = PgEngine::open(&f.url).unwrap();
+    let s = txn(&e, |t| t.register_session("h", 1, 1)).unwrap();
+    e.log_changes_as(s).unwrap();
+    txn(&e, |t| t.mark_pending(b"new", false, 1)).unwrap();
+    let rows = read(&e, |t| t.due_pending_for(10, 10, s, 0)).unwrap();
+    let mut paths: Vec<&[u8]> = rows.iter().map(|r| r.path.as_slice()).collect();
+    paths.sort();
+    assert_eq!(paths, [b"new".as_slice(), b"old".as_slice()]);
+}

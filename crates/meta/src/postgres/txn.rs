@@ -540,6 +540,22 @@ impl MetaTxn for PgTxn<'_> {
             .collect()
     }
 
+    fn due_pending_for(
+        &mut self,
+        now_ns: i64,
+        limit: usize,
+        me: u64,
+        others_ns: i64,
+    ) -> Result<Vec<PendingRow>> {
+        self.query(
+            Q::DuePendingFor,
+            &[&now_ns, &(limit as i64), &i(me), &others_ns.min(now_ns)],
+        )?
+        .iter()
+        .map(rows::pending)
+        .collect()
+    }
+
     fn finish_pending(&mut self, path: &[u8], gen: u64) -> Result<()> {
         self.exec(Q::FinishPending, &[&path, &i(gen)])?;
         Ok(())
@@ -552,6 +568,11 @@ impl MetaTxn for PgTxn<'_> {
 
     fn defer_pending(&mut self, path: &[u8], gen: u64, retry_at_ns: i64) -> Result<()> {
         self.exec(Q::DeferPending, &[&path, &i(gen), &retry_at_ns])?;
+        Ok(())
+    }
+
+    fn disown_pending(&mut self, path: &[u8], gen: u64) -> Result<()> {
+        self.exec(Q::DisownPending, &[&path, &i(gen)])?;
         Ok(())
     }
 
@@ -653,6 +674,9 @@ impl MetaTxn for PgTxn<'_> {
 
     fn add_open(&mut self, ino: Ino, session: u64, delta: i64) -> Result<()> {
         self.query(Q::AddOpen, &[&i(ino), &i(session), &delta])?;
+        if delta < 0 {
+            self.query(Q::PruneOpen, &[&i(ino), &i(session)])?;
+        }
         Ok(())
     }
 
