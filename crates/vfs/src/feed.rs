@@ -215,17 +215,14 @@ impl Vfs {
                     return n;
                 }
             };
+            let mut delivered = false;
             for r in &rows {
                 // Engines may return a change twice (PostgreSQL, until its transaction
                 // is below every snapshot): deliver it once.
                 if !self.feed_seen.first(r.seq) {
                     continue;
                 }
-                // Another mount is busy changing the workspace: this mount's uploader
-                // waits for a quiet moment too (`uploader::BURST_DEFER`), so it does not
-                // take that mount's fresh pending rows (its to upload) and compete with
-                // it for the database while the burst lasts.
-                self.note_activity();
+                delivered = true;
                 if let (Some(parent), Some(name)) = (r.parent, r.name.clone()) {
                     self.invalidate_now(&Invalidation::Entry { parent, name });
                     // The directory's cached listing and attributes too.
@@ -234,6 +231,13 @@ impl Vfs {
                 }
                 self.invalidate_now(&Invalidation::Inode(r.ino));
                 n += 1;
+            }
+            if delivered {
+                // Another mount is busy changing the workspace: this mount's uploader
+                // waits for a quiet moment too (`uploader::BURST_DEFER`), so it does not
+                // take that mount's fresh pending rows (its to upload) and compete with
+                // it for the database while the burst lasts.
+                self.note_activity();
             }
             self.coherence.set_cursor(next);
             if rows.len() < FEED_BATCH {

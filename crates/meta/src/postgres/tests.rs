@@ -112,6 +112,14 @@ fn pg(test: &str) -> Option<PgFixture> {
     f
 }
 
+/// Registers a mount session for `host` (pid `pid`) on `e` and logs `e`'s changes under
+/// it, as a mount does; returns the session id.
+fn logging_session(e: &PgEngine, host: &str, pid: u32) -> u64 {
+    let s = txn(e, |t| t.register_session(host, pid, 1)).unwrap();
+    e.log_changes_as(s).unwrap();
+    s
+}
+
 fn file_row(ino: Ino) -> InodeRow {
     InodeRow {
         ino,
@@ -381,10 +389,8 @@ fn feed_never_skips_a_late_commit() {
     let a = f.engine.clone();
     let b = Arc::new(PgEngine::open(&f.url).unwrap());
     let follower = PgEngine::open(&f.url).unwrap();
-    let sa = txn(&*a, |t| t.register_session("a", 1, 1)).unwrap();
-    let sb = txn(&*b, |t| t.register_session("b", 2, 1)).unwrap();
-    a.log_changes_as(sa).unwrap();
-    b.log_changes_as(sb).unwrap();
+    let sa = logging_session(&a, "a", 1);
+    logging_session(&b, "b", 2);
     let start = follower.feed_start().unwrap();
     let cold_start = start; // also read later by an engine that never saw this cursor
 
@@ -492,12 +498,10 @@ fn signals_reach_other_engines() {
     assert!(own.recv_timeout(Duration::from_millis(200)).is_err());
     // Commits that logged feed rows wake followers (debounced NOTIFY); a mount that is
     // alone logs nothing and wakes no one.
-    let sa = txn(&*a, |t| t.register_session("a", 1, 1)).unwrap();
-    a.log_changes_as(sa).unwrap();
+    logging_session(&a, "a", 1);
     create(&*a, ROOT_INO, "alone", false).unwrap();
     assert!(rx.recv_timeout(Duration::from_millis(300)).is_err());
-    let sb = txn(&b, |t| t.register_session("b", 2, 1)).unwrap();
-    b.log_changes_as(sb).unwrap();
+    logging_session(&b, "b", 2);
     create(&*a, ROOT_INO, "x", false).unwrap();
     assert_eq!(
         rx.recv_timeout(Duration::from_secs(1)).unwrap(),
@@ -735,11 +739,9 @@ fn pending_rows_belong_to_the_session_that_marked_them() {
     };
     let a = f.engine.clone();
     let b = Arc::new(PgEngine::open(&f.url).unwrap());
-    let sa = txn(&*a, |t| t.register_session("a", 1, 1)).unwrap();
-    let sb = txn(&*b, |t| t.register_session("b", 2, 1)).unwrap();
+    let sa = logging_session(&a, "a", 1);
+    let sb = logging_session(&b, "b", 2);
     let plain = PgEngine::open(&f.url).unwrap(); // no session: its marks are nobody's
-    a.log_changes_as(sa).unwrap();
-    b.log_changes_as(sb).unwrap();
     txn(&*a, |t| t.mark_pending(b"by-a", false, 100)).unwrap();
     txn(&*b, |t| t.mark_pending(b"by-b", false, 100)).unwrap();
     txn(&plain, |t| t.mark_pending(b"by-none", false, 100)).unwrap();
@@ -779,8 +781,7 @@ fn an_older_schema_gets_the_pending_owner_column() {
         &format!("ALTER TABLE {}.pending DROP COLUMN owner", f.schema),
     );
     let e = PgEngine::open(&f.url).unwrap();
-    let s = txn(&e, |t| t.register_session("h", 1, 1)).unwrap();
-    e.log_changes_as(s).unwrap();
+    let s = logging_session(&e, "h", 1);
     txn(&e, |t| t.mark_pending(b"new", false, 1)).unwrap();
     let rows = read(&e, |t| t.due_pending_for(10, 10, s, 0)).unwrap();
     let mut paths: Vec<&[u8]> = rows.iter().map(|r| r.path.as_slice()).collect();
