@@ -100,6 +100,15 @@ assert_eq "closed, not uploaded" "$(cat "$MNT2/nowait.txt")" "the file left in t
 ws_sync "$NAME"
 [[ -f $BUCKET_DIR/nowait.txt ]] || fail "nowait.txt is not in the bucket dir after deskfs sync"
 assert_file_eq "$MNT2/nowait.txt" "$BUCKET_DIR/nowait.txt" "bucket dir object nowait.txt"
-ws_umount "$MNT2"
+if [[ $(id -u) == 0 ]]; then
+  # root unmounts with umount(2) itself: fuse3's fusermount3 is not needed (a machine
+  # that mounted as root without fuse3 installed must be able to unmount too)
+  log "deskfs umount as root with no fusermount3 on PATH"
+  mkdir -p "$T/emptybin"
+  out=$(PATH=$T/emptybin "$DESKFS" umount "$MNT2" 2>&1) || fail "umount without fusermount3 on PATH failed: $out"
+  wait_for 10 not_mounted "$MNT2" || fail "umount without fusermount3 returned 0 but $MNT2 is still mounted"
+else
+  ws_umount "$MNT2"
+fi
 
 log "PASS"

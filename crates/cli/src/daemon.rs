@@ -598,7 +598,18 @@ fn control_socket_path(run_dir: &Path, pid: u32) -> Result<PathBuf> {
     Ok(dir.join(format!("{:016x}-{pid}.sock", h.finish())))
 }
 
+/// Unmounts the FUSE mount at `mnt` (`lazy`: detach now, finish when the last user goes):
+/// as root with `umount2(2)` itself, as another user through `fusermount3 -u` (the setuid
+/// helper of fuse3, the only way an unprivileged user may unmount).
 fn fusermount_u(mnt: &Path, lazy: bool) -> Result<()> {
+    if nix::unistd::geteuid().is_root() {
+        let flags = if lazy {
+            nix::mount::MntFlags::MNT_DETACH
+        } else {
+            nix::mount::MntFlags::empty()
+        };
+        return nix::mount::umount2(mnt, flags).map_err(|e| anyhow::anyhow!("{e}"));
+    }
     let mut cmd = Command::new("fusermount3");
     cmd.arg("-u");
     if lazy {

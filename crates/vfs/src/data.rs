@@ -1258,7 +1258,7 @@ impl Vfs {
                     s.version = v;
                 }
                 self.cache.drop_blocks(ino);
-                self.uploader.kick();
+                self.uploader.queued(self.cfg.upload_delay);
             }
         }
         if commit {
@@ -1279,25 +1279,52 @@ impl Vfs {
     fn flush_devices(&self, s: &mut InodeState, how: CommitSync) -> Result<()> {
         let staging = s.staging.clone();
         let period = self.coherence.alone_period();
-        let since = match (how, s.dirty_mark.needs_flush_after(period)) {
-            // Durably dirty already, or a flush since the dirty commit covers it.
-            (CommitSync::Data, Some(None)) => None,
-            (CommitSync::Data, Some(Some(at))) if self.meta_flush.covers(at) => None,
-            _ => Some(std::time::Instant::now()),
+        let since = self.needs_meta_flush(s, how).then(std::time::Instant::now);
+        let Some(since) = since else {
+            // The data's flush alone: on this thread (a hand-over to another thread
+            // costs more than the overlap gains when nothing runs beside it).
+            if let Some(started) = s.data_sync.take() {
+                started.wait()?;
+            } else if let Some(f) = staging {
+                crate::datasync::flush_data(&f, &self.data_flushes)?;
+            }
+            s.dirty_mark.flushed(period);
+            return Ok(());
         };
         // The data's flush: the one `fsync` started before its commit (else one of its
         // own, beside the metadata's).
         let data = s
             .data_sync
             .take()
-            .or_else(|| staging.map(|f| DataSync::start(&self.rt, f)));
-        let meta = since.map(|t| self.durable_since(t)).transpose();
+            .or_else(|| staging.map(|f| DataSync::start(&self.rt, f, self.data_flushes.clone())));
+        let meta = self.durable_since(since);
         // Both results are taken (a writeback error is reported only once).
         let data = data.map(DataSync::wait).transpose();
         data?;
         meta?;
         s.dirty_mark.flushed(period);
         Ok(())
+    }
+
+    /// Whether an `fsync` (`how` = [`CommitSync::Full`]) or `fdatasync`
+    /// ([`CommitSync::Data`]) of the inode in state `s` must flush the metadata log too:
+    /// always for `fsync`; for `fdatasync` unless the row is known durably dirty, or a
+    /// metadata flush that began after its dirty commit completed (see
+    /// [`crate::datasync`]). A commit made under the state's lock never turns a `false`
+    /// into a `true` (the earliest dirty commit of an alone period counts).
+    fn needs_meta_flush(&self, s: &InodeState, how: CommitSync) -> bool {
+        if how != CommitSync::Data {
+            return true;
+        }
+        match s
+            .dirty_mark
+            .needs_flush_after(self.coherence.alone_period())
+        {
+            // Durably dirty already, or a flush since the dirty commit covers it.
+            Some(None) => false,
+            Some(Some(at)) => !self.meta_flush.covers(at),
+            None => true,
+        }
     }
 
     /// Commits writes made while this mount's session was lost (see `coherence`): when the
@@ -1542,14 +1569,20 @@ impl Vfs {
     pub fn fsync(&self, ino: Ino, _fh: u64, datasync: bool) -> Result<()> {
         let version = self.locked(ino, |s| {
             self.absorb_backing(ino, s, Absorb::Commit)?;
-            // The data's flush starts now and runs while the metadata commits: it does
-            // not depend on the commit (see `flush_devices`).
-            s.data_sync = s.staging.clone().map(|f| DataSync::start(&self.rt, f));
             let how = if datasync {
                 CommitSync::Data
             } else {
                 CommitSync::Full
             };
+            // When the metadata log needs a flush too, the data's starts now and runs
+            // while the metadata commits: it does not depend on the commit (see
+            // `flush_devices`). Alone, it runs after the commit on this thread.
+            if self.needs_meta_flush(s, how) {
+                s.data_sync = s
+                    .staging
+                    .clone()
+                    .map(|f| DataSync::start(&self.rt, f, self.data_flushes.clone()));
+            }
             let res = self.commit_locked(ino, s, how);
             // `flush_devices` waited for it; a path that ended before it still waits
             // here, so the flush's error is reported, never dropped.

@@ -145,6 +145,8 @@ pub struct Vfs {
     pub(crate) releases: release::ReleaseQueue,
     /// Shared device flushes of the metadata log (see [`meta_flush`]).
     pub(crate) meta_flush: meta_flush::MetaFlush,
+    /// Device flushes of staging files (`fsync`/`fdatasync`) run so far.
+    pub(crate) data_flushes: Arc<std::sync::atomic::AtomicU64>,
     /// When the request path last queued work for the uploader or served a request, ns
     /// (burst detection: uploads wait for a quiet moment).
     pub(crate) last_mark_ns: std::sync::atomic::AtomicI64,
@@ -256,6 +258,7 @@ impl Vfs {
             deferred: Mutex::new(Vec::new()),
             releases: release::ReleaseQueue::default(),
             meta_flush: meta_flush::MetaFlush::default(),
+            data_flushes: Default::default(),
             last_mark_ns: std::sync::atomic::AtomicI64::new(0),
             locks: locks::LocalLocks::default(),
             kernel_pages: feed::KernelPages::default(),

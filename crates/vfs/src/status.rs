@@ -69,6 +69,8 @@ pub struct VfsStatus {
     /// Device flushes of the metadata log this mount ran (fsync, deletes, evictions;
     /// `fdatasync` of a durably dirty file needs none).
     pub meta_flushes: u64,
+    /// Device flushes of staging files this mount ran (`fsync`, `fdatasync`: one each).
+    pub data_flushes: u64,
     /// FUSE passthrough is used for opens now.
     pub passthrough: bool,
 }
@@ -112,6 +114,7 @@ impl Vfs {
             waiting_for: self.remote.list(),
             engine: self.meta.counters(),
             meta_flushes: self.meta_flush.count(),
+            data_flushes: self.data_flushes.load(std::sync::atomic::Ordering::Relaxed),
             passthrough: self.passthrough_on(),
         })
     }

@@ -466,11 +466,14 @@ fn fdatasync_of_a_durably_dirty_file_flushes_only_its_data() {
         "the first fsync flushes the metadata log"
     );
     // Only data changed since, and the row is durably dirty: the data flush alone.
+    let data = || h.data_flushes.load(std::sync::atomic::Ordering::Relaxed);
+    let d0 = data();
     h.put(a.ino, fh, 4096, &pattern(4096, 2));
     h.fsync(a.ino, fh, true).unwrap();
     h.put(a.ino, fh, 0, &pattern(100, 3));
     h.fsync(a.ino, fh, true).unwrap();
     assert_eq!(flushes(), n0 + 1, "fdatasync: one device flush");
+    assert_eq!(data(), d0 + 2, "each fdatasync flushes the staging file");
     // fsync (times too) flushes the log.
     h.fsync(a.ino, fh, false).unwrap();
     assert_eq!(flushes(), n0 + 2);
