@@ -57,16 +57,18 @@ fn locks_decided_in_memory_while_alone_reach_a_mount_that_joins() {
     let h = Harness::new();
     let f = h.file(ROOT_INO, "f", b"x");
     let fh1 = h.op(f.ino, libc::O_RDWR);
-    // Alone: taking locks costs no database round trip.
+    // Alone: taking locks costs no database round trip. The engine's counter also counts
+    // the mount's background threads (uploader, feed, heartbeat), so a try that one of
+    // them lands in is taken again (the same locks, by the same owner, again); a lock
+    // that went to the database makes every try count.
     assert!(!h.shared());
-    let before = h.meta.counters().round_trips;
-    h.setlk(f.ino, fh1, 1, 0, 99, W, 100, false).unwrap();
-    h.setlk(f.ino, fh1, 1, 200, ALL, R, 100, false).unwrap();
-    assert_eq!(
-        h.meta.counters().round_trips,
-        before,
-        "a lock decided alone went to the database"
-    );
+    let quiet_try = (0..5).any(|_| {
+        let before = h.meta.counters().round_trips;
+        h.setlk(f.ino, fh1, 1, 0, 99, W, 100, false).unwrap();
+        h.setlk(f.ino, fh1, 1, 200, ALL, R, 100, false).unwrap();
+        h.meta.counters().round_trips == before
+    });
+    assert!(quiet_try, "a lock decided alone went to the database");
     // A second mount joins: it is acknowledged with the locks in the lock table.
     let b = h.second_mount("cache-b");
     let fhb = b.open(&CTX, f.ino, libc::O_RDWR).unwrap().fh;
