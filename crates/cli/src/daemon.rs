@@ -512,7 +512,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
                 "{name} received: detaching {} and exiting; pending uploads stay in the local journal",
                 mnt.display()
             );
-            if let Err(e) = fusermount_u(&mnt, true) {
+            if let Err(e) = unmount(&mnt, true) {
                 tracing::debug!(error = %e, "lazy unmount at stop");
             }
             // Files still open under the detached tree keep the session alive: they get
@@ -601,7 +601,7 @@ fn control_socket_path(run_dir: &Path, pid: u32) -> Result<PathBuf> {
 /// Unmounts the FUSE mount at `mnt` (`lazy`: detach now, finish when the last user goes):
 /// as root with `umount2(2)` itself, as another user through `fusermount3 -u` (the setuid
 /// helper of fuse3, the only way an unprivileged user may unmount).
-fn fusermount_u(mnt: &Path, lazy: bool) -> Result<()> {
+fn unmount(mnt: &Path, lazy: bool) -> Result<()> {
     if nix::unistd::geteuid().is_root() {
         let flags = if lazy {
             nix::mount::MntFlags::MNT_DETACH
@@ -690,8 +690,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
     let rec = home::all_mounts().into_iter().find(|r| r.mountpoint == mnt);
     let Some(rec) = rec else {
         if is_mountpoint(&mnt) {
-            fusermount_u(&mnt, false)
-                .with_context(|| format!("cannot unmount {}", mnt.display()))?;
+            unmount(&mnt, false).with_context(|| format!("cannot unmount {}", mnt.display()))?;
             println!(
                 "unmounted {} (no live deskfs daemon was serving it)",
                 mnt.display()
@@ -754,7 +753,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
             left = Some(what);
         }
     }
-    fusermount_u(&mnt, false).map_err(|e| {
+    unmount(&mnt, false).map_err(|e| {
         anyhow!(
             "cannot unmount {}: {e}; close the files and shells using it, then retry",
             mnt.display()

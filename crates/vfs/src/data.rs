@@ -1279,8 +1279,7 @@ impl Vfs {
     fn flush_devices(&self, s: &mut InodeState, how: CommitSync) -> Result<()> {
         let staging = s.staging.clone();
         let period = self.coherence.alone_period();
-        let since = self.needs_meta_flush(s, how).then(std::time::Instant::now);
-        let Some(since) = since else {
+        if !self.needs_meta_flush(s, how) {
             // The data's flush alone: on this thread (a hand-over to another thread
             // costs more than the overlap gains when nothing runs beside it).
             if let Some(started) = s.data_sync.take() {
@@ -1290,7 +1289,8 @@ impl Vfs {
             }
             s.dirty_mark.flushed(period);
             return Ok(());
-        };
+        }
+        let since = std::time::Instant::now();
         // The data's flush: the one `fsync` started before its commit (else one of its
         // own, beside the metadata's).
         let data = s
