@@ -272,6 +272,11 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 if let Some(line) = sharing_line(l) {
                     println!("  sharing       {line}");
                 }
+                match lg("background_relists") {
+                    0 => {}
+                    1 => println!("  listing       1 large directory being refreshed from the bucket in the background"),
+                    n => println!("  listing       {n} large directories being refreshed from the bucket in the background"),
+                }
                 for wv in l["waiting_for"].as_array().cloned().unwrap_or_default() {
                     println!(
                         "  waiting       inode {} (version {}) waited {:.1} s so far for cache {} to upload it",

@@ -343,6 +343,9 @@ pub trait MetaTxn {
     ) -> Result<Vec<(Dentry, InodeRow)>>;
     /// Whether directory `parent` has any entry.
     fn has_children(&mut self, parent: Ino) -> Result<bool>;
+    /// How many entries directory `parent` has, counted up to `cap` (a directory with more
+    /// answers `cap`): one index range of at most `cap` entries.
+    fn count_children(&mut self, parent: Ino, cap: u64) -> Result<u64>;
     /// Every `(parent, name)` that names `ino` (several for hard links).
     fn names_of(&mut self, ino: Ino) -> Result<Vec<(Ino, Vec<u8>)>>;
     /// The inode at workspace path `path` (`/`-joined names from the root; the empty

@@ -767,6 +767,13 @@ pub(crate) fn dentries_and_cookies(f: &dyn Fixture) {
     assert_eq!(list.len(), 1);
     assert_eq!(list[0].1.size, 3);
     assert!(read(&*e, |t| t.has_children(ROOT_INO)).unwrap());
+    assert_eq!(read(&*e, |t| t.count_children(ROOT_INO, 10)).unwrap(), 1);
+    assert_eq!(
+        read(&*e, |t| t.count_children(ROOT_INO, 0)).unwrap(),
+        0,
+        "counted up to the cap"
+    );
+    assert_eq!(read(&*e, |t| t.count_children(ino, 10)).unwrap(), 0);
     assert_eq!(
         read(&*e, |t| t.names_of(ino)).unwrap(),
         vec![(ROOT_INO, b"b".to_vec())]

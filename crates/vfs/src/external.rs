@@ -201,37 +201,24 @@ impl Vfs {
         Ok(Some(cpath))
     }
 
-    /// After a re-listing of directory `dir` (workspace path `path`) that names neither
-    /// files `files` nor directories `dirs`: removes the entries whose objects another
-    /// tool deleted — files that are clean, closed, not pending, whose recorded object
-    /// holds their current content and is confirmed gone by a HEAD; directories whose
-    /// whole subtree is such files (and directories) and whose prefix is confirmed empty.
-    /// Content that exists only here (dirty, unuploaded, created here) is never removed.
-    pub(crate) fn drop_deleted(
-        &self,
-        dir: Ino,
-        path: &[u8],
-        listed: &std::collections::HashSet<&str>,
-    ) -> Result<()> {
+    /// After a re-listing of directory `dir` (workspace path `path`) that does not name
+    /// its entries `unlisted`: removes those whose objects another tool deleted — files
+    /// that are clean, closed, not pending, whose recorded object holds their current
+    /// content and is confirmed gone by a HEAD; directories whose whole subtree is such
+    /// files (and directories) and whose prefix is confirmed empty. Content that exists
+    /// only here (dirty, unuploaded, created here) is never removed.
+    pub(crate) fn drop_deleted(&self, dir: Ino, path: &[u8], unlisted: &[Vec<u8>]) -> Result<()> {
         let found = deskfs_meta::read(&*self.meta, |t| {
             let mut out: Vec<(Vec<u8>, Kind, Vec<ObjectRow>)> = Vec::new();
-            let mut after = 0;
-            loop {
-                let page = t.list_dir(dir, after, 1024)?;
-                if page.is_empty() {
-                    break;
-                }
-                for (d, r) in page {
-                    after = d.cookie;
-                    let listed_here =
-                        std::str::from_utf8(&d.name).is_ok_and(|n| listed.contains(n));
-                    if listed_here {
-                        continue;
-                    }
-                    let cpath = join(path, &d.name);
-                    if let Some(rows) = self.bucket_only(t, &cpath, &r)? {
-                        out.push((d.name, r.kind, rows));
-                    }
+            for name in unlisted {
+                let Some(d) = t.lookup(dir, name)? else {
+                    continue;
+                };
+                let Some(r) = t.get_inode(d.ino)? else {
+                    continue;
+                };
+                if let Some(rows) = self.bucket_only(t, &join(path, name), &r)? {
+                    out.push((name.clone(), r.kind, rows));
                 }
             }
             Ok::<_, VfsError>(out)

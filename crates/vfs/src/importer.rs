@@ -35,10 +35,115 @@ const LIST_PAGE: usize = 4096;
 /// HEAD requests in flight while importing a listing.
 const HEAD_CONCURRENCY: usize = 32;
 
+/// Directories whose refresh runs in the background now (at most one each).
+#[derive(Default)]
+pub(crate) struct BackgroundRelists(std::sync::Mutex<HashSet<Ino>>);
+
+impl BackgroundRelists {
+    /// Claims the refresh of `dir`; `false` when one already runs.
+    pub(crate) fn start(&self, dir: Ino) -> bool {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(dir)
+    }
+
+    pub(crate) fn finish(&self, dir: Ino) {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&dir);
+    }
+
+    /// How many refreshes run now.
+    pub(crate) fn running(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// What one bucket listing of a directory asks of the namespace, worked out in one read.
+/// Only the names it holds are looked at again in the write that follows: a re-listing
+/// that finds nothing new costs one pass over the directory and one object-row read per
+/// listed name, and writes only the directory's `listed_ns`.
+#[derive(Default)]
+struct ListingPlan {
+    /// Indices into the listed files: names with neither an entry nor an object row.
+    new_files: Vec<usize>,
+    /// Indices into the listed files: known objects whose ETag differs from the listing's.
+    changed: Vec<usize>,
+    /// Indices into the listed prefixes: names with neither an entry nor an object row.
+    new_dirs: Vec<usize>,
+    /// Entries of the directory the listing does not name (deleted by another tool, or
+    /// never uploaded: [`Vfs::drop_deleted`] tells which).
+    unlisted: Vec<Vec<u8>>,
+}
+
+impl ListingPlan {
+    /// Compares listed `files` and `dirs` (names in directory `dir`, workspace path
+    /// `path`) with what the namespace knows.
+    fn read(
+        t: &mut dyn MetaTxn,
+        dir: Ino,
+        path: &[u8],
+        files: &[(String, ObjectInfo)],
+        dirs: &[String],
+    ) -> deskfs_meta::Result<ListingPlan> {
+        let local = dir_names(t, dir)?;
+        let paths: Vec<Vec<u8>> = files
+            .iter()
+            .map(|(n, _)| n)
+            .chain(dirs.iter())
+            .map(|n| join(path, n.as_bytes()))
+            .collect();
+        let objs: HashMap<Vec<u8>, ObjectRow> = t
+            .get_objects(&paths)?
+            .into_iter()
+            .map(|o| (o.path.clone(), o))
+            .collect();
+        let mut plan = ListingPlan::default();
+        for (i, (name, info)) in files.iter().enumerate() {
+            match objs.get(&paths[i]) {
+                Some(o) if etag_changed(o, info) => plan.changed.push(i),
+                Some(_) => {}
+                None if local.contains(name.as_bytes()) => {}
+                None => plan.new_files.push(i),
+            }
+        }
+        for (j, name) in dirs.iter().enumerate() {
+            if !local.contains(name.as_bytes()) && !objs.contains_key(&paths[files.len() + j]) {
+                plan.new_dirs.push(j);
+            }
+        }
+        let listed: HashSet<&[u8]> = files
+            .iter()
+            .map(|(n, _)| n.as_bytes())
+            .chain(dirs.iter().map(|n| n.as_bytes()))
+            .collect();
+        plan.unlisted = local
+            .into_iter()
+            .filter(|n| !listed.contains(n.as_slice()))
+            .collect();
+        Ok(plan)
+    }
+}
+
+/// Whether another tool replaced recorded object `o` (both ETags known and different).
+fn etag_changed(o: &ObjectRow, info: &ObjectInfo) -> bool {
+    o.etag.is_some() && info.etag.is_some() && o.etag != info.etag
+}
+
+/// What applying a listing changed, for the kernel's caches and the conflict saver.
+#[derive(Default)]
+struct Applied {
+    /// Files whose content the bucket replaced (their pages and staging files go).
+    changed: Vec<Ino>,
+    /// Names added to the directory.
+    added: Vec<Vec<u8>>,
+    /// Files replaced in the bucket while they had unuploaded local writes.
+    foreign: Vec<crate::external::Foreign>,
+}
+
+/// POSIX attributes (from `x-amz-meta-*`) and symlink targets of new objects, by name.
+type NewAttrs = HashMap<String, (Option<PosixMeta>, Option<Vec<u8>>)>;
+
 impl Vfs {
-    /// Makes sure directory `dir` reflects the bucket: lists it if it never was, or (with
-    /// `refresh`) if its listing is older than the TTL. A failed first listing is `EIO`; a
-    /// failed refresh keeps serving what is known.
     /// Whether directory `row` must be listed from the bucket now (never listed, or with
     /// `refresh` a listing older than the TTL); remembers that it was listed.
     pub(crate) fn listing_due(&self, row: &InodeRow, refresh: bool) -> bool {
@@ -50,6 +155,12 @@ impl Vfs {
         refresh && now_ns().saturating_sub(row.listed_ns) >= ttl
     }
 
+    /// Makes sure directory `dir` reflects the bucket: lists it if it never was, or (with
+    /// `refresh`) if its listing is older than the TTL. A failed first listing is `EIO`; a
+    /// failed refresh keeps serving what is known. The refresh of a directory of
+    /// `background_relist_min` entries or more ([`crate::VfsConfig`]) runs on a thread of its own: the caller
+    /// is served the known entries at once, and what the refresh finds shows from the
+    /// next `readdir` on.
     pub(crate) fn ensure_listed(&self, dir: Ino, refresh: bool) -> Result<()> {
         // A listing is never undone: a directory known listed needs no read.
         if !refresh && self.hints.is_listed(dir) {
@@ -58,13 +169,53 @@ impl Vfs {
         let Some(row) = self.meta.get_inode(dir)? else {
             return Ok(());
         };
-        if row.kind != Kind::Dir {
+        if row.kind != Kind::Dir || !self.listing_due(&row, refresh) {
             return Ok(());
         }
+        if row.listed_ns != 0 {
+            let min = self.cfg.background_relist_min;
+            let entries = deskfs_meta::read(&*self.meta, |t| t.count_children(dir, min))?;
+            if entries >= min {
+                self.relist_later(dir);
+                return Ok(());
+            }
+        }
+        self.list_from_bucket(dir, &row)
+    }
+
+    /// Refreshes directory `dir` from the bucket on a thread of its own, unless a
+    /// refresh of it already runs. Failures are logged; the known entries stay.
+    fn relist_later(&self, dir: Ino) {
+        if !self.relists.start(dir) {
+            return;
+        }
+        let weak = self.this.clone();
+        let spawned = std::thread::Builder::new()
+            .name("deskfs-relist".into())
+            .spawn(move || {
+                let Some(vfs) = weak.upgrade() else { return };
+                let r = match vfs.meta.get_inode(dir) {
+                    Ok(Some(row)) if !vfs.coherence.stopped() => vfs.list_from_bucket(dir, &row),
+                    Ok(_) => Ok(()),
+                    Err(e) => Err(e.into()),
+                };
+                if let Err(e) = r {
+                    tracing::warn!(dir, error = %e, "refreshing a directory listing failed; serving the known entries");
+                }
+                vfs.relists.finish(dir);
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(dir, error = %e, "cannot start a directory refresh; serving the known entries");
+            self.relists.finish(dir);
+        }
+    }
+
+    /// Lists directory `dir` (inode row `row`, read before) from the bucket and brings
+    /// its entries in line: new objects become entries, objects replaced by other tools
+    /// new content (or a conflict copy), deleted ones leave (see [`Vfs::drop_deleted`]).
+    /// Errors: a failed first listing (`EIO`); a failed refresh is logged and `Ok`.
+    fn list_from_bucket(&self, dir: Ino, row: &InodeRow) -> Result<()> {
         let now = now_ns();
-        if !self.listing_due(&row, refresh) {
-            return Ok(());
-        }
         let Some(path) = deskfs_meta::read(&*self.meta, |t| dir_path(t, dir))? else {
             return Ok(());
         };
@@ -77,6 +228,7 @@ impl Vfs {
             self.set_listed(dir, now)?;
             return Ok(());
         }
+        let started = std::time::Instant::now();
         let listing = match self.rt.block_on(self.bucket.list_dir(&key)) {
             Ok(l) => l,
             Err(e) if row.listed_ns != 0 => {
@@ -85,283 +237,309 @@ impl Vfs {
             }
             Err(e) => return Err(e.into()),
         };
-        // Which files are new to us (neither known objects nor local names)?
-        let files: Vec<(String, ObjectInfo)> = listing
-            .files
-            .into_iter()
-            .filter(|(n, _)| n.len() <= NAME_MAX && !(dir == ROOT_INO && n.as_bytes() == RESERVED))
-            .collect();
-        // The directory's names in pages (a few round trips for thousands of entries),
-        // then the object rows of the names it lacks (rare: deleted here, removal from
-        // the bucket still pending).
-        let new_names: Vec<String> = deskfs_meta::read(&*self.meta, |t| {
-            let local = dir_names(t, dir)?;
-            let unnamed: Vec<&String> = files
-                .iter()
-                .map(|(n, _)| n)
-                .filter(|n| !local.contains(n.as_bytes()))
-                .collect();
-            let paths: Vec<Vec<u8>> = unnamed.iter().map(|n| join(&path, n.as_bytes())).collect();
-            let known: HashSet<Vec<u8>> =
-                t.get_objects(&paths)?.into_iter().map(|o| o.path).collect();
-            Ok::<_, crate::VfsError>(
-                unnamed
-                    .into_iter()
-                    .filter(|n| !known.contains(&join(&path, n.as_bytes())))
-                    .cloned()
-                    .collect(),
-            )
+        let listed_in = started.elapsed();
+        let keep = |n: &str| n.len() <= NAME_MAX && !(dir == ROOT_INO && n.as_bytes() == RESERVED);
+        let files: Vec<(String, ObjectInfo)> =
+            listing.files.into_iter().filter(|(n, _)| keep(n)).collect();
+        let dirs: Vec<String> = listing.dirs.into_iter().filter(|n| keep(n)).collect();
+        let plan = deskfs_meta::read(&*self.meta, |t| {
+            ListingPlan::read(t, dir, &path, &files, &dirs)
         })?;
-        // POSIX attributes (and symlink targets) of new objects, fetched concurrently.
-        let mut attrs: HashMap<String, (Option<PosixMeta>, Option<Vec<u8>>)> = HashMap::new();
-        if self.bucket.supports_metadata() && !new_names.is_empty() {
-            let by_name: HashMap<&str, &ObjectInfo> =
-                files.iter().map(|(n, i)| (n.as_str(), i)).collect();
-            let bucket = self.bucket.clone();
-            let jobs: Vec<(String, String, u64)> = new_names
-                .iter()
-                .filter_map(|n| {
-                    by_name
-                        .get(n.as_str())
-                        .map(|i| (n.clone(), i.key.clone(), i.size))
-                })
-                .collect();
-            let results: Vec<(String, Option<PosixMeta>, Option<Vec<u8>>)> = self.rt.block_on(
-                futures::stream::iter(jobs)
-                    .map(|(name, key, size)| {
-                        let bucket = bucket.clone();
-                        async move {
-                            let posix =
-                                bucket.head(&key).await.ok().flatten().and_then(|h| h.posix);
-                            let target = match posix {
-                                Some(p)
-                                    if Kind::from_mode(p.mode) == Some(Kind::Symlink)
-                                        && size < 4096 =>
-                                {
-                                    bucket
-                                        .get_range(&key, 0..size, None)
-                                        .await
-                                        .ok()
-                                        .map(|b| b.to_vec())
-                                }
-                                _ => None,
-                            };
-                            (name, posix, target)
-                        }
-                    })
-                    .buffer_unordered(HEAD_CONCURRENCY)
-                    .collect(),
-            );
-            for (n, p, t) in results {
-                attrs.insert(n, (p, t));
-            }
-        }
-        let mut changed: Vec<Ino> = Vec::new();
-        let mut added: Vec<Vec<u8>> = Vec::new();
-        let mut foreign: Vec<crate::external::Foreign> = Vec::new();
-        let cfg = &self.cfg;
-        deskfs_meta::txn(&*self.meta, |t| {
-            changed.clear();
-            added.clear();
-            foreign.clear();
-            let mut new_dirs = 0i64;
-            // What is known of every listed name, read at once.
-            let mut names = dir_names(t, dir)?;
-            let child_paths: Vec<Vec<u8>> = files
-                .iter()
-                .map(|(n, _)| n)
-                .chain(listing.dirs.iter())
-                .map(|n| join(&path, n.as_bytes()))
-                .collect();
-            let objs: HashMap<Vec<u8>, ObjectRow> = t
-                .get_objects(&child_paths)?
-                .into_iter()
-                .map(|o| (o.path.clone(), o))
-                .collect();
-            for (name, info) in &files {
-                let nb = name.as_bytes();
-                let cpath = join(&path, nb);
-                if let Some(obj) = objs.get(&cpath).cloned() {
-                    // Known object: did another tool replace it?
-                    if obj.etag.is_some() && info.etag.is_some() && obj.etag != info.etag {
-                        if let Some(d) = t.lookup(dir, nb)? {
-                            if let Some(mut r) = t.get_inode(d.ino)? {
-                                let local_writes = r.dirty || r.data_version != obj.data_version;
-                                if d.ino == obj.ino && r.kind == Kind::File && local_writes {
-                                    // Changed in the bucket while the file has local
-                                    // writes not uploaded: both versions are kept.
-                                    if let Some(etag) = &info.etag {
-                                        foreign.push(crate::external::Foreign {
-                                            path: cpath.clone(),
-                                            key: obj.key.clone(),
-                                            recorded: obj.clone(),
-                                            etag: etag.clone(),
-                                        });
-                                    }
-                                } else if d.ino == obj.ino
-                                    && r.kind == Kind::File
-                                    && !self.is_open(r.ino)
-                                {
-                                    r.size = info.size;
-                                    r.mtime_ns = info.mtime_ns;
-                                    r.ctime_ns = now_ns();
-                                    r.data_version += 1;
-                                    r.local = Local::None;
-                                    t.update_inode(&r)?;
-                                    t.put_object(&ObjectRow {
-                                        etag: info.etag.clone(),
-                                        size: info.size,
-                                        data_version: r.data_version,
-                                        meta_stamp: r.ctime_ns,
-                                        ..obj
-                                    })?;
-                                    changed.push(r.ino);
-                                }
-                            }
-                        }
-                    }
-                    continue;
-                }
-                if !names.insert(nb.to_vec()) {
-                    continue; // a local name
-                }
-                let (posix, target) = attrs.get(name).cloned().unwrap_or((None, None));
-                let mode = posix.map(|p| p.mode).unwrap_or(0o100644);
-                let mut kind = Kind::from_mode(mode).unwrap_or(Kind::File);
-                if kind == Kind::Dir || (kind == Kind::Symlink && target.is_none()) {
-                    kind = Kind::File;
-                }
-                let mtime = posix.map(|p| p.mtime_ns).unwrap_or(info.mtime_ns);
-                let row = InodeRow {
-                    ino: 0,
-                    kind,
-                    perm: if posix.is_some() {
-                        mode & 0o7777
-                    } else {
-                        0o644
-                    },
-                    uid: posix.map(|p| p.uid).unwrap_or(cfg.default_uid),
-                    gid: posix.map(|p| p.gid).unwrap_or(cfg.default_gid),
-                    rdev: 0,
-                    nlink: 1,
-                    size: if kind == Kind::Symlink {
-                        target.as_ref().map(|t| t.len() as u64).unwrap_or(0)
-                    } else {
-                        info.size
-                    },
-                    atime_ns: posix.map(|p| p.atime_ns).unwrap_or(mtime),
-                    mtime_ns: mtime,
-                    ctime_ns: posix.map(|p| p.ctime_ns).unwrap_or(mtime),
-                    btime_ns: mtime,
-                    data_version: 1,
-                    target: if kind == Kind::Symlink {
-                        target.clone()
-                    } else {
-                        None
-                    },
-                    local: Local::None,
-                    dirty: false,
-                    listed_ns: 0,
-                };
-                let ino = t.insert_inode(&row)?;
-                t.insert_dentry(dir, nb, ino)?;
-                added.push(nb.to_vec());
-                t.put_object(&ObjectRow {
-                    path: cpath,
-                    key: info.key.clone(),
-                    ino,
-                    kind,
-                    data_version: 1,
-                    meta_stamp: row.ctime_ns,
-                    etag: info.etag.clone(),
-                    size: info.size,
-                })?;
-            }
-            for name in &listing.dirs {
-                let nb = name.as_bytes();
-                if nb.len() > NAME_MAX || (dir == ROOT_INO && nb == RESERVED) {
-                    continue;
-                }
-                let cpath = join(&path, nb);
-                if names.contains(nb) || objs.contains_key(&cpath) {
-                    continue;
-                }
-                names.insert(nb.to_vec());
-                let now = now_ns();
-                let row = InodeRow {
-                    ino: 0,
-                    kind: Kind::Dir,
-                    perm: 0o755,
-                    uid: cfg.default_uid,
-                    gid: cfg.default_gid,
-                    rdev: 0,
-                    nlink: 2,
-                    size: 0,
-                    atime_ns: now,
-                    mtime_ns: now,
-                    ctime_ns: now,
-                    btime_ns: now,
-                    data_version: 0,
-                    target: None,
-                    local: Local::None,
-                    dirty: false,
-                    listed_ns: 0,
-                };
-                let ino = t.insert_inode(&row)?;
-                t.insert_dentry(dir, nb, ino)?;
-                added.push(nb.to_vec());
-                // Recorded as known so that a local rmdir is not undone by a re-listing.
-                t.put_object(&ObjectRow {
-                    path: cpath.clone(),
-                    key: self.key_for(&cpath),
-                    ino,
-                    kind: Kind::Dir,
-                    data_version: 0,
-                    meta_stamp: i64::MIN,
-                    etag: None,
-                    size: 0,
-                })?;
-                new_dirs += 1;
-            }
-            if let Some(mut d) = t.get_inode(dir)? {
-                d.nlink += new_dirs as u32;
-                d.listed_ns = now_ns();
-                t.update_inode(&d)?;
-            }
-            Ok::<_, crate::VfsError>(())
-        })?;
+        let attrs = self.new_object_attrs(&files, &plan.new_files);
+        let applied = self.apply_listing(dir, &path, &files, &dirs, &plan, &attrs)?;
         self.hints.set_listed(dir);
         // The kernel may hold negative entries for the new names and pages of the
         // replaced contents (delivered after this request: see `feed`).
-        if !added.is_empty() {
+        if !applied.added.is_empty() {
             // Its cached listing as well.
             self.invalidate_later(crate::Invalidation::Inode(dir));
         }
-        for name in added {
+        for name in applied.added {
             self.invalidate_later(crate::Invalidation::Entry { parent: dir, name });
         }
-        for ino in changed {
+        for ino in applied.changed {
             self.invalidate_later(crate::Invalidation::Inode(ino));
             self.cache.drop_blocks(ino);
             let _ = self.cache.remove_staging(ino);
         }
-        for f in &foreign {
+        for f in &applied.foreign {
             if let Err(e) = self.rt.block_on(self.save_bucket_version(f)) {
                 tracing::warn!(path = %String::from_utf8_lossy(&f.path), error = %e, "keeping the bucket's version of a conflicting file failed; the upload checks again");
             }
         }
         // Objects other tools deleted (a re-listing only: the entries were listed before).
-        if row.listed_ns != 0 {
-            let names: HashSet<&str> = files
-                .iter()
-                .map(|(n, _)| n.as_str())
-                .chain(listing.dirs.iter().map(String::as_str))
-                .collect();
-            if let Err(e) = self.drop_deleted(dir, &path, &names) {
+        if row.listed_ns != 0 && !plan.unlisted.is_empty() {
+            if let Err(e) = self.drop_deleted(dir, &path, &plan.unlisted) {
                 tracing::warn!(dir, error = %e, "looking for objects deleted from the bucket failed");
             }
         }
+        tracing::debug!(
+            dir,
+            objects = files.len(),
+            list_ms = listed_in.as_millis() as u64,
+            total_ms = started.elapsed().as_millis() as u64,
+            "directory listed from the bucket"
+        );
         Ok(())
+    }
+
+    /// POSIX attributes (and symlink targets) of the new objects among `files` (indices
+    /// `new`), fetched with [`HEAD_CONCURRENCY`] requests in flight. An object whose HEAD
+    /// fails gets default attributes.
+    fn new_object_attrs(&self, files: &[(String, ObjectInfo)], new: &[usize]) -> NewAttrs {
+        let mut attrs = NewAttrs::new();
+        if !self.bucket.supports_metadata() || new.is_empty() {
+            return attrs;
+        }
+        let bucket = self.bucket.clone();
+        let jobs: Vec<(String, String, u64)> = new
+            .iter()
+            .map(|&i| (files[i].0.clone(), files[i].1.key.clone(), files[i].1.size))
+            .collect();
+        let results: Vec<(String, Option<PosixMeta>, Option<Vec<u8>>)> = self.rt.block_on(
+            futures::stream::iter(jobs)
+                .map(|(name, key, size)| {
+                    let bucket = bucket.clone();
+                    async move {
+                        let posix = bucket.head(&key).await.ok().flatten().and_then(|h| h.posix);
+                        let target = match posix {
+                            Some(p)
+                                if Kind::from_mode(p.mode) == Some(Kind::Symlink)
+                                    && size < 4096 =>
+                            {
+                                bucket
+                                    .get_range(&key, 0..size, None)
+                                    .await
+                                    .ok()
+                                    .map(|b| b.to_vec())
+                            }
+                            _ => None,
+                        };
+                        (name, posix, target)
+                    }
+                })
+                .buffer_unordered(HEAD_CONCURRENCY)
+                .collect(),
+        );
+        for (n, p, t) in results {
+            attrs.insert(n, (p, t));
+        }
+        attrs
+    }
+
+    /// Writes what `plan` found, each name checked again inside the transaction (a
+    /// request may have created or recorded it since the plan's read), and stamps the
+    /// directory listed.
+    fn apply_listing(
+        &self,
+        dir: Ino,
+        path: &[u8],
+        files: &[(String, ObjectInfo)],
+        dirs: &[String],
+        plan: &ListingPlan,
+        attrs: &NewAttrs,
+    ) -> Result<Applied> {
+        let mut out = Applied::default();
+        deskfs_meta::txn(&*self.meta, |t| {
+            out = Applied::default();
+            for &i in &plan.changed {
+                let (name, info) = &files[i];
+                let cpath = join(path, name.as_bytes());
+                if let Some(obj) = t.get_object(&cpath)? {
+                    self.take_replaced(t, dir, name.as_bytes(), info, obj, &mut out)?;
+                }
+            }
+            for &i in &plan.new_files {
+                let (name, info) = &files[i];
+                let nb = name.as_bytes();
+                let cpath = join(path, nb);
+                if t.lookup(dir, nb)?.is_some() || t.get_object(&cpath)?.is_some() {
+                    continue;
+                }
+                let (posix, target) = attrs.get(name).cloned().unwrap_or((None, None));
+                self.import_file(t, dir, nb, cpath, info, posix, target)?;
+                out.added.push(nb.to_vec());
+            }
+            let mut new_dirs = 0u32;
+            for &j in &plan.new_dirs {
+                let nb = dirs[j].as_bytes();
+                let cpath = join(path, nb);
+                if t.lookup(dir, nb)?.is_some() || t.get_object(&cpath)?.is_some() {
+                    continue;
+                }
+                self.import_dir(t, dir, nb, cpath)?;
+                out.added.push(nb.to_vec());
+                new_dirs += 1;
+            }
+            if let Some(mut d) = t.get_inode(dir)? {
+                d.nlink += new_dirs;
+                d.listed_ns = now_ns();
+                t.update_inode(&d)?;
+            }
+            Ok::<_, crate::VfsError>(())
+        })?;
+        Ok(out)
+    }
+
+    /// Recorded object `obj` of entry `name` in `dir` shows ETag `info.etag` in the
+    /// bucket now: another tool replaced it. A clean, closed file takes the new content;
+    /// one with local writes not uploaded keeps them, and the bucket's version is saved
+    /// beside it ([`crate::external`]).
+    fn take_replaced(
+        &self,
+        t: &mut dyn MetaTxn,
+        dir: Ino,
+        name: &[u8],
+        info: &ObjectInfo,
+        obj: ObjectRow,
+        out: &mut Applied,
+    ) -> Result<()> {
+        if !etag_changed(&obj, info) {
+            return Ok(());
+        }
+        let Some(d) = t.lookup(dir, name)? else {
+            return Ok(());
+        };
+        let Some(mut r) = t.get_inode(d.ino)? else {
+            return Ok(());
+        };
+        if d.ino != obj.ino || r.kind != Kind::File {
+            return Ok(());
+        }
+        let local_writes = r.dirty || r.data_version != obj.data_version;
+        if local_writes {
+            if let Some(etag) = &info.etag {
+                out.foreign.push(crate::external::Foreign {
+                    path: obj.path.clone(),
+                    key: obj.key.clone(),
+                    recorded: obj.clone(),
+                    etag: etag.clone(),
+                });
+            }
+        } else if !self.is_open(r.ino) {
+            r.size = info.size;
+            r.mtime_ns = info.mtime_ns;
+            r.ctime_ns = now_ns();
+            r.data_version += 1;
+            r.local = Local::None;
+            t.update_inode(&r)?;
+            t.put_object(&ObjectRow {
+                etag: info.etag.clone(),
+                size: info.size,
+                data_version: r.data_version,
+                meta_stamp: r.ctime_ns,
+                ..obj
+            })?;
+            out.changed.push(r.ino);
+        }
+        Ok(())
+    }
+
+    /// Adds object `info` as file (or symlink) `name` in `dir` at workspace path `cpath`,
+    /// with the POSIX attributes its metadata carried (else defaults).
+    #[allow(clippy::too_many_arguments)]
+    fn import_file(
+        &self,
+        t: &mut dyn MetaTxn,
+        dir: Ino,
+        name: &[u8],
+        cpath: Vec<u8>,
+        info: &ObjectInfo,
+        posix: Option<PosixMeta>,
+        target: Option<Vec<u8>>,
+    ) -> Result<Ino> {
+        let cfg = &self.cfg;
+        let mode = posix.map(|p| p.mode).unwrap_or(0o100644);
+        let mut kind = Kind::from_mode(mode).unwrap_or(Kind::File);
+        if kind == Kind::Dir || (kind == Kind::Symlink && target.is_none()) {
+            kind = Kind::File;
+        }
+        let mtime = posix.map(|p| p.mtime_ns).unwrap_or(info.mtime_ns);
+        let row = InodeRow {
+            ino: 0,
+            kind,
+            perm: if posix.is_some() {
+                mode & 0o7777
+            } else {
+                0o644
+            },
+            uid: posix.map(|p| p.uid).unwrap_or(cfg.default_uid),
+            gid: posix.map(|p| p.gid).unwrap_or(cfg.default_gid),
+            rdev: 0,
+            nlink: 1,
+            size: if kind == Kind::Symlink {
+                target.as_ref().map(|t| t.len() as u64).unwrap_or(0)
+            } else {
+                info.size
+            },
+            atime_ns: posix.map(|p| p.atime_ns).unwrap_or(mtime),
+            mtime_ns: mtime,
+            ctime_ns: posix.map(|p| p.ctime_ns).unwrap_or(mtime),
+            btime_ns: mtime,
+            data_version: 1,
+            target: if kind == Kind::Symlink { target } else { None },
+            local: Local::None,
+            dirty: false,
+            listed_ns: 0,
+        };
+        let ino = t.insert_inode(&row)?;
+        t.insert_dentry(dir, name, ino)?;
+        t.put_object(&ObjectRow {
+            path: cpath,
+            key: info.key.clone(),
+            ino,
+            kind,
+            data_version: 1,
+            meta_stamp: row.ctime_ns,
+            etag: info.etag.clone(),
+            size: info.size,
+        })?;
+        Ok(ino)
+    }
+
+    /// Adds bucket prefix `name/` as directory `name` in `dir` (workspace path `cpath`),
+    /// recorded as known so that a local `rmdir` is not undone by a re-listing.
+    fn import_dir(
+        &self,
+        t: &mut dyn MetaTxn,
+        dir: Ino,
+        name: &[u8],
+        cpath: Vec<u8>,
+    ) -> Result<Ino> {
+        let cfg = &self.cfg;
+        let now = now_ns();
+        let row = InodeRow {
+            ino: 0,
+            kind: Kind::Dir,
+            perm: 0o755,
+            uid: cfg.default_uid,
+            gid: cfg.default_gid,
+            rdev: 0,
+            nlink: 2,
+            size: 0,
+            atime_ns: now,
+            mtime_ns: now,
+            ctime_ns: now,
+            btime_ns: now,
+            data_version: 0,
+            target: None,
+            local: Local::None,
+            dirty: false,
+            listed_ns: 0,
+        };
+        let ino = t.insert_inode(&row)?;
+        t.insert_dentry(dir, name, ino)?;
+        t.put_object(&ObjectRow {
+            key: self.key_for(&cpath),
+            path: cpath,
+            ino,
+            kind: Kind::Dir,
+            data_version: 0,
+            meta_stamp: i64::MIN,
+            etag: None,
+            size: 0,
+        })?;
+        Ok(ino)
     }
 
     /// Lists every directory under `dir` (inclusive) that was never listed, so that the

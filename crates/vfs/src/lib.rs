@@ -71,6 +71,11 @@ pub struct VfsConfig {
     /// How long a directory listing imported from the bucket stays fresh before `readdir`
     /// lists the bucket again (changes made by other tools appear after this).
     pub list_ttl: Duration,
+    /// A directory with at least this many entries is refreshed from the bucket in the
+    /// background: the `opendir` that finds its listing older than `list_ttl` is served
+    /// the known entries at once, and what the refresh finds shows from the next
+    /// `readdir` on (a bucket listing of 100,000 objects takes over a second).
+    pub background_relist_min: u64,
     /// Blocks fetched ahead of a sequential reader.
     pub readahead_blocks: u64,
     /// Concurrent bucket operations of the uploader.
@@ -101,6 +106,7 @@ impl Default for VfsConfig {
         VfsConfig {
             upload_delay: Duration::from_millis(500),
             list_ttl: Duration::from_secs(30),
+            background_relist_min: 10_000,
             readahead_blocks: 32,
             upload_workers: 8,
             default_uid: 0,
@@ -175,6 +181,10 @@ pub struct Vfs {
     pub(crate) pid: u32,
     /// This mount's recent namespace and content changes (see [`change_ring`]).
     pub(crate) ring: change_ring::ChangeRing,
+    /// Directory refreshes running in the background (see [`importer`]).
+    pub(crate) relists: importer::BackgroundRelists,
+    /// This VFS itself, for work it hands to threads of its own.
+    pub(crate) this: std::sync::Weak<Vfs>,
 }
 
 impl std::fmt::Debug for Vfs {
@@ -239,7 +249,7 @@ impl Vfs {
         rt: tokio::runtime::Handle,
         pid: u32,
     ) -> Result<Arc<Vfs>> {
-        let vfs = Arc::new(Vfs {
+        let vfs = Arc::new_cyclic(|this| Vfs {
             meta,
             bucket,
             cache,
@@ -272,6 +282,8 @@ impl Vfs {
             marker: Mutex::new(None),
             pid,
             ring: change_ring::ChangeRing::default(),
+            relists: importer::BackgroundRelists::default(),
+            this: this.clone(),
         });
         let (marker, after_crash) = mount_marker::MountMarker::claim(vfs.cache.root())?;
         *vfs.marker.lock().map_err(|_| poisoned())? = Some(marker);

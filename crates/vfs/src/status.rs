@@ -73,6 +73,9 @@ pub struct VfsStatus {
     pub data_flushes: u64,
     /// FUSE passthrough is used for opens now.
     pub passthrough: bool,
+    /// Directories being refreshed from the bucket in the background now (large ones:
+    /// see [`crate::VfsConfig::background_relist_min`]).
+    pub background_relists: usize,
 }
 
 impl Vfs {
@@ -116,6 +119,7 @@ impl Vfs {
             meta_flushes: self.meta_flush.count(),
             data_flushes: self.data_flushes.load(std::sync::atomic::Ordering::Relaxed),
             passthrough: self.passthrough_on(),
+            background_relists: self.relists.running(),
         })
     }
 }

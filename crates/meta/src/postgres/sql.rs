@@ -240,6 +240,7 @@ queries! {
         " FROM dentries d JOIN inodes i ON i.ino = d.ino
         WHERE d.parent = $1 AND d.cookie > $2 ORDER BY d.cookie LIMIT $3");
     HasChildren = "SELECT EXISTS (SELECT 1 FROM dentries WHERE parent = $1)";
+    CountChildren = "SELECT count(*) FROM (SELECT 1 FROM dentries WHERE parent = $1 LIMIT $2) c";
     NamesOf = "SELECT parent, name FROM dentries WHERE ino = $1 ORDER BY cookie";
     PathsOf = concat!(
         paths_cte!("SELECT cookie, parent, name, 0 FROM dentries WHERE ino = $1"),

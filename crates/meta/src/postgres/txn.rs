@@ -417,6 +417,16 @@ impl MetaTxn for PgTxn<'_> {
         col(&self.one(Q::HasChildren, &[&i(parent)])?, 0)
     }
 
+    fn count_children(&mut self, parent: Ino, cap: u64) -> Result<u64> {
+        col_u64(
+            &self.one(
+                Q::CountChildren,
+                &[&i(parent), &i(cap.min(i64::MAX as u64))],
+            )?,
+            0,
+        )
+    }
+
     fn names_of(&mut self, ino: Ino) -> Result<Vec<(Ino, Vec<u8>)>> {
         self.query(Q::NamesOf, &[&i(ino)])?
             .iter()

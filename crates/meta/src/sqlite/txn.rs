@@ -266,6 +266,17 @@ impl MetaTxn for SqlTxn<'_> {
         Ok(st.exists(params![parent as i64])?)
     }
 
+    fn count_children(&mut self, parent: Ino, cap: u64) -> Result<u64> {
+        let mut st = self.conn.prepare_cached(
+            "SELECT count(*) FROM (SELECT 1 FROM dentries WHERE parent=?1 LIMIT ?2)",
+        )?;
+        let n: i64 = st.query_row(
+            params![parent as i64, cap.min(i64::MAX as u64) as i64],
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
     fn names_of(&mut self, ino: Ino) -> Result<Vec<(Ino, Vec<u8>)>> {
         let mut st = self
             .conn

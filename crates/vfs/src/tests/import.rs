@@ -248,6 +248,58 @@ fn changes_by_other_tools_are_picked_up_after_the_ttl() {
     assert_eq!(h.cat_path("d/added"), b"added");
 }
 
+/// A directory of `background_relist_min` entries or more is refreshed on a thread of its
+/// own: the `opendir` that finds its listing older than the TTL is served the known
+/// entries without waiting for the bucket, one refresh runs at a time, and what it finds
+/// shows at a later `readdir`.
+#[test]
+fn a_large_directory_is_refreshed_in_the_background() {
+    let h = Harness::build(
+        VfsConfig {
+            list_ttl: Duration::ZERO,
+            background_relist_min: 2,
+            ..test_cfg()
+        },
+        |b| {
+            put(b, "d/a", b"a");
+            put(b, "d/b", b"b");
+        },
+    );
+    let d = h.lk(ROOT_INO, "d").unwrap();
+    assert_eq!(
+        h.ls(d.ino),
+        ["a", "b"],
+        "the first listing waits for the bucket"
+    );
+    std::fs::write(h.bucket_dir().join("d/added"), b"added").unwrap();
+    // While a refresh of `d` runs, an opendir starts no other and waits for none.
+    assert!(h.relists.start(d.ino));
+    assert_eq!(h.ls(d.ino), ["a", "b"], "the known entries, at once");
+    assert_eq!(h.status().unwrap().background_relists, 1);
+    h.relists.finish(d.ino);
+    // The next opendir starts a refresh; a later readdir shows what it found.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let names = h.ls(d.ino);
+        if names == ["a", "added", "b"] {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background refresh never showed the new object: {names:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(h.cat_path("d/added"), b"added");
+    while h.status().unwrap().background_relists != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a refresh never finished"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn a_local_delete_is_not_undone_by_a_relisting() {
     let h = Harness::build(
