@@ -74,6 +74,35 @@ impl Cache {
         Ok(())
     }
 
+    /// Forgets and deletes every cached block (temp files of interrupted writes too);
+    /// returns how many blocks were indexed. Blocks are written without a flush (a temp
+    /// file renamed into place), so after a crash of the machine one may be short or
+    /// hold zeros: a mount that finds the last one ended without a clean shutdown calls
+    /// this before serving. Errors: the blocks directory cannot be read or a file
+    /// cannot be removed (`EIO`).
+    pub fn drop_all_blocks(&self) -> Result<usize> {
+        let dropped = {
+            let mut lru = self.lru_lock();
+            let keys = lru.all_blocks();
+            for k in &keys {
+                lru.forget_block(*k);
+            }
+            keys.len()
+        };
+        let rd = match std::fs::read_dir(&self.blocks) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(dropped),
+            Err(e) => return Err(CacheError::io(&self.blocks, e)),
+        };
+        for sub in rd {
+            let sub = sub.map_err(|e| CacheError::io(&self.blocks, e))?.path();
+            if sub.is_dir() {
+                std::fs::remove_dir_all(&sub).map_err(|e| CacheError::io(&sub, e))?;
+            }
+        }
+        Ok(dropped)
+    }
+
     /// Whether a block is cached (no recency update).
     pub fn has_block(&self, k: &BlockKey) -> bool {
         self.lru_lock().has_block(*k)

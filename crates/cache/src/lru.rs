@@ -98,6 +98,11 @@ impl Lru {
         self.blocks.range(lo..=hi).copied().collect()
     }
 
+    /// Every block held.
+    pub(crate) fn all_blocks(&self) -> Vec<BlockKey> {
+        self.blocks.iter().copied().collect()
+    }
+
     pub(crate) fn block_count(&self) -> usize {
         self.blocks.len()
     }

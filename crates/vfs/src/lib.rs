@@ -285,11 +285,11 @@ impl Vfs {
             relists: importer::BackgroundRelists::default(),
             this: this.clone(),
         });
-        let (marker, after_crash) = mount_marker::MountMarker::claim(vfs.cache.root())?;
+        let (marker, found) = mount_marker::MountMarker::claim(vfs.cache.root())?;
         *vfs.marker.lock().map_err(|_| poisoned())? = Some(marker);
         vfs.start_session()?;
         vfs.await_peer_acks(feed::JOIN_WAIT);
-        vfs.recover(after_crash)?;
+        vfs.recover(found)?;
         index_staging_later(&vfs);
         vfs.cache.start_pool(STAGING_POOL);
         uploader::start(&vfs);
@@ -312,12 +312,13 @@ impl Vfs {
             .ok_or_else(|| VfsError::Io(std::io::Error::other("inode allocation returned nothing")))
     }
 
-    /// Crash recovery at mount. Orphans of dead mounts are purged; with `after_crash` (a
+    /// Crash recovery at mount. Orphans of dead mounts are purged; after a crash (a
     /// mount of this cache dir ended without committing everything: see
-    /// [`mount_marker`]), dirty staging files are adopted as new content versions. The
+    /// [`mount_marker`]), dirty staging files are adopted as new content versions, and
+    /// the block cache is emptied unless another mount uses the cache dir now. The
     /// staging files' index (clean ones evictable, stale ones removed) is built in the
     /// background ([`Vfs::index_staging`]): serving needs none of it.
-    fn recover(&self, after_crash: bool) -> Result<()> {
+    fn recover(&self, found: mount_marker::Found) -> Result<()> {
         // Orphans: inodes whose last name went away while open, then the process died.
         // Still open through another live mount: that mount purges it at its last close.
         let orphans = deskfs_meta::read(&*self.meta, |t| t.orphan_inodes())?;
@@ -331,8 +332,21 @@ impl Vfs {
                 }
             }
         }
-        if !after_crash {
+        if !found.after_crash {
             return Ok(());
+        }
+        // Cached blocks were written without a flush: after a power loss one may be short
+        // or zeros. They are only copies of bucket objects, fetched again on demand. (A
+        // mount still live on this cache dir means the machine did not go down.)
+        let dropped = match found.others_live {
+            true => 0,
+            false => self.cache.drop_all_blocks()?,
+        };
+        if dropped > 0 {
+            tracing::info!(
+                blocks = dropped,
+                "the last mount did not end cleanly: cached blocks dropped (they may be torn)"
+            );
         }
         let here = self.here();
         // Dirty inodes held here: their staging file is the truth. Writes that reached it

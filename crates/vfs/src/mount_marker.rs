@@ -14,6 +14,15 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+/// What [`MountMarker::claim`] found in the cache dir.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Found {
+    /// A mount of this cache dir ended without a clean shutdown (or the dir is new).
+    pub after_crash: bool,
+    /// Another mount uses this cache dir now.
+    pub others_live: bool,
+}
+
 /// This mount's marker (its `flock` lives as long as the file is open).
 #[derive(Debug)]
 pub(crate) struct MountMarker {
@@ -41,9 +50,10 @@ impl MountMarker {
     /// found (it is removed), or when the cache dir has never held markers (a cache dir
     /// of an older deskfs). Markers of live mounts sharing the cache dir are left alone.
     /// Errors: the cache dir's file system (`EIO`, `ENOSPC`, `EACCES`).
-    pub(crate) fn claim(cache_root: &Path) -> std::io::Result<(MountMarker, bool)> {
+    pub(crate) fn claim(cache_root: &Path) -> std::io::Result<(MountMarker, Found)> {
         let dir = cache_root.join("mounts");
         let mut needs_recovery = !dir.is_dir();
+        let mut others_live = false;
         std::fs::create_dir_all(&dir)?;
         for e in std::fs::read_dir(&dir)? {
             let p = e?.path();
@@ -65,6 +75,8 @@ impl MountMarker {
                         Err(e)
                     }
                 })?;
+            } else {
+                others_live = true;
             }
         }
         // Locked under a name no scan looks at, then renamed: a marker any scan sees is
@@ -80,7 +92,11 @@ impl MountMarker {
         }
         let path = dir.join(format!("{name}.live"));
         std::fs::rename(&tmp, &path)?;
-        Ok((MountMarker { path, _file: file }, needs_recovery))
+        let found = Found {
+            after_crash: needs_recovery,
+            others_live,
+        };
+        Ok((MountMarker { path, _file: file }, found))
     }
 
     /// Every write of this mount is committed: the next mount needs no crash recovery
@@ -98,18 +114,21 @@ mod unit {
     #[test]
     fn a_mount_that_did_not_end_cleanly_asks_for_recovery_once() {
         let tmp = tempfile::tempdir().unwrap();
-        let (first, recover) = MountMarker::claim(tmp.path()).unwrap();
-        assert!(recover, "a cache dir without markers: recover");
+        let (first, found) = MountMarker::claim(tmp.path()).unwrap();
+        assert!(found.after_crash, "a cache dir without markers: recover");
+        assert!(!found.others_live);
         // A second, live mount sharing the cache dir: no reason to recover.
-        let (second, recover) = MountMarker::claim(tmp.path()).unwrap();
-        assert!(!recover, "a live mount's marker is left alone");
+        let (second, found) = MountMarker::claim(tmp.path()).unwrap();
+        assert!(!found.after_crash, "a live mount's marker is left alone");
+        assert!(found.others_live, "the first mount is live");
         second.ended_cleanly().unwrap();
         // The first one dies (its lock goes with its file).
         drop(first);
-        let (third, recover) = MountMarker::claim(tmp.path()).unwrap();
-        assert!(recover, "a dead mount's marker asks for recovery");
+        let (third, found) = MountMarker::claim(tmp.path()).unwrap();
+        assert!(found.after_crash, "a dead mount's marker asks for recovery");
+        assert!(!found.others_live);
         third.ended_cleanly().unwrap();
-        let (_fourth, recover) = MountMarker::claim(tmp.path()).unwrap();
-        assert!(!recover, "after clean ends, none is needed");
+        let (_fourth, found) = MountMarker::claim(tmp.path()).unwrap();
+        assert!(!found.after_crash, "after clean ends, none is needed");
     }
 }
