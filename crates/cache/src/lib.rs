@@ -186,6 +186,8 @@ pub struct Cache {
     pool: pool::Pool,
     /// Staging files being read by path (uploads), with reader counts.
     readers: std::sync::Mutex<std::collections::HashMap<u64, usize>>,
+    /// Flushes run by [`Cache::sync_staging`].
+    staging_syncs: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Cache {
@@ -214,6 +216,7 @@ impl Cache {
             lru: std::sync::Mutex::new(Lru::default()),
             pool: pool::Pool::new(root),
             readers: std::sync::Mutex::new(std::collections::HashMap::new()),
+            staging_syncs: std::sync::atomic::AtomicU64::new(0),
         };
         cache.index_blocks()?;
         Ok(cache)
@@ -301,6 +304,30 @@ impl Cache {
     }
 
     /// Whether `ino` has a staging file.
+    /// Flushes the staging file of `ino` to stable storage (`fdatasync`); a missing file
+    /// needs nothing. The uploader calls it before a row may say clean: after a power
+    /// loss only dirty staging files are recovered, so a clean one must already be on
+    /// disk. Errors: the flush (`EIO`, reported once by the kernel — never retried into a
+    /// success by the caller: the row stays dirty and the upload is tried again).
+    pub fn sync_staging(&self, ino: u64) -> Result<()> {
+        let p = self.staging_path(ino);
+        let f = match File::open(&p) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(CacheError::io(&p, e)),
+        };
+        f.sync_data().map_err(|e| CacheError::io(&p, e))?;
+        self.staging_syncs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How many staging flushes [`Cache::sync_staging`] ran.
+    pub fn staging_syncs(&self) -> u64 {
+        self.staging_syncs
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn has_staging(&self, ino: u64) -> bool {
         self.staging_path(ino).exists()
     }

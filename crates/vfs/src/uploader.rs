@@ -840,6 +840,9 @@ async fn reconcile_file(
         // any moment without the daemon seeing it, so the row stays dirty (recorded, not
         // clean) until those handles close; `after_clean` catches an open that raced.
         let clean = pt_writers == 0;
+        if clean {
+            flush_staging(vfs, r.ino).await?;
+        }
         let out = record_upload(vfs, path, key, &r, prior, put.etag, put.size, clean).await?;
         if matches!(out, Outcome::Done) {
             served(vfs, r.ino).await;
@@ -1350,7 +1353,17 @@ async fn served(vfs: &Arc<Vfs>, ino: Ino) {
     }
 }
 
+/// Flushes `ino`'s staging file before its row may say clean. A clean row's local copy is
+/// what the next open reads (passthrough included), and after a power loss recovery
+/// adopts only dirty staging files: one uploaded but still in the page cache could come
+/// back short or as zeros and be served as the file — or uploaded over the good object at
+/// its next change. A failed flush fails the upload (the row stays dirty, retried).
+async fn flush_staging(vfs: &Arc<Vfs>, ino: Ino) -> Result<()> {
+    blocking(vfs, move |v| Ok(v.cache.sync_staging(ino)?)).await
+}
+
 async fn mark_clean(vfs: &Arc<Vfs>, ino: Ino, version: u64, size: Option<u64>) -> Result<()> {
+    flush_staging(vfs, ino).await?;
     blocking(vfs, move |v| {
         let txn = || {
             deskfs_meta::txn(&*v.meta, |t| {

@@ -284,3 +284,22 @@ fn cached_blocks_are_not_trusted_after_a_crash() {
         "content after the crash is the bucket's"
     );
 }
+
+/// After a power loss only dirty staging files are recovered, so a staging file is on disk
+/// before its row says clean: the uploader flushes it before it records the upload as
+/// clean. (A clean row over a torn local copy would be served — passthrough reads it
+/// directly — and uploaded over the good object at the file's next change.)
+#[test]
+fn a_staging_file_is_flushed_before_its_row_says_clean() {
+    let h = Harness::new();
+    let before = h.cache.staging_syncs();
+    let f = h.file(ROOT_INO, "f", b"uploaded, never fsynced");
+    h.sync_all();
+    let row = h.meta.get_inode(f.ino).unwrap().unwrap();
+    assert!(!row.dirty, "uploaded and clean");
+    assert_eq!(row.local, h.here(), "its copy is kept here");
+    assert!(
+        h.cache.staging_syncs() > before,
+        "the clean copy was flushed first"
+    );
+}
