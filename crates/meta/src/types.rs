@@ -134,6 +134,33 @@ pub struct InodeRow {
     pub listed_ns: i64,
 }
 
+impl InodeRow {
+    /// A new, empty inode of `kind` (number 0: the engine assigns it) with permission bits
+    /// `perm`, owned by `uid:gid`, every time `now_ns`; one link (two for a directory: its
+    /// `.`), no content, nothing local, never listed.
+    pub fn fresh(kind: Kind, perm: u32, uid: u32, gid: u32, now_ns: i64) -> InodeRow {
+        InodeRow {
+            ino: 0,
+            kind,
+            perm,
+            uid,
+            gid,
+            rdev: 0,
+            nlink: if kind == Kind::Dir { 2 } else { 1 },
+            size: 0,
+            atime_ns: now_ns,
+            mtime_ns: now_ns,
+            ctime_ns: now_ns,
+            btime_ns: now_ns,
+            data_version: 0,
+            target: None,
+            local: Local::None,
+            dirty: false,
+            listed_ns: 0,
+        }
+    }
+}
+
 /// One directory entry. `cookie` is unique, never reused, and stable for the life of the
 /// entry (also across rename), so it serves as the readdir offset.
 #[derive(Clone, Debug, PartialEq, Eq)]

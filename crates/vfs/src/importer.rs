@@ -124,6 +124,21 @@ impl ListingPlan {
     }
 }
 
+/// Inserts `row` as entry `name` of directory `dir` and records `obj` (its `ino` filled
+/// in) as the object holding it; returns the new inode's number.
+fn insert_imported(
+    t: &mut dyn MetaTxn,
+    dir: Ino,
+    name: &[u8],
+    row: &InodeRow,
+    obj: ObjectRow,
+) -> Result<Ino> {
+    let ino = t.insert_inode(row)?;
+    t.insert_dentry(dir, name, ino)?;
+    t.put_object(&ObjectRow { ino, ..obj })?;
+    Ok(ino)
+}
+
 /// Whether another tool replaced recorded object `o` (both ETags known and different).
 fn etag_changed(o: &ObjectRow, info: &ObjectInfo) -> bool {
     o.etag.is_some() && info.etag.is_some() && o.etag != info.etag
@@ -482,19 +497,17 @@ impl Vfs {
             dirty: false,
             listed_ns: 0,
         };
-        let ino = t.insert_inode(&row)?;
-        t.insert_dentry(dir, name, ino)?;
-        t.put_object(&ObjectRow {
+        let obj = ObjectRow {
             path: cpath,
             key: info.key.clone(),
-            ino,
+            ino: 0,
             kind,
             data_version: 1,
             meta_stamp: row.ctime_ns,
             etag: info.etag.clone(),
             size: info.size,
-        })?;
-        Ok(ino)
+        };
+        insert_imported(t, dir, name, &row, obj)
     }
 
     /// Adds bucket prefix `name/` as directory `name` in `dir` (workspace path `cpath`),
@@ -507,39 +520,18 @@ impl Vfs {
         cpath: Vec<u8>,
     ) -> Result<Ino> {
         let cfg = &self.cfg;
-        let now = now_ns();
-        let row = InodeRow {
-            ino: 0,
-            kind: Kind::Dir,
-            perm: 0o755,
-            uid: cfg.default_uid,
-            gid: cfg.default_gid,
-            rdev: 0,
-            nlink: 2,
-            size: 0,
-            atime_ns: now,
-            mtime_ns: now,
-            ctime_ns: now,
-            btime_ns: now,
-            data_version: 0,
-            target: None,
-            local: Local::None,
-            dirty: false,
-            listed_ns: 0,
-        };
-        let ino = t.insert_inode(&row)?;
-        t.insert_dentry(dir, name, ino)?;
-        t.put_object(&ObjectRow {
+        let row = InodeRow::fresh(Kind::Dir, 0o755, cfg.default_uid, cfg.default_gid, now_ns());
+        let obj = ObjectRow {
             key: self.key_for(&cpath),
             path: cpath,
-            ino,
+            ino: 0,
             kind: Kind::Dir,
             data_version: 0,
             meta_stamp: i64::MIN,
             etag: None,
             size: 0,
-        })?;
-        Ok(ino)
+        };
+        insert_imported(t, dir, name, &row, obj)
     }
 
     /// Lists every directory under `dir` (inclusive) that was never listed, so that the

@@ -6,9 +6,7 @@
 
 use std::sync::Arc;
 
-use deskfs_meta::{
-    AttrUpdate, Ino, InodeRow, Kind, Local, MetaTxn, Op, OpOut, XattrMode, ROOT_INO,
-};
+use deskfs_meta::{AttrUpdate, Ino, InodeRow, Kind, MetaTxn, Op, OpOut, XattrMode, ROOT_INO};
 
 use crate::changes::{Batch, Facts, Node, OnFail, Plan};
 use crate::handles::{Handle, OpenRecord};
@@ -221,23 +219,8 @@ impl Vfs {
             }
         }
         InodeRow {
-            ino: 0,
-            kind,
-            perm,
-            uid: ctx.uid,
-            gid,
-            rdev: 0,
-            nlink: if kind == Kind::Dir { 2 } else { 1 },
-            size: 0,
-            atime_ns: now,
-            mtime_ns: now,
-            ctime_ns: now,
-            btime_ns: now,
-            data_version: 0,
-            target: None,
-            local: Local::None,
-            dirty: false,
             listed_ns: if kind == Kind::Dir { now } else { 0 },
+            ..InodeRow::fresh(kind, perm, ctx.uid, gid, now)
         }
     }
 
