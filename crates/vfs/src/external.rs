@@ -26,6 +26,9 @@ const CONFLICTS_KEPT: usize = 50;
 /// subtree is left (and logged).
 const DROP_SUBTREE_MAX: usize = 10_000;
 
+/// Unlisted names examined per read when looking for objects deleted from the bucket.
+const UNLISTED_CHUNK: usize = 256;
+
 /// One bucket conflict: a version another tool wrote to the bucket while the file had
 /// unuploaded local writes, kept beside it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -208,21 +211,27 @@ impl Vfs {
     /// files (and directories) and whose prefix is confirmed empty. Content that exists
     /// only here (dirty, unuploaded, created here) is never removed.
     pub(crate) fn drop_deleted(&self, dir: Ino, path: &[u8], unlisted: &[Vec<u8>]) -> Result<()> {
-        let found = deskfs_meta::read(&*self.meta, |t| {
-            let mut out: Vec<(Vec<u8>, Kind, Vec<ObjectRow>)> = Vec::new();
-            for name in unlisted {
-                let Some(d) = t.lookup(dir, name)? else {
-                    continue;
-                };
-                let Some(r) = t.get_inode(d.ino)? else {
-                    continue;
-                };
-                if let Some(rows) = self.bucket_only(t, &join(path, name), &r)? {
-                    out.push((name.clone(), r.kind, rows));
+        // A read per chunk of names: a large directory is refreshed in the background,
+        // beside requests that share the database connection.
+        let mut found: Vec<(Vec<u8>, Kind, Vec<ObjectRow>)> = Vec::new();
+        for chunk in unlisted.chunks(UNLISTED_CHUNK) {
+            let rows = deskfs_meta::read(&*self.meta, |t| {
+                let mut out = Vec::new();
+                for name in chunk {
+                    let Some(d) = t.lookup(dir, name)? else {
+                        continue;
+                    };
+                    let Some(r) = t.get_inode(d.ino)? else {
+                        continue;
+                    };
+                    if let Some(rows) = self.bucket_only(t, &join(path, name), &r)? {
+                        out.push((name.clone(), r.kind, rows));
+                    }
                 }
-            }
-            Ok::<_, VfsError>(out)
-        })?;
+                Ok::<_, VfsError>(out)
+            })?;
+            found.extend(rows);
+        }
         for (name, kind, rows) in found {
             let cpath = join(path, &name);
             // Confirmed gone now, after the read: a PUT landing later changes a record.

@@ -5,19 +5,21 @@
 use std::collections::{HashMap, HashSet};
 
 use deskfs_bucket::{ObjectInfo, PosixMeta};
-use deskfs_meta::{Ino, InodeRow, Kind, Local, MetaTxn, ObjectRow, ROOT_INO};
+use deskfs_meta::{Ino, InodeRow, Kind, Local, MetaEngine, MetaTxn, ObjectRow, ROOT_INO};
 use futures::StreamExt;
 
 use crate::namespace::NAME_MAX;
 use crate::paths::{dir_path, is_escaped, join, RESERVED};
 use crate::{now_ns, Result, Vfs};
 
-/// The names in directory `dir`, read in pages of [`LIST_PAGE`].
-fn dir_names(t: &mut dyn MetaTxn, dir: Ino) -> deskfs_meta::Result<HashSet<Vec<u8>>> {
+/// The names in directory `dir`, read in pages of [`LIST_PAGE`], each page a read of its
+/// own: a large directory is compared in the background beside the mount's requests,
+/// which share the database connection, so no read holds it for the whole directory.
+fn dir_names(meta: &dyn MetaEngine, dir: Ino) -> Result<HashSet<Vec<u8>>> {
     let mut names = HashSet::new();
     let mut after = 0;
     loop {
-        let page = t.list_dir(dir, after, LIST_PAGE)?;
+        let page = deskfs_meta::read(meta, |t| t.list_dir(dir, after, LIST_PAGE))?;
         let full = page.len() == LIST_PAGE;
         for (d, _) in page {
             after = after.max(d.cookie);
@@ -28,6 +30,9 @@ fn dir_names(t: &mut dyn MetaTxn, dir: Ino) -> deskfs_meta::Result<HashSet<Vec<u
         }
     }
 }
+
+/// Object rows read per round trip while comparing a listing (one read each, as pages).
+const OBJECT_CHUNK: usize = 1024;
 
 /// Directory entries read per round trip while comparing a bucket listing with them.
 const LIST_PAGE: usize = 4096;
@@ -77,26 +82,27 @@ struct ListingPlan {
 
 impl ListingPlan {
     /// Compares listed `files` and `dirs` (names in directory `dir`, workspace path
-    /// `path`) with what the namespace knows.
+    /// `path`) with what the namespace knows, in reads of a page each (the write that
+    /// follows checks every name it acts on again).
     fn read(
-        t: &mut dyn MetaTxn,
+        meta: &dyn MetaEngine,
         dir: Ino,
         path: &[u8],
         files: &[(String, ObjectInfo)],
         dirs: &[String],
-    ) -> deskfs_meta::Result<ListingPlan> {
-        let local = dir_names(t, dir)?;
+    ) -> Result<ListingPlan> {
+        let local = dir_names(meta, dir)?;
         let paths: Vec<Vec<u8>> = files
             .iter()
             .map(|(n, _)| n)
             .chain(dirs.iter())
             .map(|n| join(path, n.as_bytes()))
             .collect();
-        let objs: HashMap<Vec<u8>, ObjectRow> = t
-            .get_objects(&paths)?
-            .into_iter()
-            .map(|o| (o.path.clone(), o))
-            .collect();
+        let mut objs: HashMap<Vec<u8>, ObjectRow> = HashMap::new();
+        for chunk in paths.chunks(OBJECT_CHUNK) {
+            let rows = deskfs_meta::read(meta, |t| t.get_objects(chunk))?;
+            objs.extend(rows.into_iter().map(|o| (o.path.clone(), o)));
+        }
         let mut plan = ListingPlan::default();
         for (i, (name, info)) in files.iter().enumerate() {
             match objs.get(&paths[i]) {
@@ -257,9 +263,7 @@ impl Vfs {
         let files: Vec<(String, ObjectInfo)> =
             listing.files.into_iter().filter(|(n, _)| keep(n)).collect();
         let dirs: Vec<String> = listing.dirs.into_iter().filter(|n| keep(n)).collect();
-        let plan = deskfs_meta::read(&*self.meta, |t| {
-            ListingPlan::read(t, dir, &path, &files, &dirs)
-        })?;
+        let plan = ListingPlan::read(&*self.meta, dir, &path, &files, &dirs)?;
         let attrs = self.new_object_attrs(&files, &plan.new_files);
         let applied = self.apply_listing(dir, &path, &files, &dirs, &plan, &attrs)?;
         self.hints.set_listed(dir);
