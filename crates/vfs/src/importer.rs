@@ -57,6 +57,14 @@ impl BackgroundRelists {
             .remove(&dir);
     }
 
+    /// Whether a refresh of `dir` runs now.
+    pub(crate) fn running_for(&self, dir: Ino) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&dir)
+    }
+
     /// How many refreshes run now.
     pub(crate) fn running(&self) -> usize {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
@@ -194,6 +202,10 @@ impl Vfs {
             return Ok(());
         }
         if row.listed_ns != 0 {
+            // A refresh of it runs already: nothing to count or start.
+            if self.relists.running_for(dir) {
+                return Ok(());
+            }
             let min = self.cfg.background_relist_min;
             let entries = deskfs_meta::read(&*self.meta, |t| t.count_children(dir, min))?;
             if entries >= min {
