@@ -62,7 +62,7 @@ impl std::fmt::Display for Expect {
 }
 
 /// How `setxattr` treats an existing attribute (Linux `XATTR_CREATE` / `XATTR_REPLACE`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum XattrMode {
     /// Create or replace.
     Any,
@@ -73,7 +73,7 @@ pub enum XattrMode {
 }
 
 /// Attribute changes of one inode; `None` leaves a field as it is. Times are ns.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AttrUpdate {
     /// Permission bits (`mode & 0o7777`).
     pub perm: Option<u32>,
@@ -95,7 +95,7 @@ pub struct AttrUpdate {
 
 /// One step of a batch. Steps run in order; "expects" name the [`Expect`] that fails the
 /// batch. All names are raw bytes.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Op {
     /// Expects session `0` to be registered ([`Expect::Session`]): fencing. Put first in
     /// every batch of a mount that may have lost its lease.

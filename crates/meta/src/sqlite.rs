@@ -428,7 +428,18 @@ impl SqliteEngine {
     /// transaction, committing on `Ok` (a window commits later; the request is in the
     /// redo log when this returns); retried (with backoff) on retryable errors. Counts
     /// round trips, commits and retries.
-    fn run<T>(&self, write: bool, mut body: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+    fn run<T>(&self, write: bool, body: impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+        self.run_logged(write, None, body)
+    }
+
+    /// [`SqliteEngine::run`] of a body that applies `ops` and nothing else: in a commit
+    /// window the batch is the request's redo record (see [`redo`]).
+    fn run_logged<T>(
+        &self,
+        write: bool,
+        ops: Option<&[Op]>,
+        mut body: impl FnMut(&Connection) -> Result<T>,
+    ) -> Result<T> {
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -436,7 +447,7 @@ impl SqliteEngine {
                 let mut conn = self.lock()?;
                 self.counters.round_trip();
                 let res = if write {
-                    conn.write(&mut body)
+                    conn.write(&mut body, ops)
                 } else {
                     conn.read(&mut body)
                 };
@@ -594,7 +605,7 @@ impl MetaEngine for SqliteEngine {
     }
 
     fn apply(&self, ops: &[Op]) -> Result<Vec<OpOut>> {
-        self.run(true, |conn| batch::apply_ops(conn, ops))
+        self.run_logged(true, Some(ops), |conn| batch::apply_ops(conn, ops))
     }
 
     fn get_inode(&self, ino: Ino) -> Result<Option<InodeRow>> {

@@ -7,7 +7,7 @@ pub type Ino = u64;
 pub const ROOT_INO: Ino = 1;
 
 /// File type of an inode, stored as its `S_IFMT` bits (POSIX `<sys/stat.h>`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Kind {
     /// Regular file (`S_IFREG`).
     File,
@@ -60,7 +60,7 @@ impl Kind {
 /// caches made before ids existed are id 1). The content is in a cache's staging file
 /// only when the inode says `At(that cache)`; a staging file found in another cache for
 /// the inode is stale.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Local {
     /// Nothing held beyond evictable block-cache blocks: the bucket object is the content.
     None,
@@ -93,7 +93,7 @@ impl Local {
 }
 
 /// One inode. Times are nanoseconds since the Unix epoch.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InodeRow {
     /// Inode number (ignored by [`crate::MetaTxn::insert_inode`], which allocates one;
     /// allocated by [`crate::MetaEngine::alloc_inos`] for [`crate::Op::InsertInode`]).

@@ -16,9 +16,19 @@
 //! opener replays before it writes — so triggers and `AUTOINCREMENT` counters produce
 //! the same rows again.
 //!
+//! A record holds one of two things (design record 0008, step 1 of its addendum):
+//! - the request's **operation batch** ([`crate::Op`]s, MessagePack with field and variant
+//!   names) for requests that come through [`crate::MetaEngine::apply`] — the namespace
+//!   requests of the FUSE path. Replay applies the batch again with the same code, on the
+//!   same state, so it writes the same rows. No statement is traced for them: expanding
+//!   and copying each statement's SQL text was 8 % of the daemon's CPU during `tar x`;
+//! - the **write statements** of any other request (a `txn` closure: the uploader, the
+//!   keeper), captured as they run.
+//!
 //! Record layout (little endian): `magic u32 | payload length u32 | CRC-32C u32 of
-//! (seq ‖ payload) | seq u64 | payload`; the payload is a list of `length u32 | SQL
-//! bytes`. A torn or damaged tail ends the log (a torn record's request never returned).
+//! (seq ‖ payload) | seq u64 | payload`. Magic `DKR1`: the payload is a list of
+//! `length u32 | SQL bytes`; magic `DKR2`: the payload is the encoded batch. A torn or
+//! damaged tail ends the log (a torn record's request never returned).
 
 use std::cell::{Cell, RefCell};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -30,9 +40,12 @@ use std::sync::Arc;
 use rusqlite::{ffi, Connection};
 
 use super::flush::LogFlush;
-use crate::{MetaError, Result};
+use crate::{MetaError, Op, Result};
 
+/// A record of write statements.
 const MAGIC: u32 = 0x3152_4b44; // "DKR1"
+/// A record of one operation batch.
+const MAGIC_OPS: u32 = 0x3252_4b44; // "DKR2"
 const HEADER: usize = 4 + 4 + 4 + 8;
 
 /// The redo log file beside a database, locked (`flock`) by the engine that owns it: the
@@ -66,11 +79,53 @@ impl LogHandout {
     }
 }
 
-/// One parsed record: the request's sequence number and its statements.
+/// One parsed record: the request's sequence number and what it wrote.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Record {
     pub(super) seq: u64,
-    pub(super) statements: Vec<String>,
+    pub(super) body: Body,
+}
+
+/// What a record holds (see the module documentation).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Body {
+    /// Write statements with their values bound in, in execution order.
+    Statements(Vec<String>),
+    /// One operation batch, applied with [`super::batch::apply_ops`].
+    Ops(Vec<Op>),
+}
+
+/// What a request appends: the statements a [`Capture`] collected, or its batch
+/// (encoded by [`encode_ops`]).
+#[derive(Clone, Copy, Debug)]
+pub(super) enum Payload<'a> {
+    /// A [`Capture`]'s payload.
+    Statements(&'a [u8]),
+    /// An encoded batch.
+    Ops(&'a [u8]),
+}
+
+/// Encodes `ops` as a record payload. Errors: `Internal` (a value serde cannot encode;
+/// none of `Op`'s can).
+pub(super) fn encode_ops(ops: &[Op]) -> Result<Vec<u8>> {
+    rmp_serde::to_vec_named(ops)
+        .map_err(|e| MetaError::Internal(format!("encoding a redo record: {e}")))
+}
+
+/// Whether applying `ops` can change the database (a batch of expectations and reads
+/// only is not logged).
+pub(super) fn ops_write(ops: &[Op]) -> bool {
+    ops.iter().any(|op| {
+        !matches!(
+            op,
+            Op::CheckSession(_)
+                | Op::ExpectEntry { .. }
+                | Op::ExpectEmpty(_)
+                | Op::ExpectNotAncestor { .. }
+                | Op::ExpectAttrs { .. }
+                | Op::GetInode(_)
+        )
+    })
 }
 
 /// `<db>-redo`.
@@ -175,9 +230,13 @@ impl RedoLog {
     /// Appends one record with a single `write(2)`. An error leaves the request
     /// unacknowledged (the caller rolls it back); a short write is cut off again so the
     /// next record starts on a boundary.
-    pub(super) fn append(&mut self, seq: u64, payload: &[u8]) -> Result<()> {
+    pub(super) fn append(&mut self, seq: u64, payload: Payload<'_>) -> Result<()> {
+        let (magic, payload) = match payload {
+            Payload::Statements(p) => (MAGIC, p),
+            Payload::Ops(p) => (MAGIC_OPS, p),
+        };
         let mut buf = Vec::with_capacity(HEADER + payload.len());
-        buf.extend_from_slice(&MAGIC.to_le_bytes());
+        buf.extend_from_slice(&magic.to_le_bytes());
         buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
         buf.extend_from_slice(&checksum(seq, payload).to_le_bytes());
         buf.extend_from_slice(&seq.to_le_bytes());
@@ -254,17 +313,23 @@ fn parse(bytes: &[u8]) -> (Vec<Record>, usize) {
         let mut seq8 = [0u8; 8];
         seq8.copy_from_slice(&bytes[at + 12..at + 20]);
         let seq = u64::from_le_bytes(seq8);
-        if word(at) != MAGIC || bytes.len() - at - HEADER < len {
+        let magic = word(at);
+        if (magic != MAGIC && magic != MAGIC_OPS) || bytes.len() - at - HEADER < len {
             break;
         }
         let payload = &bytes[at + HEADER..at + HEADER + len];
         if checksum(seq, payload) != sum {
             break;
         }
-        let Some(statements) = statements_of(payload) else {
+        let body = if magic == MAGIC {
+            statements_of(payload).map(Body::Statements)
+        } else {
+            rmp_serde::from_slice(payload).ok().map(Body::Ops)
+        };
+        let Some(body) = body else {
             break;
         };
-        out.push(Record { seq, statements });
+        out.push(Record { seq, body });
         at += HEADER + len;
     }
     (out, at)
@@ -285,21 +350,29 @@ fn statements_of(mut payload: &[u8]) -> Option<Vec<String>> {
 /// `conn`, inside the caller's transaction, and records the last sequence number.
 /// A statement that fails with a constraint error failed the same way when it was
 /// recorded (the request handled it), so it is skipped; any other error aborts the
-/// replay.
+/// replay. A batch is applied whole: it succeeded on this very state when it was
+/// recorded, so any failure (an expectation included) means the log does not belong to
+/// this database (`Corrupt`).
 pub(super) fn replay(conn: &Connection, records: &[Record]) -> Result<u64> {
     let mut last = 0;
+    let corrupt = |seq: u64, e: &dyn std::fmt::Display| MetaError::Corrupt {
+        path: "redo log".into(),
+        detail: format!("record {seq} does not apply: {e}"),
+    };
     for r in records {
-        for sql in &r.statements {
-            match conn.execute_batch(sql) {
-                Ok(()) => {}
-                Err(rusqlite::Error::SqliteFailure(e, _))
-                    if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
-                Err(e) => {
-                    return Err(MetaError::Corrupt {
-                        path: "redo log".into(),
-                        detail: format!("record {} does not apply: {e}", r.seq),
-                    })
+        match &r.body {
+            Body::Statements(statements) => {
+                for sql in statements {
+                    match conn.execute_batch(sql) {
+                        Ok(()) => {}
+                        Err(rusqlite::Error::SqliteFailure(e, _))
+                            if e.code == rusqlite::ErrorCode::ConstraintViolation => {}
+                        Err(e) => return Err(corrupt(r.seq, &e)),
+                    }
                 }
+            }
+            Body::Ops(ops) => {
+                super::batch::apply_ops(conn, ops).map_err(|e| corrupt(r.seq, &e))?;
             }
         }
         last = r.seq;
@@ -460,15 +533,30 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("m.db");
         let mut log = RedoLog::lock(&db).unwrap().unwrap();
-        log.append(1, &payload(&["INSERT INTO t VALUES(1)"]))
-            .unwrap();
-        log.append(2, &payload(&["UPDATE t SET a=2", "DELETE FROM t"]))
-            .unwrap();
-        log.append(3, &payload(&["INSERT INTO t VALUES(3)"]))
+        let p1 = payload(&["INSERT INTO t VALUES(1)"]);
+        log.append(1, Payload::Statements(&p1)).unwrap();
+        let p2 = payload(&["UPDATE t SET a=2", "DELETE FROM t"]);
+        log.append(2, Payload::Statements(&p2)).unwrap();
+        let ops = vec![
+            Op::MarkInode {
+                ino: 7,
+                not_before_ns: -3,
+            },
+            Op::InsertDentry {
+                parent: 1,
+                name: vec![0, b'/', 0xff, b'\n'],
+                ino: 7,
+            },
+        ];
+        log.append(3, Payload::Ops(&encode_ops(&ops).unwrap()))
             .unwrap();
         let all = log.records_after(0).unwrap();
         assert_eq!(all.len(), 3);
-        assert_eq!(all[1].statements, vec!["UPDATE t SET a=2", "DELETE FROM t"]);
+        assert_eq!(
+            all[1].body,
+            Body::Statements(vec!["UPDATE t SET a=2".into(), "DELETE FROM t".into()])
+        );
+        assert_eq!(all[2].body, Body::Ops(ops));
         assert_eq!(log.records_after(2).unwrap().len(), 1);
         // A second opener (another mount) does not get the lock while this one lives.
         assert!(RedoLog::lock(&db).unwrap().is_none());

@@ -686,6 +686,52 @@ fn a_redo_log_that_does_not_continue_the_database_is_set_aside() {
     assert!(!at.join("m.db-redo").exists());
 }
 
+#[test]
+fn a_batch_record_that_does_not_apply_on_its_state_stops_the_replay() {
+    // A namespace request's redo record is its batch, replayed on the state it was
+    // recorded on: it applies whole. One that does not (its name taken meanwhile) means
+    // the log is not this database's: opening refuses instead of skipping a step.
+    let dir = tempfile::tempdir().unwrap();
+    let (db, e) = windowed_engine(dir.path(), Duration::from_secs(3600), 1_000_000);
+    let ino = e.alloc_inos(1).unwrap().start;
+    let mut row = file_row();
+    row.ino = ino;
+    e.apply(&[
+        Op::InsertInode(row),
+        Op::InsertDentry {
+            parent: ROOT_INO,
+            name: b"a".to_vec(),
+            ino,
+        },
+    ])
+    .unwrap();
+    let good = dir.path().join("good");
+    crash_copy(&db, &good);
+    let replayed = SqliteEngine::open(&good.join("m.db")).unwrap();
+    assert_eq!(
+        read(&replayed, |t| t.lookup(ROOT_INO, b"a"))
+            .unwrap()
+            .map(|r| r.ino),
+        Some(ino)
+    );
+    let bad = dir.path().join("bad");
+    crash_copy(&db, &bad);
+    rusqlite::Connection::open(bad.join("m.db"))
+        .unwrap()
+        .execute(
+            "INSERT INTO dentries(parent,name,ino) VALUES(1, CAST('a' AS BLOB), 1)",
+            [],
+        )
+        .unwrap();
+    match SqliteEngine::open(&bad.join("m.db")) {
+        Err(MetaError::Corrupt { detail, .. }) => {
+            assert!(detail.contains("does not apply"), "{detail}")
+        }
+        Err(other) => panic!("wrong error: {other}"),
+        Ok(_) => panic!("a batch that does not apply was skipped"),
+    }
+}
+
 /// What a file holds after a power cut: its content as of its last device flush, or
 /// everything written since (each unflushed write may or may not have reached the disk).
 #[derive(Clone, Copy, Debug)]

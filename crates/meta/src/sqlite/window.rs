@@ -34,7 +34,7 @@ use rusqlite::Connection;
 use super::exec;
 use super::flush::{Synced, Wal, WalMark};
 use super::redo::{self, Capture, RedoLog};
-use crate::{MetaError, Result};
+use crate::{MetaError, Op, Result};
 
 /// When an open window commits.
 #[derive(Clone, Copy, Debug)]
@@ -266,10 +266,13 @@ impl Conn {
     }
 
     /// Runs a write `body` atomically: in the open window (opening one when allowed and
-    /// alone), or in a transaction committed before returning.
+    /// alone), or in a transaction committed before returning. `ops`: the batch `body`
+    /// applies (and nothing else), logged as the request's redo record instead of its
+    /// statements; `None` for any other body.
     pub(super) fn write<T>(
         &mut self,
         body: &mut impl FnMut(&Connection) -> Result<T>,
+        ops: Option<&[Op]>,
     ) -> Result<T> {
         self.current()?;
         self.settle()?;
@@ -306,7 +309,7 @@ impl Conn {
             };
             self.opened = true;
         }
-        let out = self.in_window(body);
+        let out = self.in_window(body, ops);
         if let Window::Open { requests, .. } = self.window {
             if requests >= self.config.max_requests {
                 if let Err(e) = self.commit_window() {
@@ -406,31 +409,54 @@ impl Conn {
         Ok(!others)
     }
 
-    fn in_window<T>(&mut self, body: &mut impl FnMut(&Connection) -> Result<T>) -> Result<T> {
+    fn in_window<T>(
+        &mut self,
+        body: &mut impl FnMut(&Connection) -> Result<T>,
+        ops: Option<&[Op]>,
+    ) -> Result<T> {
         exec(&self.db, "SAVEPOINT request")?;
         let cap = self.capture.as_deref().ok_or_else(|| {
             MetaError::Internal("commit window without a statement capture".into())
         })?;
-        cap.start();
+        if ops.is_none() {
+            cap.start();
+        }
         let res = body(&self.db);
-        let logged = match (&res, cap.stop()) {
+        let record = match ops {
+            None => cap.stop().map(|p| (!p.is_empty()).then(|| p.clone())),
+            Some(ops) if !redo::ops_write(ops) => Some(None),
+            Some(ops) => match redo::encode_ops(ops) {
+                Ok(p) => Some(Some(p)),
+                Err(e) => {
+                    tracing::error!(error = %e, "a request's batch cannot be encoded for the redo log");
+                    None
+                }
+            },
+        };
+        let logged = match (&res, record) {
             (Err(_), _) => Ok(false),
             (Ok(_), None) => Err(MetaError::Internal(
                 "a statement of the request could not be recorded in the redo log".into(),
             )),
-            (Ok(_), Some(p)) if p.is_empty() => Ok(false),
-            (Ok(_), Some(p)) => match self.redo.as_mut() {
-                Some(log) => log
-                    .append(self.next_seq, &p)
-                    .map(|()| true)
-                    .inspect_err(|_| {
-                        // Commit what the log holds so it can be emptied (a torn tail).
-                        self.commit_after = true;
-                    }),
-                None => Err(MetaError::Internal(
-                    "commit window without a redo log".into(),
-                )),
-            },
+            (Ok(_), Some(None)) => Ok(false),
+            (Ok(_), Some(Some(p))) => {
+                let payload = match ops {
+                    Some(_) => redo::Payload::Ops(&p),
+                    None => redo::Payload::Statements(&p),
+                };
+                match self.redo.as_mut() {
+                    Some(log) => log
+                        .append(self.next_seq, payload)
+                        .map(|()| true)
+                        .inspect_err(|_| {
+                            // Commit what the log holds so it can be emptied (a torn tail).
+                            self.commit_after = true;
+                        }),
+                    None => Err(MetaError::Internal(
+                        "commit window without a redo log".into(),
+                    )),
+                }
+            }
         };
         match (res, logged) {
             (Ok(v), Ok(logged)) => {
