@@ -6,7 +6,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 use super::rows::{inode_from_row, kind_code, INODE_COLS};
 use super::MAX_COALESCE_NS;
-use crate::{Expect, Ino, InodeRow, MetaError, Op, OpOut, Result, XattrMode};
+use crate::{Expect, Ino, InodeRow, MetaError, Op, OpOut, Result, XattrMode, ROOT_INO};
 
 /// Reserves `n` inode numbers from the workspace counter (`kv.next_ino`).
 pub(crate) fn alloc_inos(conn: &Connection, n: u64) -> Result<std::ops::Range<Ino>> {
@@ -60,60 +60,80 @@ pub(crate) fn next_seq(conn: &Connection) -> Result<u64> {
     Ok(seq as u64)
 }
 
-/// The paths of the dentries selected by `SEED` (rows `(parent, name)`), each walked up to
-/// the root through directory entries (a directory has one). Unreachable ones (an
-/// unlinked directory on the way) yield nothing. `{SEED}` is spliced in.
-const PATHS_CTE: &str = "WITH RECURSIVE up(seed, ino, path, depth) AS (
-     SELECT rowid_, parent, name, 0 FROM ({SEED})
-     UNION ALL
-     SELECT up.seed, d.parent, d.name || X'2F' || up.path, up.depth + 1
-     FROM up JOIN dentries d ON d.ino = up.ino
-     WHERE up.ino <> 1 AND up.depth < 4096)";
-
-/// Inserts or re-marks pending rows for every path `PATHS_CTE` yields.
-const MARK_TAIL: &str = "
-INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error)
-SELECT CAST(path AS BLOB), ?3, ?4, 1, ?5, ?5, 0, NULL FROM up WHERE ino = 1
-ON CONFLICT(path) DO UPDATE SET
-  recursive = max(recursive, excluded.recursive),
-  gen = gen + 1,
-  due = min(excluded.due, since + ?6)";
-
-fn mark_path_sql() -> String {
-    format!(
-        "{} {}",
-        PATHS_CTE.replace("{SEED}", "SELECT 0 AS rowid_, ?1 AS parent, ?2 AS name"),
-        MARK_TAIL
-    )
+/// The workspace path of `parent/name`: walked up to the root through directory
+/// entries (a directory has one), one index seek (`dentries_ino`) per level. `None` when
+/// unreachable (an unlinked directory on the way, or deeper than 4,096 levels).
+fn path_up(conn: &Connection, parent: Ino, name: &[u8]) -> Result<Option<Vec<u8>>> {
+    let mut st = conn.prepare_cached("SELECT parent, name FROM dentries WHERE ino=?1 LIMIT 1")?;
+    // Components from the leaf up, joined in reverse at the end.
+    let mut parts: Vec<Vec<u8>> = vec![name.to_vec()];
+    let mut at = parent;
+    while at != ROOT_INO {
+        if parts.len() > 4096 {
+            return Ok(None);
+        }
+        let up: Option<(i64, Vec<u8>)> = st
+            .query_row(params![at as i64], |r| Ok((r.get(0)?, r.get(1)?)))
+            .optional()?;
+        let Some((p, n)) = up else {
+            return Ok(None);
+        };
+        parts.push(n);
+        at = p as Ino;
+    }
+    let mut path = Vec::with_capacity(parts.iter().map(|p| p.len() + 1).sum());
+    for (i, part) in parts.iter().rev().enumerate() {
+        if i > 0 {
+            path.push(b'/');
+        }
+        path.extend_from_slice(part);
+    }
+    Ok(Some(path))
 }
 
-fn mark_inode_sql() -> String {
-    // ?2 is unused here but keeps the parameter numbering of MARK_TAIL.
-    format!(
-        "{} {}",
-        PATHS_CTE.replace(
-            "{SEED}",
-            "SELECT cookie AS rowid_, parent, name FROM dentries WHERE ino = ?1 AND ?2 IS NULL"
-        ),
-        MARK_TAIL
-    )
-}
-
-/// The workspace paths of every name of `ino` (empty for an unreachable inode), computed
-/// like the pending marks.
+/// The workspace paths of every name of `ino` (one per hard link, in the order the names
+/// were made; empty for an unreachable inode).
 pub(crate) fn paths_of(conn: &Connection, ino: Ino) -> Result<Vec<Vec<u8>>> {
-    let sql = format!(
-        "{} SELECT CAST(path AS BLOB) FROM up WHERE ino = 1 ORDER BY seed",
-        PATHS_CTE.replace(
-            "{SEED}",
-            "SELECT cookie AS rowid_, parent, name FROM dentries WHERE ino = ?1"
-        )
-    );
-    let mut st = conn.prepare_cached(&sql)?;
-    let v = st
-        .query_map(params![ino as i64], |r| r.get::<_, Vec<u8>>(0))?
+    let names: Vec<(i64, Vec<u8>)> = conn
+        .prepare_cached("SELECT parent, name FROM dentries WHERE ino=?1 ORDER BY cookie")?
+        .query_map(params![ino as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
         .collect::<std::result::Result<_, _>>()?;
-    Ok(v)
+    let mut out = Vec::with_capacity(names.len());
+    for (parent, name) in names {
+        if let Some(p) = path_up(conn, parent as Ino, &name)? {
+            out.push(p);
+        }
+    }
+    Ok(out)
+}
+
+/// Inserts `path` into the uploader's queue with number `seq`, due at `not_before_ns`;
+/// a path already queued is re-marked instead: its generation goes up (an upload in
+/// flight will not finish it), its due time moves to `not_before_ns` but never past
+/// `since + MAX_COALESCE_NS`, and `recursive` only widens.
+pub(crate) fn mark_one(
+    conn: &Connection,
+    path: &[u8],
+    recursive: bool,
+    seq: u64,
+    not_before_ns: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error)
+         VALUES(?1,?2,?3,1,?4,?4,0,NULL)
+         ON CONFLICT(path) DO UPDATE SET
+           recursive = max(recursive, excluded.recursive),
+           gen = gen + 1,
+           due = min(excluded.due, since + ?5)",
+    )?
+    .execute(params![
+        path,
+        recursive as i64,
+        seq as i64,
+        not_before_ns,
+        MAX_COALESCE_NS
+    ])?;
+    Ok(())
 }
 
 fn fail(step: usize, what: Expect) -> MetaError {
@@ -366,25 +386,15 @@ fn apply_one(conn: &Connection, step: usize, op: &Op) -> Result<OpOut> {
             not_before_ns,
         } => {
             let seq = next_seq(conn)?;
-            conn.prepare_cached(&mark_path_sql())?.execute(params![
-                *parent as i64,
-                name,
-                *recursive as i64,
-                seq as i64,
-                not_before_ns,
-                MAX_COALESCE_NS
-            ])?;
+            if let Some(path) = path_up(conn, *parent, name)? {
+                mark_one(conn, &path, *recursive, seq, *not_before_ns)?;
+            }
         }
         Op::MarkInode { ino, not_before_ns } => {
             let seq = next_seq(conn)?;
-            conn.prepare_cached(&mark_inode_sql())?.execute(params![
-                *ino as i64,
-                Option::<i64>::None,
-                0i64,
-                seq as i64,
-                not_before_ns,
-                MAX_COALESCE_NS
-            ])?;
+            for path in paths_of(conn, *ino)? {
+                mark_one(conn, &path, false, seq, *not_before_ns)?;
+            }
         }
         Op::AddOpen {
             ino,

@@ -21,7 +21,6 @@ pub(crate) const LIST_DIR_SQL: &str =
 
 use super::batch::{alloc_inos, insert_inode_at, next_seq};
 use super::rows::*;
-use super::MAX_COALESCE_NS;
 use crate::{
     BackupMark, Dentry, Ino, InodeRow, LockRow, MetaError, MetaTxn, ObjectRow, PendingRow,
     PendingStats, Result, SessionRow, Usage,
@@ -388,23 +387,7 @@ impl MetaTxn for SqlTxn<'_> {
 
     fn mark_pending(&mut self, path: &[u8], recursive: bool, not_before_ns: i64) -> Result<u64> {
         let seq = self.next_seq()?;
-        self.conn
-            .prepare_cached(
-                "INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error)
-                 VALUES(?1,?2,?3,1,?4,?5,0,NULL)
-                 ON CONFLICT(path) DO UPDATE SET
-                   recursive = max(recursive, excluded.recursive),
-                   gen = gen + 1,
-                   due = min(excluded.due, since + ?6)",
-            )?
-            .execute(params![
-                path,
-                recursive as i64,
-                seq as i64,
-                not_before_ns,
-                not_before_ns,
-                MAX_COALESCE_NS
-            ])?;
+        super::batch::mark_one(self.conn, path, recursive, seq, not_before_ns)?;
         Ok(seq)
     }
 
