@@ -27,6 +27,13 @@ use crate::{
     OpOut, Result, ROOT_INO, TXN_ATTEMPTS,
 };
 
+/// SQLite's multi-thread mode for our connections: each is used by one thread at a time
+/// (a `rusqlite::Connection` is not `Sync`; ours sit behind the engine's mutex), so
+/// SQLite's own per-connection mutex — taken and released by every `bind`, `step` and
+/// `column` call in its default serialized mode, 6 % of the daemon's CPU during `tar x`
+/// — guards nothing. rusqlite's own `Connection::open` sets it too.
+const OPEN_NO_MUTEX: OpenFlags = OpenFlags::SQLITE_OPEN_NO_MUTEX;
+
 /// Schema version written to `PRAGMA user_version`. Databases with a higher number are
 /// refused with [`MetaError::TooNew`]; older ones are migrated when opened.
 /// 1: first release. 2: `local` holds a cache id, inode numbers come from
@@ -267,7 +274,7 @@ impl SqliteEngine {
         }
         let conn = Connection::open_with_flags(
             path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OPEN_NO_MUTEX,
         )?;
         // Before the first write: every changed page of a commit is one WAL frame, and a
         // namespace change touches 4-14 b-tree pages (the row, each index, the pending
@@ -317,8 +324,9 @@ impl SqliteEngine {
         if !path.exists() {
             return Err(MetaError::NotFound(path.display().to_string()));
         }
-        let conn = Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE)
-            .map_err(|e| corrupt(path, e))?;
+        let conn =
+            Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_WRITE | OPEN_NO_MUTEX)
+                .map_err(|e| corrupt(path, e))?;
         Self::configure(&conn).map_err(|e| corrupt(path, e))?;
         Self::replay_dead_owner(path, &conn)?;
         let version: i64 = conn

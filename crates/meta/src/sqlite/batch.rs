@@ -401,13 +401,17 @@ fn apply_one(conn: &Connection, step: usize, op: &Op) -> Result<OpOut> {
             session,
             delta,
         } => {
-            conn.prepare_cached(
-                "INSERT INTO open_files(ino,session,count) VALUES(?1,?2,?3)
-                 ON CONFLICT(ino,session) DO UPDATE SET count = count + excluded.count",
-            )?
-            .execute(params![*ino as i64, *session as i64, delta])?;
-            conn.prepare_cached("DELETE FROM open_files WHERE ino=?1 AND session=?2 AND count<=0")?
-                .execute(params![*ino as i64, *session as i64])?;
+            let count: i64 = conn
+                .prepare_cached(
+                    "INSERT INTO open_files(ino,session,count) VALUES(?1,?2,?3)
+                     ON CONFLICT(ino,session) DO UPDATE SET count = count + excluded.count
+                     RETURNING count",
+                )?
+                .query_row(params![*ino as i64, *session as i64, delta], |r| r.get(0))?;
+            if count <= 0 {
+                conn.prepare_cached("DELETE FROM open_files WHERE ino=?1 AND session=?2")?
+                    .execute(params![*ino as i64, *session as i64])?;
+            }
         }
         Op::SetXattr {
             ino,

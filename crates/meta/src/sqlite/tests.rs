@@ -888,3 +888,38 @@ fn what_make_durable_returned_survives_a_power_cut() {
     check("at the end", &durable);
     assert_eq!(cuts, 28);
 }
+
+#[test]
+fn open_records_at_zero_disappear() {
+    // `AddOpen` reads the count back and deletes the row only when it reaches 0: one
+    // statement for an open instead of two, and no row left for a file nobody holds.
+    let dir = tempfile::tempdir().unwrap();
+    let (_db, e) = windowed_engine(dir.path(), Duration::from_secs(3600), 1_000_000);
+    let rows = |e: &SqliteEngine| -> Vec<(i64, i64)> {
+        let c = e.lock().unwrap();
+        let mut st = c
+            .prepare("SELECT session, count FROM open_files ORDER BY session")
+            .unwrap();
+        st.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .unwrap()
+            .map(|r| r.unwrap())
+            .collect()
+    };
+    let open = |session: u64, delta: i64| {
+        e.apply(&[Op::AddOpen {
+            ino: 9,
+            session,
+            delta,
+        }])
+        .unwrap();
+    };
+    open(1, 1);
+    open(1, 1);
+    open(2, 1);
+    assert_eq!(rows(&e), vec![(1, 2), (2, 1)]);
+    open(1, -1);
+    open(2, -1);
+    assert_eq!(rows(&e), vec![(1, 1)]);
+    open(1, -1);
+    assert!(rows(&e).is_empty());
+}
