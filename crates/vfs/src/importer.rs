@@ -556,17 +556,20 @@ impl Vfs {
         let mut stack = vec![dir];
         while let Some(d) = stack.pop() {
             self.ensure_listed(d, false)?;
+            const PAGE: usize = 1024;
             let mut after = 0;
             loop {
-                let rows = deskfs_meta::read(&*self.meta, |t| t.list_dir(d, after, 1024))?;
-                if rows.is_empty() {
-                    break;
-                }
+                let rows = deskfs_meta::read(&*self.meta, |t| t.list_dir(d, after, PAGE))?;
+                let last_page = rows.len() < PAGE;
                 for (de, r) in rows {
                     after = de.cookie;
                     if r.kind == Kind::Dir {
                         stack.push(r.ino);
                     }
+                }
+                // A short page is the last: no read of an empty one.
+                if last_page {
+                    break;
                 }
             }
         }
