@@ -133,8 +133,16 @@ mkdir -p "$T/m-caches"
 ws_mount_fg twocaches "$T/m-caches" --cache-dir "$T/cache-a" --upload-delay-ms 3600000
 echo "only in cache a" > "$T/m-caches/f"
 # kill -9: the file stays in cache a's journal only (a clean unmount would upload it).
+# The kernel caches the mount point's attributes (a lone mount's long TTL)...
+stat "$T/m-caches" > /dev/null
 kill -KILL "$FG_PID"
 wait "$FG_PID" 2> /dev/null || true
+# ...so `stat` still answers after the kill; a mount on top of the dead one is refused as
+# dead (not "busy"), naming the cleanup.
+stat "$T/m-caches" > /dev/null 2>&1 && log "stat of the dead mount point answered from the kernel's cache"
+expect_error "mount over a dead mount of a killed daemon" \
+  "dead FUSE mount.*deskfs umount $T/m-caches" \
+  "$DESKFS" mount twocaches "$T/m-caches" --cache-dir "$T/cache-a"
 if is_mounted "$T/m-caches"; then
   timeout 20 fusermount3 -u "$T/m-caches" || force_unmount "$T/m-caches" || fail "cannot remove the dead mount"
 fi

@@ -181,9 +181,13 @@ fn open_workspace(name: &str, mount: bool) -> Result<Opened> {
 fn check_mountpoint(mnt: &Path) -> Result<()> {
     let md = std::fs::metadata(mnt).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            anyhow!("mount point {} does not exist; create it with `mkdir -p {}`", mnt.display(), mnt.display())
+            anyhow!(
+                "mount point {} does not exist; create it with `mkdir -p {}`",
+                mnt.display(),
+                mnt.display()
+            )
         } else if e.raw_os_error() == Some(libc::ENOTCONN) {
-            anyhow!("mount point {} holds a dead FUSE mount (its daemon was killed); clean it with `deskfs umount {}` first", mnt.display(), mnt.display())
+            dead_mount_error(mnt)
         } else {
             anyhow!("cannot use mount point {}: {e}", mnt.display())
         }
@@ -192,6 +196,9 @@ fn check_mountpoint(mnt: &Path) -> Result<()> {
         bail!("mount point {} is not a directory", mnt.display());
     }
     if is_mountpoint(mnt) {
+        if dead_fuse_mount(mnt) {
+            return Err(dead_mount_error(mnt));
+        }
         bail!(
             "mount point {} is busy: something is already mounted there (unmount it first)",
             mnt.display()
@@ -205,6 +212,33 @@ fn check_mountpoint(mnt: &Path) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn dead_mount_error(mnt: &Path) -> anyhow::Error {
+    anyhow!(
+        "mount point {} holds a dead FUSE mount (its daemon was killed); clean it with `deskfs umount {}` first",
+        mnt.display(),
+        mnt.display()
+    )
+}
+
+/// Whether the mount at `mnt` is a FUSE mount whose daemon is gone: the kernel answers
+/// `ENOTCONN`. `statfs` asks, because it always reaches the daemon (FUSE_STATFS), where a
+/// `stat` of the mount point may be answered from attributes the kernel still caches. A
+/// mount that gives no answer within 2 s (a stopped daemon) counts as live: busy.
+fn dead_fuse_mount(mnt: &Path) -> bool {
+    let p = mnt.to_path_buf();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Detached: a hung mount may keep it blocked; the process ends soon after anyway.
+    let _ = std::thread::Builder::new()
+        .name("deskfs-probe".into())
+        .spawn(move || {
+            let _ = tx.send(nix::sys::statvfs::statvfs(&p));
+        });
+    matches!(
+        rx.recv_timeout(std::time::Duration::from_secs(2)),
+        Ok(Err(nix::errno::Errno::ENOTCONN))
+    )
 }
 
 /// Where the cache dir of cache `id` is (kv `cache.<id>` = `HOST:PATH`).
