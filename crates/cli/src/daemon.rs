@@ -467,7 +467,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
             k.flush().map(|_| ()).map_err(|e| e.to_string())
         }));
     }
-    crate::control::serve(rt.handle(), &sock, vfs.clone(), keeper.clone())?;
+    crate::control::serve(&sock, vfs.clone(), keeper.clone())?;
     let keeper_thread = match &keeper {
         Some(k) => Some(k.start()?),
         None => None,
