@@ -422,41 +422,42 @@ impl Conn {
             cap.start();
         }
         let res = body(&self.db);
-        let record = match ops {
-            None => cap.stop().map(|p| (!p.is_empty()).then(|| p.clone())),
-            Some(ops) if !redo::ops_write(ops) => Some(None),
-            Some(ops) => match redo::encode_ops(ops) {
-                Ok(p) => Some(Some(p)),
+        let lost = || {
+            MetaError::Internal(
+                "a statement of the request could not be recorded in the redo log".into(),
+            )
+        };
+        let seq = self.next_seq;
+        let logged = match (&res, ops) {
+            (Err(_), None) => {
+                let _ = cap.stop();
+                Ok(false)
+            }
+            // A refused request is not logged: its batch is not even encoded.
+            (Err(_), Some(_)) => Ok(false),
+            (Ok(_), None) => match cap.stop() {
+                None => Err(lost()),
+                Some(p) if p.is_empty() => Ok(false),
+                Some(p) => append_record(
+                    &mut self.redo,
+                    &mut self.commit_after,
+                    seq,
+                    redo::Payload::Statements(&p),
+                ),
+            },
+            (Ok(_), Some(ops)) if !redo::ops_write(ops) => Ok(false),
+            (Ok(_), Some(ops)) => match redo::encode_ops(ops) {
+                Ok(p) => append_record(
+                    &mut self.redo,
+                    &mut self.commit_after,
+                    seq,
+                    redo::Payload::Ops(&p),
+                ),
                 Err(e) => {
                     tracing::error!(error = %e, "a request's batch cannot be encoded for the redo log");
-                    None
+                    Err(lost())
                 }
             },
-        };
-        let logged = match (&res, record) {
-            (Err(_), _) => Ok(false),
-            (Ok(_), None) => Err(MetaError::Internal(
-                "a statement of the request could not be recorded in the redo log".into(),
-            )),
-            (Ok(_), Some(None)) => Ok(false),
-            (Ok(_), Some(Some(p))) => {
-                let payload = match ops {
-                    Some(_) => redo::Payload::Ops(&p),
-                    None => redo::Payload::Statements(&p),
-                };
-                match self.redo.as_mut() {
-                    Some(log) => log
-                        .append(self.next_seq, payload)
-                        .map(|()| true)
-                        .inspect_err(|_| {
-                            // Commit what the log holds so it can be emptied (a torn tail).
-                            self.commit_after = true;
-                        }),
-                    None => Err(MetaError::Internal(
-                        "commit window without a redo log".into(),
-                    )),
-                }
-            }
         };
         match (res, logged) {
             (Ok(v), Ok(logged)) => {
@@ -665,5 +666,25 @@ impl<'f> SharedLock<'f> {
 impl Drop for SharedLock<'_> {
     fn drop(&mut self) {
         let _ = self.0.unlock();
+    }
+}
+
+/// Appends a request's record to the window's log (`Ok(true)`: acknowledged). A failed
+/// append sets `commit_after`: the window commits what the log holds so it can be
+/// emptied (a torn tail).
+fn append_record(
+    redo: &mut Option<RedoLog>,
+    commit_after: &mut bool,
+    seq: u64,
+    payload: redo::Payload<'_>,
+) -> Result<bool> {
+    match redo.as_mut() {
+        Some(log) => log
+            .append(seq, payload)
+            .map(|()| true)
+            .inspect_err(|_| *commit_after = true),
+        None => Err(MetaError::Internal(
+            "commit window without a redo log".into(),
+        )),
     }
 }
