@@ -79,8 +79,9 @@ impl BackgroundRelists {
 struct ListingPlan {
     /// Indices into the listed files: names with neither an entry nor an object row.
     new_files: Vec<usize>,
-    /// Indices into the listed files: known objects whose ETag differs from the listing's.
-    changed: Vec<usize>,
+    /// Indices into the listed files: known objects whose ETag differs from the listing's,
+    /// with their records as read for the plan.
+    changed: Vec<(usize, ObjectRow)>,
     /// Indices into the listed prefixes: names with neither an entry nor an object row.
     new_dirs: Vec<usize>,
     /// Entries of the directory the listing does not name (deleted by another tool, or
@@ -114,7 +115,7 @@ impl ListingPlan {
         let mut plan = ListingPlan::default();
         for (i, (name, info)) in files.iter().enumerate() {
             match objs.get(&paths[i]) {
-                Some(o) if etag_changed(o, info) => plan.changed.push(i),
+                Some(o) if etag_changed(o, info) => plan.changed.push((i, o.clone())),
                 Some(_) => {}
                 None if local.contains(name.as_bytes()) => {}
                 None => plan.new_files.push(i),
@@ -275,7 +276,12 @@ impl Vfs {
         let files: Vec<(String, ObjectInfo)> =
             listing.files.into_iter().filter(|(n, _)| keep(n)).collect();
         let dirs: Vec<String> = listing.dirs.into_iter().filter(|n| keep(n)).collect();
-        let plan = ListingPlan::read(&*self.meta, dir, &path, &files, &dirs)?;
+        #[cfg(test)]
+        if let Some(race) = tests::AFTER_LIST.with(|r| r.borrow_mut().take()) {
+            race();
+        }
+        let mut plan = ListingPlan::read(&*self.meta, dir, &path, &files, &dirs)?;
+        self.confirm_replaced(&files, &mut plan);
         let attrs = self.new_object_attrs(&files, &plan.new_files);
         let applied = self.apply_listing(dir, &path, &files, &dirs, &plan, &attrs)?;
         self.hints.set_listed(dir);
@@ -312,6 +318,45 @@ impl Vfs {
             "directory listed from the bucket"
         );
         Ok(())
+    }
+
+    /// Keeps in `plan.changed` only the objects the bucket still holds as listed, asked
+    /// after the plan read their records: a listing is a snapshot, and an upload of this
+    /// or another mount may have put and recorded newer content since (then the record
+    /// read for the plan, or the object now, differs from the listing, and the listing
+    /// must not be taken as another tool's change). Objects this mount is uploading
+    /// right now are left out too (the listing may show the put before its record). A
+    /// HEAD that fails leaves the object out until the next listing.
+    /// Costs one HEAD per object whose ETag differs from its record, none otherwise.
+    fn confirm_replaced(&self, files: &[(String, ObjectInfo)], plan: &mut ListingPlan) {
+        if plan.changed.is_empty() {
+            return;
+        }
+        let candidates: Vec<(usize, ObjectRow)> = std::mem::take(&mut plan.changed)
+            .into_iter()
+            .filter(|(_, rec)| !self.uploader.uploading(&rec.path))
+            .collect();
+        let bucket = self.bucket.clone();
+        plan.changed = self.rt.block_on(
+            futures::stream::iter(candidates)
+                .map(|(i, rec)| {
+                    let bucket = bucket.clone();
+                    let (key, listed) = (files[i].1.key.clone(), files[i].1.etag.clone());
+                    async move {
+                        match bucket.head(&key).await {
+                            Ok(Some(h)) if h.etag.is_some() && h.etag == listed => Some((i, rec)),
+                            Ok(_) => None,
+                            Err(e) => {
+                                tracing::debug!(key, error = %e, "cannot confirm a replaced object; looked at again at the next listing");
+                                None
+                            }
+                        }
+                    }
+                })
+                .buffer_unordered(HEAD_CONCURRENCY)
+                .filter_map(|x| async move { x })
+                .collect(),
+        );
     }
 
     /// POSIX attributes (and symlink targets) of the new objects among `files` (indices
@@ -373,12 +418,16 @@ impl Vfs {
         let mut out = Applied::default();
         deskfs_meta::txn(&*self.meta, |t| {
             out = Applied::default();
-            for &i in &plan.changed {
-                let (name, info) = &files[i];
+            for (i, planned) in &plan.changed {
+                let (name, info) = &files[*i];
                 let cpath = join(path, name.as_bytes());
-                if let Some(obj) = t.get_object(&cpath)? {
-                    self.take_replaced(t, dir, name.as_bytes(), info, obj, &mut out)?;
+                // Recorded since the confirmation (an upload): the listing is older.
+                if t.get_object(&cpath)?.as_ref() != Some(planned)
+                    || self.uploader.uploading(&cpath)
+                {
+                    continue;
                 }
+                self.take_replaced(t, dir, name.as_bytes(), info, planned.clone(), &mut out)?;
             }
             for &i in &plan.new_files {
                 let (name, info) = &files[i];
@@ -586,5 +635,17 @@ impl Vfs {
             Ok::<_, crate::VfsError>(())
         })?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// Run once by the next directory listing on this thread, between the bucket's
+        /// answer and the plan's read of the records: changes landing there.
+        pub(crate) static AFTER_LIST: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
     }
 }

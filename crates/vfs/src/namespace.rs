@@ -196,7 +196,11 @@ impl Vfs {
                 if s.loaded && s.pt.writers() > 0 {
                     let _ = self.absorb_backing(row.ino, &mut s, crate::passthrough::Absorb::Seen);
                 }
-                if s.loaded && s.uncommitted {
+                // The state is newer than `row` while it holds uncommitted writes, and
+                // when it committed a content version after `row` was read (a close that
+                // committed between this request's read and now): the row's size would
+                // shrink the kernel's — it takes this answer, given after the writes.
+                if s.loaded && (s.uncommitted || s.version > row.data_version) {
                     a.size = s.size;
                     a.blocks = s.size.div_ceil(512);
                     a.mtime_ns = s.mtime_ns;
@@ -527,6 +531,10 @@ impl Vfs {
             }
         }
         let row = self.current(ino)?;
+        #[cfg(test)]
+        if let Some(race) = tests::BEFORE_OVERLAY.with(|r| r.borrow_mut().take()) {
+            race();
+        }
         Ok(self.overlay(&row))
     }
 
@@ -1504,5 +1512,17 @@ impl Vfs {
         } else {
             Err(VfsError::Access)
         }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// Run once by the next `getattr` on this thread that reads the row, between that
+        /// read and the overlay of the inode's state: a commit landing there.
+        pub(crate) static BEFORE_OVERLAY: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
     }
 }

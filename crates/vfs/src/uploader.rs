@@ -55,6 +55,11 @@ pub(crate) struct UploaderShared {
     /// Paths whose object held an unrecorded ETag at an upload's check, with that ETag and
     /// when it was first seen (see `bucket_side_check`).
     foreign_seen: std::sync::Mutex<HashMap<Vec<u8>, (String, Instant)>>,
+    /// Pending paths being uploaded by this mount right now, from before the first
+    /// request of the upload until after its record was written: a directory listing
+    /// taken meanwhile may show the new object without its record, or the record without
+    /// the new object (see [`UploaderShared::uploading`]).
+    inflight: std::sync::Mutex<HashSet<Vec<u8>>>,
     /// Holds tests put on uploads ([`PutGate`]).
     #[cfg(test)]
     pub(crate) gates: std::sync::Mutex<Vec<Arc<PutGate>>>,
@@ -80,6 +85,31 @@ impl Finding {
 }
 
 impl UploaderShared {
+    /// Whether this mount is uploading `path` right now (its put may have landed while
+    /// its record is not written yet).
+    pub(crate) fn uploading(&self, path: &[u8]) -> bool {
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(path)
+    }
+
+    /// Starts an upload of `path`; `false` when one runs already.
+    fn begin_upload(&self, path: &[u8]) -> bool {
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(path.to_vec())
+    }
+
+    /// The upload of `path` ended (its record, if any, is written).
+    fn end_upload(&self, path: &[u8]) {
+        self.inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(path);
+    }
+
     /// Wakes the uploader (new work or a sync barrier).
     pub(crate) fn kick(&self) {
         self.notify.notify_one();
@@ -245,7 +275,6 @@ impl DueWindow {
 
 async fn run(vfs: Arc<Vfs>) {
     let mut window = DueWindow::default();
-    let mut inflight: HashSet<Vec<u8>> = HashSet::new();
     let mut tasks = FuturesUnordered::new();
     let mut last_evict = std::time::Instant::now();
     let mut last_wanted = std::time::Instant::now();
@@ -330,7 +359,7 @@ async fn run(vfs: Arc<Vfs>) {
                 if row.attempts > 0 && row.due_ns > now {
                     continue; // failing: keep its backoff even under a barrier
                 }
-                if vfs.uploader.skips(&row.path) || !inflight.insert(row.path.clone()) {
+                if vfs.uploader.skips(&row.path) || !vfs.uploader.begin_upload(&row.path) {
                     continue;
                 }
                 let v = vfs.clone();
@@ -386,7 +415,7 @@ async fn run(vfs: Arc<Vfs>) {
         }
         tokio::select! {
             Some((row, mine)) = tasks.next(), if !tasks.is_empty() => {
-                inflight.remove(&row.path);
+                vfs.uploader.end_upload(&row.path);
                 vfs.uploader.found(&row, mine);
             }
             _ = vfs.uploader.notify.notified() => {}

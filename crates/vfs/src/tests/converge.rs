@@ -144,7 +144,7 @@ fn leftovers_under_a_renamed_directory_are_deleted() {
 }
 
 /// Holds `v`'s upload of `path` at `point` until the returned gate is released.
-fn hold(v: &Vfs, path: &str, point: GatePoint) -> Arc<PutGate> {
+pub(super) fn hold(v: &Vfs, path: &str, point: GatePoint) -> Arc<PutGate> {
     let g = Arc::new(PutGate {
         path: path.as_bytes().to_vec(),
         point,

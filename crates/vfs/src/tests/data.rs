@@ -487,3 +487,27 @@ fn fdatasync_of_a_durably_dirty_file_flushes_only_its_data() {
     assert_eq!(flushes(), n0 + 3, "a clean row made dirty again is flushed");
     h.release(a.ino, fh).unwrap();
 }
+
+/// A `getattr` whose read of the row came before a close committed the file's writes
+/// answers the committed size, not the row's: the kernel takes the answer to a request
+/// sent after the writes, and a smaller size would hide their end from every reader
+/// (seen under load: a file written through a passthrough open read back empty).
+#[test]
+fn getattr_racing_a_close_answers_the_written_size() {
+    let h = Harness::build(test_cfg(), |_| {});
+    let a = h.file(ROOT_INO, "f", b"x");
+    let fh = h.op(a.ino, libc::O_WRONLY);
+    h.put(a.ino, fh, 0, &[7u8; 5000]);
+    let vfs = h.vfs.clone().expect("mounted");
+    crate::namespace::tests::BEFORE_OVERLAY.with(|r| {
+        *r.borrow_mut() = Some(Box::new(move || vfs.flush(a.ino, fh).expect("flush")));
+    });
+    let size = h.getattr(a.ino).unwrap().size;
+    assert!(
+        crate::namespace::tests::BEFORE_OVERLAY.with(|r| r.borrow().is_none()),
+        "the close committed between the row's read and the answer"
+    );
+    assert_eq!(size, 5000);
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(h.getattr(a.ino).unwrap().size, 5000);
+}

@@ -641,3 +641,96 @@ fn relisting_a_directory_costs_round_trips_per_listing_not_per_entry() {
         "the replaced object was seen"
     );
 }
+
+/// A listing is a snapshot of the bucket: content this mount wrote and uploaded after the
+/// bucket answered (its record newer than the listing) is not taken for another tool's
+/// change of the object — which would give the file the listing's older size and drop
+/// its local copy. (Seen under load: an exec's file written through a passthrough open
+/// read back empty, its size taken from a listing that had seen the truncated version.)
+#[test]
+fn a_listing_older_than_an_upload_does_not_undo_it() {
+    let h = Harness::build(
+        VfsConfig {
+            list_ttl: Duration::ZERO,
+            ..test_cfg()
+        },
+        |b| put(b, "d/f", b""),
+    );
+    let d = h.lk(ROOT_INO, "d").unwrap();
+    assert_eq!(h.ls(d.ino), ["f"]);
+    let f = h.lk(d.ino, "f").unwrap();
+    let newer = b"written and uploaded while the listing was in flight".to_vec();
+    let vfs = h.vfs.clone().expect("mounted");
+    let data = newer.clone();
+    crate::importer::tests::AFTER_LIST.with(|r| {
+        *r.borrow_mut() = Some(Box::new(move || {
+            let fh = vfs
+                .open(&CTX, f.ino, libc::O_WRONLY | libc::O_TRUNC)
+                .unwrap()
+                .fh;
+            // (A different mtime, so the local bucket's ETag differs.)
+            std::thread::sleep(Duration::from_millis(20));
+            assert_eq!(vfs.write(f.ino, fh, 0, &data).unwrap() as usize, data.len());
+            vfs.flush(f.ino, fh).unwrap();
+            vfs.release(f.ino, fh).unwrap();
+            vfs.sync(SYNC_TIMEOUT).unwrap();
+        }))
+    });
+    assert_eq!(h.ls(d.ino), ["f"], "the listing ran");
+    assert!(
+        crate::importer::tests::AFTER_LIST.with(|r| r.borrow().is_none()),
+        "the upload landed between the listing and its plan"
+    );
+    assert_eq!(h.getattr(f.ino).unwrap().size, newer.len() as u64);
+    assert_eq!(h.cat(f.ino), newer);
+    h.sync_all();
+    assert_eq!(h.bucket_file("d/f").as_deref(), Some(&newer[..]));
+    // And a later listing (the object as recorded) changes nothing.
+    assert_eq!(h.ls(d.ino), ["f"]);
+    assert_eq!(h.cat(f.ino), newer);
+}
+
+/// A listing taken while this mount's upload of a file has put its object but not yet
+/// recorded it shows an ETag the record does not know: that is the upload's own content,
+/// not another tool's change — no conflict copy is made, and the file keeps its content.
+#[test]
+fn a_listing_during_an_upload_is_not_a_conflict() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let h = Harness::build(
+        VfsConfig {
+            list_ttl: Duration::ZERO,
+            upload_delay: Duration::ZERO,
+            ..test_cfg()
+        },
+        |b| put(b, "d/f", b"original"),
+    );
+    let d = h.lk(ROOT_INO, "d").unwrap();
+    assert_eq!(h.ls(d.ino), ["f"]);
+    let f = h.lk(d.ino, "f").unwrap();
+    let gate = super::converge::hold(&h, "d/f", crate::uploader::GatePoint::BeforeRecord);
+    std::thread::sleep(Duration::from_millis(20)); // a different mtime: a new ETag
+    let fh = h.op(f.ino, libc::O_WRONLY | libc::O_TRUNC);
+    h.put(f.ino, fh, 0, b"the local version");
+    h.release(f.ino, fh).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || gate.reached.load(SeqCst)),
+        "the upload reached its record"
+    );
+    assert_eq!(
+        h.bucket_file("d/f").as_deref(),
+        Some(&b"the local version"[..])
+    );
+    assert_eq!(
+        h.ls(d.ino),
+        ["f"],
+        "no conflict copy of the upload's own object"
+    );
+    gate.released.store(true, SeqCst);
+    h.sync_all();
+    assert_eq!(h.ls(d.ino), ["f"]);
+    assert_eq!(h.cat(f.ino), b"the local version");
+    assert_eq!(
+        h.bucket_file("d/f").as_deref(),
+        Some(&b"the local version"[..])
+    );
+}
