@@ -324,21 +324,17 @@ impl Vfs {
     /// after the plan read their records: a listing is a snapshot, and an upload of this
     /// or another mount may have put and recorded newer content since (then the record
     /// read for the plan, or the object now, differs from the listing, and the listing
-    /// must not be taken as another tool's change). Objects this mount is uploading
-    /// right now are left out too (the listing may show the put before its record). A
-    /// HEAD that fails leaves the object out until the next listing.
+    /// must not be taken as another tool's change). Objects this mount is uploading are
+    /// left out by the write that follows (the listing may show the put before its
+    /// record). A HEAD that fails leaves the object out until the next listing.
     /// Costs one HEAD per object whose ETag differs from its record, none otherwise.
     fn confirm_replaced(&self, files: &[(String, ObjectInfo)], plan: &mut ListingPlan) {
         if plan.changed.is_empty() {
             return;
         }
-        let candidates: Vec<(usize, ObjectRow)> = std::mem::take(&mut plan.changed)
-            .into_iter()
-            .filter(|(_, rec)| !self.uploader.uploading(&rec.path))
-            .collect();
         let bucket = self.bucket.clone();
         plan.changed = self.rt.block_on(
-            futures::stream::iter(candidates)
+            futures::stream::iter(std::mem::take(&mut plan.changed))
                 .map(|(i, rec)| {
                     let bucket = bucket.clone();
                     let (key, listed) = (files[i].1.key.clone(), files[i].1.etag.clone());

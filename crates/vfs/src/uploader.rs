@@ -88,26 +88,21 @@ impl UploaderShared {
     /// Whether this mount is uploading `path` right now (its put may have landed while
     /// its record is not written yet).
     pub(crate) fn uploading(&self, path: &[u8]) -> bool {
-        self.inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(path)
+        self.inflight().contains(path)
     }
 
     /// Starts an upload of `path`; `false` when one runs already.
     fn begin_upload(&self, path: &[u8]) -> bool {
-        self.inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(path.to_vec())
+        self.inflight().insert(path.to_vec())
     }
 
     /// The upload of `path` ended (its record, if any, is written).
     fn end_upload(&self, path: &[u8]) {
-        self.inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(path);
+        self.inflight().remove(path);
+    }
+
+    fn inflight(&self) -> std::sync::MutexGuard<'_, HashSet<Vec<u8>>> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Wakes the uploader (new work or a sync barrier).
