@@ -775,6 +775,40 @@ impl Vfs {
         Ok(())
     }
 
+    /// Removes the staging files of `inos`, whose rows a committed transaction made name
+    /// no copy in this cache (an eviction; content another tool replaced). An open since
+    /// that commit (an `O_TRUNC` open needs no download: it makes the same file local
+    /// again, see [`Vfs::adopt_local`]) would have its writes go to a removed file: each
+    /// is removed under the staging-area lock that adoption takes, and only while its row
+    /// still names no copy here and it is not open. Errors are logged: a file left is
+    /// removed by the next mount's index ([`Vfs::index_staging`]).
+    pub(crate) fn remove_unheld_staging(&self, inos: &[Ino]) {
+        if inos.is_empty() {
+            return;
+        }
+        let here = self.here();
+        let _lock = match self.cache.local_lock() {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot lock the staging area; unheld staging files stay until the next mount's index");
+                return;
+            }
+        };
+        for &ino in inos {
+            match self.meta.get_inode(ino) {
+                Ok(r) if r.as_ref().is_none_or(|r| r.local != here) && !self.is_open(ino) => {
+                    if let Err(e) = self.cache.remove_staging(ino) {
+                        tracing::warn!(ino, error = %e, "cannot remove an unheld staging file");
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(ino, error = %e, "cannot read an inode whose staging file goes; its staging file stays")
+                }
+            }
+        }
+    }
+
     /// Downloads the whole content of `row` (its current version) into a new file of its
     /// own beside the staging file (another mount sharing this cache dir may download
     /// the same inode at the same time), fsynced; returns its path. The object it reads

@@ -294,11 +294,15 @@ impl Vfs {
         for name in applied.added {
             self.invalidate_later(crate::Invalidation::Entry { parent: dir, name });
         }
-        for ino in applied.changed {
+        for &ino in &applied.changed {
             self.invalidate_later(crate::Invalidation::Inode(ino));
             self.cache.drop_blocks(ino);
-            let _ = self.cache.remove_staging(ino);
         }
+        #[cfg(test)]
+        if let Some(race) = tests::AFTER_APPLY.with(|r| r.borrow_mut().take()) {
+            race();
+        }
+        self.remove_unheld_staging(&applied.changed);
         for f in &applied.foreign {
             if let Err(e) = self.rt.block_on(self.save_bucket_version(f)) {
                 tracing::warn!(path = %String::from_utf8_lossy(&f.path), error = %e, "keeping the bucket's version of a conflicting file failed; the upload checks again");
@@ -642,6 +646,10 @@ pub(crate) mod tests {
         /// Run once by the next directory listing on this thread, between the bucket's
         /// answer and the plan's read of the records: changes landing there.
         pub(crate) static AFTER_LIST: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
+        /// Run once by the next directory listing on this thread that took another
+        /// tool's content for files, after its commit and before their staging files go.
+        pub(crate) static AFTER_APPLY: RefCell<Option<Box<dyn FnOnce()>>> =
             const { RefCell::new(None) };
     }
 }

@@ -63,6 +63,10 @@ pub(crate) struct UploaderShared {
     /// Holds tests put on uploads ([`PutGate`]).
     #[cfg(test)]
     pub(crate) gates: std::sync::Mutex<Vec<Arc<PutGate>>>,
+    /// Run once by the next eviction with files to remove, after its records are durable
+    /// and before the staging files go: requests landing there.
+    #[cfg(test)]
+    pub(crate) before_evict_remove: std::sync::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 /// A pending row found to be another mount's to upload, and the state of the row it was
@@ -1586,9 +1590,17 @@ impl Vfs {
             tracing::warn!(error = %e, "cannot make the evictions durable; keeping the files");
             return;
         }
-        for ino in evicted_inos {
-            let _ = self.cache.remove_staging(ino);
+        #[cfg(test)]
+        if let Some(hook) = self
+            .uploader
+            .before_evict_remove
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            hook();
         }
+        self.remove_unheld_staging(&evicted_inos);
     }
 }
 

@@ -346,3 +346,46 @@ fn a_clean_file_is_not_evicted_when_the_bucket_lost_its_content() {
         "the bytes found in the bucket were not kept: {kept:?}"
     );
 }
+
+/// A file evicted by a committed record (the cache is over its cap) and opened with
+/// `O_TRUNC` before its staging file is removed: the open needs no download and makes
+/// that same file local again, then writes to it. The eviction must leave it. Before, it
+/// removed the file after its record outside any lock, and the rewrite — acknowledged by
+/// its close — was in a removed file: never uploaded, unreadable.
+#[test]
+fn an_eviction_leaves_a_file_rewritten_before_its_removal() {
+    let h = Harness::new();
+    let a = h.second_mount_with("cache-a", 1);
+    // Held until the hook is in place: the file is evicted right after its record.
+    let gate = hold(&a, "f", GatePoint::BeforeRecord);
+    let ino = create_on(&a, "f", b"first content, uploaded then evicted");
+    let ran = Arc::new(AtomicBool::new(false));
+    let (v, flag) = ((*a).clone(), ran.clone());
+    *a.uploader.before_evict_remove.lock().unwrap() = Some(Box::new(move || {
+        let o = v
+            .open(&CTX, ino, libc::O_WRONLY | libc::O_TRUNC)
+            .expect("open");
+        v.write(ino, o.fh, 0, b"rewritten").expect("write");
+        v.flush(ino, o.fh).expect("flush");
+        v.release(ino, o.fh).expect("release");
+        flag.store(true, SeqCst);
+    }));
+    gate.released.store(true, SeqCst);
+    assert!(
+        wait_until(Duration::from_secs(20), || ran.load(SeqCst)),
+        "the file was never evicted"
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || settled(
+            &h,
+            "f",
+            ino,
+            b"rewritten"
+        )),
+        "the rewrite was not uploaded: bucket {:?}, inode {:?}",
+        h.bucket_file("f")
+            .map(|b| String::from_utf8_lossy(&b).into_owned()),
+        h.row(ino)
+    );
+    assert_eq!(read_on(&a, ino), b"rewritten");
+}

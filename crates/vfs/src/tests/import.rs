@@ -734,3 +734,52 @@ fn a_listing_during_an_upload_is_not_a_conflict() {
         Some(&b"the local version"[..])
     );
 }
+
+/// Another tool replaced a file this cache holds a clean copy of: the listing takes the
+/// new content (the row names no local copy) and the old staging file goes. A rewrite
+/// with `O_TRUNC` landing between the two makes that same file local again; its content,
+/// acknowledged by its close, stays. Before, the listing removed the file anyway and the
+/// rewrite was in a removed file.
+#[test]
+fn a_rewrite_racing_a_listing_that_takes_new_content_is_kept() {
+    let h = Harness::build(
+        VfsConfig {
+            list_ttl: Duration::ZERO,
+            ..test_cfg()
+        },
+        |b| put(b, "d/f", b"the first version"),
+    );
+    let d = h.lk(ROOT_INO, "d").unwrap();
+    assert_eq!(h.ls(d.ino), ["f"]);
+    let f = h.lk(d.ino, "f").unwrap();
+    assert_eq!(
+        h.cat(f.ino),
+        b"the first version",
+        "now a local, clean copy"
+    );
+    put(
+        &h.bucket_dir(),
+        "d/f",
+        b"another tool's longer second version",
+    );
+    let vfs = h.vfs.clone().expect("mounted");
+    crate::importer::tests::AFTER_APPLY.with(|r| {
+        *r.borrow_mut() = Some(Box::new(move || {
+            let fh = vfs
+                .open(&CTX, f.ino, libc::O_WRONLY | libc::O_TRUNC)
+                .unwrap()
+                .fh;
+            assert_eq!(vfs.write(f.ino, fh, 0, b"mine").unwrap(), 4);
+            vfs.flush(f.ino, fh).unwrap();
+            vfs.release(f.ino, fh).unwrap();
+        }))
+    });
+    assert_eq!(h.ls(d.ino), ["f"], "the listing ran");
+    assert!(
+        crate::importer::tests::AFTER_APPLY.with(|r| r.borrow().is_none()),
+        "the listing did not take the new content"
+    );
+    assert_eq!(h.cat(f.ino), b"mine");
+    h.sync_all();
+    assert_eq!(h.bucket_file("d/f").as_deref(), Some(&b"mine"[..]));
+}
