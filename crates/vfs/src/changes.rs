@@ -63,9 +63,20 @@ impl Batch {
     /// Reads `ino` back at the end of the batch (same round trip) and remembers the row
     /// as fresh: the `getattr` the kernel sends next for it (e.g. for a directory whose
     /// attributes it invalidated because we changed an entry) costs no round trip.
-    pub(crate) fn refresh(&mut self, ino: Ino) {
+    /// Returns the op's index.
+    pub(crate) fn refresh(&mut self, ino: Ino) -> usize {
         let i = self.guard(Op::GetInode(ino));
         self.refresh.push(i);
+        i
+    }
+
+    /// The inodes whose rows this batch changes or reads back as fresh.
+    fn touched(&self) -> impl Iterator<Item = Ino> + '_ {
+        let read_back = self.refresh.iter().filter_map(|&i| match self.ops.get(i) {
+            Some(Op::GetInode(ino)) => Some(*ino),
+            _ => None,
+        });
+        self.ops.iter().filter_map(changed_inode).chain(read_back)
     }
 }
 
@@ -191,8 +202,13 @@ impl Vfs {
                 Plan::Done(v) => return Ok(v),
                 Plan::Apply(b, f) => (b, f),
             };
+            let ticket = self.hints.begin_change(batch.touched());
             match self.meta.apply(&batch.ops) {
                 Ok(out) => {
+                    #[cfg(test)]
+                    if let Some(race) = tests::AFTER_APPLY.with(|r| r.borrow_mut().take()) {
+                        race();
+                    }
                     // Rows this batch changed are not fresh any more; those it read back are.
                     for op in &batch.ops {
                         if let Some(ino) = changed_inode(op) {
@@ -204,7 +220,7 @@ impl Vfs {
                     }
                     for &i in &batch.refresh {
                         if let Some(r) = out.get(i).and_then(|o| o.row()) {
-                            self.hints.note_fresh(r);
+                            self.hints.note_read_back(r, ticket);
                         }
                     }
                     return finish(&out);
@@ -239,5 +255,17 @@ fn changed_inode(op: &Op) -> Option<Ino> {
         Op::InsertInode(r) => Some(r.ino),
         Op::Purge(ino) | Op::DeleteInode(ino) => Some(*ino),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// Run once by the next change applied on this thread, between its commit and
+        /// what it notes of its read-back rows: changes landing there.
+        pub(crate) static AFTER_APPLY: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
     }
 }

@@ -8,6 +8,7 @@
 //! a wrong answer. An inode's type never changes, so that part is exact.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use deskfs_meta::{Ino, InodeRow, Kind};
@@ -46,6 +47,11 @@ pub(crate) struct Hints {
     /// is set through this mount (which drops the entry) or another mount changes the
     /// inode (its invalidation drops it).
     xattrless: Mutex<HashMap<Ino, std::time::Instant>>,
+    /// Per inode, the ticket of the last batch begun that changes its row
+    /// ([`Hints::begin_change`]); its lock is held while a read-back row is noted.
+    changing: Mutex<HashMap<Ino, u64>>,
+    /// The last ticket given out.
+    tickets: AtomicU64,
 }
 
 fn insert_capped<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>, k: K, v: V) {
@@ -95,14 +101,34 @@ impl Hints {
         self.inode(ino).map(|h| h.kind)
     }
 
-    /// Remembers `row` as just read from the database.
-    pub(crate) fn note_fresh(&self, row: &InodeRow) {
+    /// A batch that changes the rows of `inos` is about to be applied: its ticket, for
+    /// [`Hints::note_read_back`].
+    pub(crate) fn begin_change(&self, inos: impl IntoIterator<Item = Ino>) -> u64 {
+        let mut m = lock(&self.changing);
+        let ticket = self.tickets.fetch_add(1, Ordering::Relaxed) + 1;
+        for ino in inos {
+            insert_capped(&mut m, ino, ticket);
+        }
+        ticket
+    }
+
+    /// Remembers `row`, read back by the batch of `ticket` in its commit, as fresh —
+    /// unless another batch changing the same row began since: the two may commit in
+    /// either order (two creates in one directory), so the one whose answer comes last
+    /// may hold the older row; then no copy of it is fresh.
+    pub(crate) fn note_read_back(&self, row: &InodeRow, ticket: u64) {
         self.note_row(row);
-        insert_capped(
-            &mut lock(&self.fresh),
-            row.ino,
-            (row.clone(), std::time::Instant::now()),
-        );
+        let m = lock(&self.changing);
+        let mut fresh = lock(&self.fresh);
+        if m.get(&row.ino) == Some(&ticket) {
+            insert_capped(
+                &mut fresh,
+                row.ino,
+                (row.clone(), std::time::Instant::now()),
+            );
+        } else {
+            fresh.remove(&row.ino);
+        }
     }
 
     /// The row of `ino` if this mount read it at most `max_age` ago.

@@ -623,7 +623,7 @@ impl Vfs {
                     not_before_ns: self.not_before(),
                 });
             }
-            let get = b.guard(Op::GetInode(ino));
+            let get = b.refresh(ino);
             Ok(Plan::Apply(
                 b,
                 Box::new(move |out| out[get].row().cloned().ok_or(VfsError::Stale)),
@@ -631,7 +631,6 @@ impl Vfs {
         });
         drop(held);
         let row = row?;
-        self.hints.note_fresh(&row);
         self.with_state(ino, |st| {
             if st.loaded {
                 st.ctime_ns = now;

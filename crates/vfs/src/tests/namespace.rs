@@ -435,3 +435,28 @@ fn concurrent_namespace_changes_keep_counts_right() {
         }
     }
 }
+
+/// Two changes of one directory whose answers come back in the other order than their
+/// commits: the directory's row the first read back (in its commit) is older than the
+/// second's, and must not be kept as fresh after it — `getattr` would show the
+/// directory's link count and times without the second change for as long as a fresh
+/// row is trusted (60 s alone).
+#[test]
+fn a_directory_row_read_back_before_a_later_change_is_not_kept_fresh() {
+    let h = Harness::new();
+    let d = h.dir(ROOT_INO, "d");
+    let vfs = h.arc();
+    crate::changes::tests::AFTER_APPLY.with(|r| {
+        *r.borrow_mut() = Some(Box::new(move || {
+            vfs.mkdir(&CTX, d.ino, b"y", 0o777, 0o022).expect("mkdir y");
+        }))
+    });
+    h.dir(d.ino, "x");
+    assert!(
+        crate::changes::tests::AFTER_APPLY.with(|r| r.borrow().is_none()),
+        "the second change ran"
+    );
+    let after_both = h.getattr(d.ino).unwrap();
+    assert_eq!(after_both.nlink, 4, "d, ., x/.. and y/..");
+    assert_eq!(h.ls(d.ino), ["x", "y"]);
+}
