@@ -300,17 +300,37 @@ def w_smallfiles(c):
         with open(p, "rb") as f:
             return f.read() == data
 
+    r0 = c.t.requests()
     k, dt, bad = timed_loop(paths, create)
-    c.emit("create", round(k / dt, 1), "ops/s", n=k, seconds=r2(dt), partial=k < n, errors=bad)
+    c.emit("create", round(k / dt, 1), "ops/s", n=k, seconds=r2(dt), partial=k < n, errors=bad,
+           req=phase_requests(r0, c.t.requests(), k))
     c.files = k
     paths = paths[:k]
+    if os.environ.get("BENCH_SMALL_SETTLE") == "1":
+        # (experiment) the later phases with no upload backlog: wait for the bucket first
+        c.uncounted(c.t.sync_all)
     T.drop_caches()
     for name, fn in (("stat", lambda p: os.stat(p).st_size == 4096), ("read", read),
                      ("delete", os.unlink)):
+        r0 = c.t.requests()
         k, dt, bad = timed_loop(paths, fn)
         c.emit(name, round(k / dt, 1) if dt else None, "ops/s", n=k, seconds=r2(dt),
-               partial=k < len(paths), errors=bad)
+               partial=k < len(paths), errors=bad, req=phase_requests(r0, c.t.requests(), k))
     rm_rf(base, PHASE)
+
+
+def phase_requests(r0, r1, n):
+    """The FUSE requests of one phase of n operations, per kind: [per operation, daemon µs
+    per request] (None when the target has no counters)."""
+    if r0 is None or r1 is None or not n:
+        return None
+    out = {}
+    for op, v in r1.items():
+        cnt = (v[0] or 0) - (r0.get(op, [0, 0, 0])[0] or 0)
+        ns = (v[1] or 0) - (r0.get(op, [0, 0, 0])[1] or 0)
+        if cnt > 0:
+            out[op] = [round(cnt / n, 3), round(ns / cnt / 1000, 1)]
+    return out
 
 
 def tree_entries(tar_p):

@@ -1603,6 +1603,7 @@ impl Vfs {
     pub fn fsync(&self, ino: Ino, _fh: u64, datasync: bool) -> Result<()> {
         let version = self.locked(ino, |s| {
             self.absorb_backing(ino, s, Absorb::Commit)?;
+            self.open_staging_to_flush(ino, s)?;
             let how = if datasync {
                 CommitSync::Data
             } else {
@@ -1627,6 +1628,33 @@ impl Vfs {
         })?;
         self.await_durable(ino, version)?;
         self.namespace_durable()
+    }
+
+    /// Before an `fsync`: the staging file of `ino` in the state, when this cache holds its
+    /// content. A state loaded afresh (the kernel forgot the inode after its last close)
+    /// has none until a write or a passthrough open, yet the page cache may hold that
+    /// close's data unflushed: `fsync` through any descriptor, read-only ones included,
+    /// flushes it (POSIX `fsync`: all modified data of the file). Errors: the row's read
+    /// or the open (`EIO`); a staging file absent (content not local) is no error.
+    fn open_staging_to_flush(&self, ino: Ino, s: &mut InodeState) -> Result<()> {
+        if s.staging.is_some() {
+            return Ok(());
+        }
+        let local = self
+            .meta
+            .get_inode(ino)?
+            .is_some_and(|r| r.kind == Kind::File && r.local == self.here());
+        if !local {
+            return Ok(());
+        }
+        match self.cache.open_staging(ino, false) {
+            Ok(f) => {
+                s.staging = Some(Arc::new(f));
+                Ok(())
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Truncate (or extend with zeros) to `size` bytes and commit.

@@ -511,3 +511,33 @@ fn getattr_racing_a_close_answers_the_written_size() {
     h.release(a.ino, fh).unwrap();
     assert_eq!(h.getattr(a.ino).unwrap().size, 5000);
 }
+
+/// `fsync` must flush the file's data whatever descriptor it comes through: written and
+/// closed (committed, not flushed), forgotten by the kernel (its in-memory state goes),
+/// then opened read-only and fsynced — as `sync FILE` or a database's recovery does. The
+/// fsync found no staging file open in the fresh state and flushed none: it returned
+/// success with the data in the page cache only.
+#[test]
+fn fsync_through_a_read_only_open_after_a_forget_flushes_the_data() {
+    let h = Harness::with_config(VfsConfig {
+        upload_delay: Duration::from_secs(3600),
+        ..test_cfg()
+    });
+    let (a, fh) = h.create_rw(ROOT_INO, "f");
+    h.put(a.ino, fh, 0, &pattern(8192, 7));
+    h.release(a.ino, fh).unwrap();
+    h.kernel_forgets(a.ino);
+    let data = || h.data_flushes.load(std::sync::atomic::Ordering::Relaxed);
+    for datasync in [true, false] {
+        let fh = h.op(a.ino, libc::O_RDONLY);
+        let d0 = data();
+        h.fsync(a.ino, fh, datasync).unwrap();
+        assert_eq!(
+            data(),
+            d0 + 1,
+            "fsync (datasync {datasync}) flushed no data"
+        );
+        h.release(a.ino, fh).unwrap();
+        h.kernel_forgets(a.ino);
+    }
+}
