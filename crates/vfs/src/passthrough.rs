@@ -231,6 +231,7 @@ impl Vfs {
                 return Ok(None);
             };
             if write {
+                self.open_daemon_staging(ino, s)?;
                 if self.passthrough_begin_write(ino, s, row)? {
                     s.pt.marked_dirty = true;
                 }
@@ -259,9 +260,8 @@ impl Vfs {
             Ok(f) => Arc::new(f),
             Err(_) => return Ok(None),
         };
-        if s.staging.is_none() {
-            // The daemon's own descriptor (fsync, truncate, fallocate use it).
-            s.staging = Some(Arc::new(self.cache.open_staging(ino, false)?));
+        if write {
+            self.open_daemon_staging(ino, s)?;
         }
         let look = BackingLook::of(&f)?;
         if look.size != s.size {
@@ -283,6 +283,16 @@ impl Vfs {
         };
         self.cache.touch_staging(ino);
         Ok(Some(f))
+    }
+
+    /// The daemon's own descriptor of a staging file a passthrough writer is given (the
+    /// writer lock of a create, `fsync`'s flush, truncate and fallocate use it; a reader
+    /// needs none: `fsync` opens it when missing). Errors: the open's (`EIO`).
+    fn open_daemon_staging(&self, ino: Ino, s: &mut InodeState) -> Result<()> {
+        if s.staging.is_none() {
+            s.staging = Some(Arc::new(self.cache.open_staging(ino, false)?));
+        }
+        Ok(())
     }
 
     /// A writable passthrough open of `ino`: the row is marked dirty before the kernel can
