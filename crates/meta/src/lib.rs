@@ -171,6 +171,20 @@ pub trait MetaEngine: Send + Sync {
     /// (never a password).
     fn describe(&self) -> String;
 
+    /// What the workspace uses (`statfs`, `deskfs status`): inodes and bytes, counted over
+    /// every inode, so its cost grows with the workspace (a scan). Engines run it where it
+    /// holds back no other request when they can; the default is a read transaction.
+    /// Errors: the engine's.
+    fn usage(&self) -> Result<Usage> {
+        let mut out = None;
+        self.read(&mut |t| {
+            out = Some(t.usage()?);
+            Ok(())
+        })?;
+        // (The closure ran when the read succeeded.)
+        Ok(out.unwrap_or_default())
+    }
+
     /// Counters of this engine instance.
     fn counters(&self) -> EngineCounters {
         EngineCounters::default()

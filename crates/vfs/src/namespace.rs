@@ -1337,7 +1337,7 @@ impl Vfs {
 
     /// `statfs`: a 1 PiB volume minus the bytes in use; inodes likewise.
     pub fn statfs(&self) -> Result<StatFs> {
-        let u = deskfs_meta::read(&*self.meta, |t| t.usage())?;
+        let u = self.meta.usage()?;
         let bsize = 4096u64;
         let blocks = (1u64 << 50) / bsize;
         let used = u.bytes.div_ceil(bsize).min(blocks);

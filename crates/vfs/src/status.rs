@@ -81,8 +81,10 @@ pub struct VfsStatus {
 impl Vfs {
     /// Current status (cache, dirty data, pending and failing uploads).
     pub fn status(&self) -> Result<VfsStatus> {
-        let (usage, pending, failed) = deskfs_meta::read(&*self.meta, |t| {
-            Ok::<_, crate::VfsError>((t.usage()?, t.pending_stats()?, t.failed_pending(10)?))
+        // The inode scan off the engine's connection (see `MetaEngine::usage`).
+        let usage = self.meta.usage()?;
+        let (pending, failed) = deskfs_meta::read(&*self.meta, |t| {
+            Ok::<_, crate::VfsError>((t.pending_stats()?, t.failed_pending(10)?))
         })?;
         let c = self.cache.stats();
         Ok(VfsStatus {

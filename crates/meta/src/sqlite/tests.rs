@@ -923,3 +923,31 @@ fn open_records_at_zero_disappear() {
     open(1, -1);
     assert!(rows(&e).is_empty());
 }
+
+/// The usage scan of `statfs` and `deskfs status` (every inode: some 100 ms at 1,000,000)
+/// runs on a connection of its own: the engine's connection, which every request of the
+/// mount takes, is free while it scans. Before, it ran in a read transaction there and
+/// every request waited for it.
+#[test]
+fn the_usage_scan_leaves_the_engine_connection_free() {
+    let dir = tempfile::tempdir().unwrap();
+    let e = Arc::new(SqliteEngine::create(&dir.path().join("m.db"), 0, 0, 5).unwrap());
+    assert!(e.enable_commit_window(WindowConfig::default()).unwrap());
+    let free = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (e2, f2) = (e.clone(), free.clone());
+    super::txn::tests::DURING_USAGE.with(|h| {
+        *h.borrow_mut() = Some(Box::new(move || {
+            f2.store(e2.shared.conn.try_lock().is_ok(), Ordering::SeqCst);
+        }))
+    });
+    let u = e.usage().unwrap();
+    assert_eq!(u.inodes, 1, "the root");
+    assert!(
+        super::txn::tests::DURING_USAGE.with(|h| h.borrow().is_none()),
+        "the scan ran"
+    );
+    assert!(
+        free.load(Ordering::SeqCst),
+        "the engine's connection was held during the scan"
+    );
+}

@@ -789,18 +789,38 @@ impl MetaTxn for SqlTxn<'_> {
     }
 
     fn usage(&mut self) -> Result<Usage> {
-        let (inodes, bytes, dinodes, dbytes): (i64, i64, i64, i64) = self.conn.query_row(
-            "SELECT count(*), coalesce(sum(CASE WHEN kind=8 THEN size ELSE 0 END),0),
-                    coalesce(sum(dirty=1 AND nlink>0),0), coalesce(sum(CASE WHEN dirty=1 AND nlink>0 THEN size ELSE 0 END),0)
-             FROM inodes",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-        )?;
-        Ok(Usage {
-            inodes: inodes as u64,
-            bytes: bytes as u64,
-            dirty_inodes: dinodes as u64,
-            dirty_bytes: dbytes as u64,
-        })
+        usage_of(self.conn)
+    }
+}
+
+/// [`MetaTxn::usage`] on `conn`: one scan of the inodes.
+pub(crate) fn usage_of(conn: &Connection) -> Result<Usage> {
+    #[cfg(test)]
+    if let Some(during) = tests::DURING_USAGE.with(|h| h.borrow_mut().take()) {
+        during();
+    }
+    let (inodes, bytes, dinodes, dbytes): (i64, i64, i64, i64) = conn.query_row(
+        "SELECT count(*), coalesce(sum(CASE WHEN kind=8 THEN size ELSE 0 END),0),
+                coalesce(sum(dirty=1 AND nlink>0),0), coalesce(sum(CASE WHEN dirty=1 AND nlink>0 THEN size ELSE 0 END),0)
+         FROM inodes",
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+    )?;
+    Ok(Usage {
+        inodes: inodes as u64,
+        bytes: bytes as u64,
+        dirty_inodes: dinodes as u64,
+        dirty_bytes: dbytes as u64,
+    })
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// Run once by the next usage scan on this thread, before it reads.
+        pub(crate) static DURING_USAGE: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
     }
 }
