@@ -126,12 +126,16 @@ pub fn run(a: FsckArgs) -> Result<()> {
             let tag = if p.repaired { "repaired" } else { "PROBLEM " };
             println!("{tag} [{}] {}", p.kind, p.detail);
         }
+        let objects = if a.check_bucket {
+            format!("{} bucket objects checked", report.objects_checked)
+        } else {
+            "bucket not checked (--check-bucket)".to_string()
+        };
         println!(
-            "fsck {}: {} inodes, {} entries, {} objects checked; {} problems ({} repaired, {} remaining)",
+            "fsck {}: {} inodes, {} entries, {objects}; {} problems ({} repaired, {} remaining)",
             a.name,
             report.inodes,
             report.dentries,
-            report.objects_checked,
             report.problems.len(),
             report.problems.len() - remaining,
             remaining
