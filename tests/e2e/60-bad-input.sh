@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # 60-bad-input: every wrong use gives a one-line error on stderr (no panic, no backtrace),
 # a non-zero exit within 60 s, and leaves nothing half-done:
-#   format: bad URL scheme, unreachable endpoint, no S3 credentials, wrong credentials
+#   format: bad URL scheme, the file system root (or a path climbing to it) as a file://
+#           bucket, unreachable endpoint, no S3 credentials, wrong credentials
 #           (Garage), same name twice
 #           -> no workspace dir left behind; the existing workspace is untouched
 #   mount:  missing mountpoint dir, busy mountpoint (already mounted), unknown workspace,
@@ -38,6 +39,13 @@ no_workspace() { # NAME WHAT
 expect_error "format with ftp:// URL" 'ftp|scheme|url|unsupported' \
   "$DESKFS" format badscheme --bucket ftp://x
 no_workspace badscheme "format with ftp:// URL"
+
+expect_error "format with the file system root as bucket" 'root|own' \
+  "$DESKFS" format rootbucket --bucket file:///
+no_workspace rootbucket "format with the file system root as bucket"
+expect_error "format with a bucket dir that climbs to the root" "'\\.\\.'|segment" \
+  "$DESKFS" format dotdotbucket --bucket file:///tmp/..
+no_workspace dotdotbucket "format with a bucket dir that climbs to the root"
 
 expect_error "format with unreachable endpoint" 'connect|reach|refused|endpoint|127\.0\.0\.1:1' \
   "$DESKFS" format unreachable --bucket s3://deskfs-e2e/unreachable --endpoint http://127.0.0.1:1 \

@@ -62,7 +62,19 @@ impl BucketSpec {
                 return Err(bad("a file:// URL needs an absolute path (file:///dir)"));
             }
             let dir = rest.trim_end_matches('/');
-            let dir = if dir.is_empty() { "/" } else { dir };
+            if dir.is_empty() {
+                return Err(bad(
+                    "the file system root cannot be a bucket directory (objects would be written at the machine's own paths); give a directory of its own, e.g. file:///srv/deskfs-bucket",
+                ));
+            }
+            if dir[1..]
+                .split('/')
+                .any(|p| p.is_empty() || p == "." || p == "..")
+            {
+                return Err(bad(
+                    "the directory has an empty, '.' or '..' segment; give its plain absolute path",
+                ));
+            }
             return Ok(BucketSpec {
                 url: format!("file://{dir}"),
                 scheme: Some(scheme),
@@ -109,6 +121,19 @@ mod tests {
         assert_eq!(l.bucket, "/tmp/x");
         assert!(BucketSpec::parse("ftp://x").is_err());
         assert!(BucketSpec::parse("file://relative").is_err());
+        // The root, or a path that may resolve to it: objects would land on the
+        // machine's own files (a workspace file `etc/passwd` at /etc/passwd).
+        for root in [
+            "file:///",
+            "file:////",
+            "file:///tmp/..",
+            "file:///tmp/x/../..",
+            "file:////tmp",
+            "file:///./tmp",
+        ] {
+            let e = BucketSpec::parse(root).expect_err(root).to_string();
+            assert!(e.contains(root), "{root}: the error names the URL: {e}");
+        }
         assert!(BucketSpec::parse("s3://").is_err());
         assert!(BucketSpec::parse("s3://b/a//c").is_err());
         assert!(BucketSpec::parse("just-a-name").is_err());
