@@ -6,7 +6,9 @@
 # kill -9 of the daemon while a process holds a passthrough file open for writing and
 # writes after the crash, while a new mount of the workspace syncs: once the holder
 # closed it, what the mount shows and what the bucket holds are the same bytes (no clean
-# row over changed content). A second mount of the workspace makes new opens go through the daemon.
+# row over changed content). A file read whole from the bucket after a remount with an
+# empty cache becomes a local copy: read again (page cache dropped), no read request
+# reaches the daemon. A second mount of the workspace makes new opens go through the daemon.
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 need_s3
@@ -128,6 +130,30 @@ fi
 ws_sync "$NAME"
 assert_obj_eq held.bin "$T/held.now"
 assert_obj_eq rand.bin "$T/rand.exp"
+
+log "a file read whole from the bucket: later opens are served through passthrough"
+head -c $((8 << 20)) /dev/urandom > "$T/big.exp"
+cp "$T/big.exp" "$MNT/big.bin"
+ws_sync "$NAME"
+ws_umount "$MNT"
+ws_mount_fg "$NAME" "$MNT" --cache-dir "$T/cache-cold"
+DAEMON=$FG_PID
+adopted() {
+  dfs status --json | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+print(sum(m["live"].get("cache_fills_adopted", 0) for w in d["workspaces"] for m in w["mounts"] if m.get("live")))'
+}
+one_adopted() { (( $(adopted) >= 1 )); }
+before=$(requests read)
+cat "$MNT/big.bin" > "$T/big.got"
+cmp -s "$T/big.exp" "$T/big.got" || fail "big.bin read cold differs from what was written"
+(( $(requests read) > before )) || fail "the cold read did not go through the daemon"
+wait_for 30 one_adopted || fail "the file read whole did not become a local copy (status: $(dfs status --json | head -c 800))"
+sync; echo 3 > /proc/sys/vm/drop_caches   # no page cache left to serve the next read
+before=$(requests read)
+cmp -s "$T/big.exp" "$MNT/big.bin" || fail "big.bin read again differs"
+assert_eq "$(( $(requests read) - before ))" 0 "read requests the daemon served for a file read whole before"
 
 log "a second mount: new opens are served by the daemons"
 ws_mount "$NAME" "$T/mnt2" --cache-dir "$T/cache2"

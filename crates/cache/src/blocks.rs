@@ -168,6 +168,13 @@ impl Cache {
         Ok(())
     }
 
+    /// Drops one cached block.
+    pub fn drop_block(&self, k: &BlockKey) {
+        if self.lru_lock().forget_block(*k) {
+            let _ = std::fs::remove_file(self.block_path(k));
+        }
+    }
+
     /// Drops every cached block of `ino` (all versions).
     pub fn drop_blocks(&self, ino: u64) {
         let keys = {

@@ -233,6 +233,11 @@ impl Cache {
         &self.root
     }
 
+    /// Size cap of evictable data (blocks and clean staging files), bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
     /// Block size, bytes.
     pub fn block_size(&self) -> u64 {
         self.block_size

@@ -69,6 +69,9 @@ pub(crate) fn workspace_status(name: &str) -> Result<Value> {
                 "clean_bytes": l.get("cache_clean_bytes"),
                 "capacity": l.get("cache_capacity"),
                 "reserve_files": l.get("cache_reserve_files"),
+                "fills": l.get("cache_fills"),
+                "fill_bytes": l.get("cache_fill_bytes"),
+                "fills_adopted": l.get("cache_fills_adopted"),
             })
         })
         .unwrap_or(Value::Null);
@@ -266,6 +269,14 @@ pub fn run(a: StatusArgs) -> Result<()> {
                     lg("open_files"),
                     lg("cache_reserve_files")
                 );
+                if lg("cache_fills") > 0 || lg("cache_fills_adopted") > 0 {
+                    println!(
+                        "  whole reads   {} files ({}) being assembled for passthrough; {} made local so far",
+                        lg("cache_fills"),
+                        human(lg("cache_fill_bytes")),
+                        lg("cache_fills_adopted")
+                    );
+                }
                 if let Some(line) = requests_line(l.get("requests")) {
                     println!("  requests      {line}");
                 }

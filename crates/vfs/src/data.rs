@@ -121,6 +121,10 @@ enum RemoteRead {
     Moved,
 }
 
+/// Distance between a read and the end of the one before it beyond which a reader is not
+/// reading the file whole, bytes (see `fill`).
+const FILL_JUMP: u64 = 8 << 20;
+
 /// Readahead window of a reader's first sequential read, blocks (doubles from there).
 const RA_START_BLOCKS: u64 = 2;
 
@@ -682,7 +686,7 @@ impl Vfs {
 
     /// Makes the content of `ino` local in its staging file (download when needed; not when
     /// the caller is about to truncate to 0). Caller holds the state lock.
-    fn ensure_local(
+    pub(crate) fn ensure_local(
         &self,
         ino: Ino,
         s: &mut InodeState,
@@ -711,6 +715,11 @@ impl Vfs {
                     }
                     Err(_) => {}
                 }
+            }
+            // A complete fill of this version is the download (a kernel may read it as
+            // its backing file: it must become the staging file).
+            if let Some(tmp) = self.take_fill(&row)? {
+                break (row, Some(tmp));
             }
             if row.size == 0 || truncating_to == Some(0) {
                 break (row, None);
@@ -1022,7 +1031,22 @@ impl Vfs {
         let first = offset / bs;
         let last = (end - 1) / bs;
         // Sequential reader: fetch ahead.
-        let sequential = h.last_read_end.load(Ordering::Relaxed) == offset || offset == 0;
+        let last_end = h.last_read_end.load(Ordering::Relaxed);
+        let sequential = last_end == offset || offset == 0;
+        // A whole-file reader began at offset 0 and never jumped (the kernel's readahead
+        // requests arrive on several threads, a little out of order).
+        if offset == 0 {
+            h.from_start.store(true, Ordering::Relaxed);
+        } else if last_end == u64::MAX || offset.abs_diff(last_end) > FILL_JUMP {
+            h.from_start.store(false, Ordering::Relaxed);
+        }
+        // A whole-file reader assembles the file for passthrough (see `fill`).
+        let fill = self.fill_for_read(&row, first, h.from_start.load(Ordering::Relaxed));
+        if let Some(f) = &fill {
+            if last == (row.size - 1) / bs {
+                self.top_up_fill(f, &src, first);
+            }
+        }
         let window = if sequential {
             let w = h.ra_blocks.load(Ordering::Relaxed);
             let next = (w * 2).clamp(RA_START_BLOCKS, self.cfg.readahead_blocks.max(1));
@@ -1057,9 +1081,26 @@ impl Vfs {
             let bstart = idx * bs;
             let from = offset.max(bstart) - bstart;
             let to = end.min(bstart + bs) - bstart;
+            if let Some(part) = match &fill {
+                Some(f) => f.read(idx, from, to)?,
+                None => None,
+            } {
+                if first == last {
+                    h.last_read_end.store(end, Ordering::Relaxed);
+                    return Ok(RemoteRead::Data(part));
+                }
+                out.extend_from_slice(&part);
+                continue;
+            }
             // Only the part of the block this request wants is read from the cache.
             if let Some(part) = self.cache.read_block_range(&k, from, to)? {
                 if part.len() as u64 == to - from {
+                    if let Some(f) = &fill {
+                        // Cached before the fill began (or while it began): copied in.
+                        if let Some(d) = self.cache.read_block(&k)? {
+                            self.fill_put(f, idx, &d);
+                        }
+                    }
                     if first == last {
                         // The whole answer is in one block (the usual 128 KiB read).
                         h.last_read_end.store(end, Ordering::Relaxed);
@@ -1071,6 +1112,12 @@ impl Vfs {
             }
             let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
             let data = self.rt.block_on(fut).map_err(VfsError::from)?;
+            if let Some(f) = &fill {
+                // The fetch may have kept it in the block cache (it began before the fill).
+                if !f.has(idx) {
+                    self.fill_put(f, idx, &data);
+                }
+            }
             let to = to.min(data.len() as u64);
             if from < to {
                 out.extend_from_slice(&data[from as usize..to as usize]);
@@ -1080,6 +1127,36 @@ impl Vfs {
         Ok(RemoteRead::Data(out))
     }
 
+    /// A whole-file reader reached the last block of `fill`: blocks it is still missing
+    /// before block `upto` (read before the fill began, their cache write still on its way
+    /// then) are copied from the block cache, or fetched again (object `src`) into it.
+    /// Usually none: this costs the last read nothing.
+    fn top_up_fill(&self, fill: &Arc<crate::fill::Fill>, src: &deskfs_meta::ObjectRow, upto: u64) {
+        for index in 0..upto {
+            if fill.has(index) {
+                continue;
+            }
+            let k = BlockKey {
+                ino: fill.ino,
+                version: fill.version,
+                index,
+            };
+            match self.cache.read_block(&k) {
+                Ok(Some(d)) => self.fill_put(fill, index, &d),
+                _ => {
+                    // The fetch (or one in flight, perhaps done already: its block is on
+                    // its way to the block cache) hands its bytes to the fill. Waited for,
+                    // so the fill is complete when the reader's last read returns; a
+                    // failure leaves it unfinished (dropped at the last close).
+                    let fut = self.block_future(k, &src.key, src.etag.clone(), fill.size);
+                    if let Ok(d) = self.rt.block_on(fut) {
+                        self.fill_put(fill, index, &d);
+                    }
+                }
+            }
+        }
+    }
+
     fn block_future(&self, k: BlockKey, key: &str, etag: Option<String>, size: u64) -> BlockFuture {
         let mut map = self.fetches.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(f) = map.get(&k) {
@@ -1087,6 +1164,7 @@ impl Vfs {
         }
         let bucket = self.bucket.clone();
         let cache = self.cache.clone();
+        let this = self.this.clone();
         let inflight = self.fetches.map.clone();
         let key = key.to_string();
         let bs = cache.block_size();
@@ -1104,8 +1182,13 @@ impl Vfs {
                     let d = data.clone();
                     let inflight = inflight.clone();
                     tokio::task::spawn_blocking(move || {
-                        if let Err(e) = c.write_block(&k, &d) {
-                            tracing::debug!(error = %e, "cannot keep a fetched block in the cache");
+                        match this.upgrade() {
+                            Some(vfs) => vfs.keep_block(k, &d),
+                            None => {
+                                if let Err(e) = c.write_block(&k, &d) {
+                                    tracing::debug!(error = %e, "cannot keep a fetched block in the cache");
+                                }
+                            }
                         }
                         inflight
                             .lock()
@@ -1534,6 +1617,9 @@ impl Vfs {
                 }
             }
             let last = s.open_count == 0;
+            if last {
+                self.fill_closed(ino, s);
+            }
             // The row decides the purge of an orphan: read it in the same batch when this
             // is the last handle and the inode may have lost its names (always possible
             // while other mounts are live; alone, only through this mount).

@@ -23,6 +23,9 @@ pub(crate) struct Handle {
     /// behind a wall of prefetches), doubles with each sequential read up to the
     /// configured maximum, drops to 0 on a random read.
     pub(crate) ra_blocks: AtomicU64,
+    /// Every read so far continued the one before, from offset 0 (a whole-file reader:
+    /// see [`crate::fill`]).
+    pub(crate) from_start: std::sync::atomic::AtomicBool,
     /// Lock owners that took locks through this open file (dropped at its release).
     pub(crate) lock_owners: std::sync::Mutex<std::collections::HashSet<u64>>,
     /// Whether this open is counted in the metadata engine's open-file table (for other
@@ -84,6 +87,7 @@ impl Handle {
             dir,
             last_read_end: AtomicU64::new(u64::MAX),
             ra_blocks: AtomicU64::new(0),
+            from_start: std::sync::atomic::AtomicBool::new(false),
             lock_owners: Default::default(),
             record: AtomicU8::new(record as u8),
             passthrough: std::sync::atomic::AtomicBool::new(false),

@@ -18,6 +18,7 @@ pub mod durability;
 pub mod error;
 pub mod external;
 pub mod feed;
+mod fill;
 pub mod fsck;
 mod handles;
 mod hints;
@@ -137,6 +138,8 @@ pub struct Vfs {
     /// Sync barriers currently waiting (the uploader ignores coalescing delays meanwhile).
     pub(crate) urgent: AtomicUsize,
     pub(crate) fetches: data::Inflight,
+    /// Files being assembled whole from the bucket for passthrough (see [`fill`]).
+    pub(crate) fills: fill::Fills,
     /// Who else is live, this mount's session, feed position, fencing (see [`coherence`]).
     pub(crate) coherence: coherence::Coherence,
     /// Delivers invalidations to the kernel (set by the FUSE adapter's owner).
@@ -262,6 +265,7 @@ impl Vfs {
             external_lock: tokio::sync::Mutex::new(()),
             urgent: AtomicUsize::new(0),
             fetches: data::Inflight::default(),
+            fills: fill::Fills::default(),
             coherence: coherence::Coherence::default(),
             invalidator: std::sync::OnceLock::new(),
             namespace_barrier: std::sync::OnceLock::new(),

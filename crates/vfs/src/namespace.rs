@@ -787,6 +787,7 @@ impl Vfs {
             tracing::warn!(ino, error = %e, "cannot remove staging file");
         }
         self.cache.drop_blocks(ino);
+        self.fill_purged(ino);
         self.hints.forget_inode(ino);
     }
 

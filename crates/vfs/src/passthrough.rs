@@ -33,7 +33,7 @@ use std::sync::Arc;
 use deskfs_meta::{InodeRow, Kind};
 
 use crate::handles::InodeState;
-use crate::{now_ns, Ino, Result, Vfs};
+use crate::{now_ns, Ino, Result, Vfs, VfsError};
 
 /// Within this long after a staging file's mtime, a later write may leave size and times
 /// unchanged (file systems stamp times at the clock tick, 1–10 ms): a look taken that
@@ -139,6 +139,9 @@ pub(crate) struct Passthrough {
     /// closes without having written, the uploader is asked to look again (and mark it
     /// clean: the bucket already holds its content).
     pub(crate) marked_dirty: bool,
+    /// The backing file is a complete whole-file fill not yet adopted as the staging file
+    /// (read-only opens only; see [`crate::fill`]).
+    from_fill: bool,
 }
 
 impl Passthrough {
@@ -231,6 +234,9 @@ impl Vfs {
                 return Ok(None);
             };
             if write {
+                if s.pt.from_fill {
+                    self.adopt_backing_fill(ino, s, &f)?;
+                }
                 self.open_daemon_staging(ino, s)?;
                 if self.passthrough_begin_write(ino, s, row)? {
                     s.pt.marked_dirty = true;
@@ -245,10 +251,14 @@ impl Vfs {
             return Ok(Some(f));
         }
         let cached_handles = s.open_count.saturating_sub(1);
+        // A reader of content only the bucket holds is given a complete fill of it.
+        let fill = (!write && row.local != self.here())
+            .then(|| self.fills.complete(ino, row.data_version))
+            .flatten();
         let eligible = self.passthrough_on()
             && cached_handles == 0
             && !self.shared()
-            && row.local == self.here()
+            && (row.local == self.here() || fill.is_some())
             && !(write && self.durability() == crate::Durability::Bucket)
             // A write by a non-owner must drop setuid/setgid (killpriv): only the daemon
             // sees writes that can do that.
@@ -256,7 +266,11 @@ impl Vfs {
         if !eligible {
             return Ok(None);
         }
-        let f = match self.cache.open_staging(ino, false) {
+        let opened = match &fill {
+            Some(fill) => fill.backing().map_err(VfsError::from),
+            None => self.cache.open_staging(ino, false).map_err(VfsError::from),
+        };
+        let f = match opened {
             Ok(f) => Arc::new(f),
             Err(_) => return Ok(None),
         };
@@ -280,9 +294,27 @@ impl Vfs {
             seen: Some(look),
             marked_dirty,
             writer_flock: write,
+            from_fill: fill.is_some(),
         };
         self.cache.touch_staging(ino);
         Ok(Some(f))
+    }
+
+    /// A writable open of an inode whose passthrough readers read a complete fill
+    /// (`backing`): the fill becomes the staging file first (see [`Vfs::take_fill`]), so
+    /// the kernel's writes land in the file the daemon commits and uploads. Errors: the
+    /// adoption's (`EIO`), and `EIO` when the staging file is another file after all (the
+    /// content changed since the readers opened; they must close first).
+    fn adopt_backing_fill(&self, ino: Ino, s: &mut InodeState, backing: &File) -> Result<()> {
+        let staging = self.ensure_local(ino, s, None)?;
+        let (a, b) = (staging.metadata()?, backing.metadata()?);
+        if (a.dev(), a.ino()) != (b.dev(), b.ino()) {
+            return Err(VfsError::Io(std::io::Error::other(format!(
+                "inode {ino}: its content changed while it was open for reading through passthrough; close it everywhere and open it again to write"
+            ))));
+        }
+        s.pt.from_fill = false;
+        Ok(())
     }
 
     /// The daemon's own descriptor of a staging file a passthrough writer is given (the

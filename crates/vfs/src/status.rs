@@ -36,6 +36,13 @@ pub struct VfsStatus {
     pub cache_capacity: u64,
     /// Empty files ready for new staging files (see `deskfs_cache`'s pool).
     pub cache_reserve_files: u64,
+    /// Files being assembled whole from the bucket now (see `fill`), and the bytes they
+    /// span.
+    pub cache_fills: u64,
+    /// Their bytes.
+    pub cache_fill_bytes: u64,
+    /// Whole-file fills made clean local copies so far (their next opens use passthrough).
+    pub cache_fills_adopted: u64,
     /// Inodes in the namespace.
     pub inodes: u64,
     /// Sum of file sizes, bytes.
@@ -87,6 +94,7 @@ impl Vfs {
             Ok::<_, crate::VfsError>((t.pending_stats()?, t.failed_pending(10)?))
         })?;
         let c = self.cache.stats();
+        let (fills, fill_bytes) = self.fills.usage();
         Ok(VfsStatus {
             meta: self.meta.describe(),
             bucket: self.bucket.spec().url.clone(),
@@ -96,6 +104,12 @@ impl Vfs {
             cache_clean_bytes: c.clean_staging_bytes,
             cache_capacity: c.capacity,
             cache_reserve_files: c.reserve_files,
+            cache_fills: fills,
+            cache_fill_bytes: fill_bytes,
+            cache_fills_adopted: self
+                .fills
+                .adopted
+                .load(std::sync::atomic::Ordering::Relaxed),
             inodes: usage.inodes,
             bytes: usage.bytes,
             dirty_files: usage.dirty_inodes,

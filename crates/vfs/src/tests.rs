@@ -24,6 +24,7 @@ mod converge;
 mod data;
 mod durability;
 mod feed;
+mod fill;
 mod fsck;
 mod import;
 mod links;

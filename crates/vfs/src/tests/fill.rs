@@ -1,0 +1,191 @@
+//! Whole-file fills (see `crate::fill`): a file read whole from the bucket becomes a
+//! clean local copy whose next opens use passthrough, flushed before its row names this
+//! cache, and a backing file given from a fill is the staging file every later change
+//! goes to.
+
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::Ordering;
+
+use super::*;
+use crate::SetAttr;
+
+/// 3 MiB and a bit: four blocks of the harness's 1 MiB, the last one short.
+const SIZE: usize = (3 << 20) + 100;
+
+/// A workspace holding `f` (SIZE bytes) in the bucket only (uploaded, then the cache dir
+/// wiped), mounted again with passthrough on; the file's attributes and content.
+fn cold_file() -> (Harness, Attr, Vec<u8>) {
+    cold_file_with(test_cfg(), SIZE)
+}
+
+/// [`cold_file`] of `size` bytes in a workspace with `cfg`.
+fn cold_file_with(cfg: VfsConfig, size: usize) -> (Harness, Attr, Vec<u8>) {
+    let mut h = Harness::with_config(cfg);
+    let data = pattern(size, 7);
+    let a = h.file(ROOT_INO, "f", &data);
+    h.sync_all();
+    h.remount_after(|dir, _| std::fs::remove_dir_all(dir.join("cache")).unwrap());
+    h.set_passthrough(true);
+    assert_ne!(h.row(a.ino).unwrap().local, h.here(), "in the bucket only");
+    (h, a, data)
+}
+
+/// Reads `ino` whole through a new read-only handle (128 KiB requests, as the kernel
+/// does) and keeps the handle open; the handle.
+fn read_whole(h: &Harness, ino: Ino, data: &[u8]) -> u64 {
+    let o = h.open(&CTX, ino, libc::O_RDONLY).unwrap();
+    assert!(
+        o.backing.is_none(),
+        "cold content is read through the daemon"
+    );
+    assert_eq!(h.read_to_end(ino, o.fh, 0, 128 << 10), data);
+    o.fh
+}
+
+fn part_files(h: &Harness) -> Vec<String> {
+    std::fs::read_dir(h.cache.staging_path(0).parent().unwrap())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".part."))
+        .collect()
+}
+
+#[test]
+fn a_file_read_whole_becomes_a_flushed_local_copy_opened_through_passthrough() {
+    let (h, a, data) = cold_file();
+    let fh = read_whole(&h, a.ino, &data);
+    h.release(a.ino, fh).unwrap();
+    assert!(
+        wait_until(SYNC_TIMEOUT, || h.row(a.ino).unwrap().local == h.here()),
+        "the fill is adopted: this cache holds the content"
+    );
+    assert!(
+        h.fills.flushes.load(Ordering::SeqCst) >= 1,
+        "flushed before its row names this cache"
+    );
+    assert_eq!(
+        std::fs::read(h.cache.staging_path(a.ino)).unwrap(),
+        data,
+        "the staging file is the content, byte for byte"
+    );
+    assert!(
+        wait_until(SYNC_TIMEOUT, || h.cache.stats().block_bytes == 0),
+        "no second copy in the block cache: {} bytes",
+        h.cache.stats().block_bytes
+    );
+    assert!(part_files(&h).is_empty(), "no fill file left");
+    let o = h.open(&CTX, a.ino, libc::O_RDONLY).unwrap();
+    let backing = o
+        .backing
+        .as_ref()
+        .expect("the next open is a passthrough open");
+    let mut got = vec![0u8; SIZE];
+    backing.read_exact_at(&mut got, 0).unwrap();
+    assert_eq!(got, data);
+    h.release(a.ino, o.fh).unwrap();
+    assert!(
+        !h.row(a.ino).unwrap().dirty,
+        "a clean copy: nothing to upload"
+    );
+}
+
+#[test]
+fn a_writer_after_readers_of_a_fill_writes_the_file_they_read() {
+    let (h, a, data) = cold_file();
+    h.fills.hold_adoption.store(true, Ordering::SeqCst);
+    let fh = read_whole(&h, a.ino, &data);
+    h.release(a.ino, fh).unwrap();
+    let flushes = h.fills.flushes.load(Ordering::SeqCst);
+    // Complete, not adopted: a reader is given the fill itself.
+    let r = h.open(&CTX, a.ino, libc::O_RDONLY).unwrap();
+    let rb = r
+        .backing
+        .clone()
+        .expect("a complete fill serves passthrough readers");
+    assert_ne!(h.row(a.ino).unwrap().local, h.here(), "not adopted yet");
+    // A writer now: the fill becomes the staging file, flushed first.
+    let w = h.open(&CTX, a.ino, libc::O_RDWR).unwrap();
+    let wb = w
+        .backing
+        .clone()
+        .expect("the writer shares the backing file");
+    assert!(
+        h.fills.flushes.load(Ordering::SeqCst) > flushes,
+        "flushed before adoption"
+    );
+    assert_eq!(
+        h.row(a.ino).unwrap().local,
+        h.here(),
+        "adopted by the writable open"
+    );
+    wb.write_all_at(b"NEW", 1 << 20).unwrap();
+    let mut seen = [0u8; 3];
+    rb.read_exact_at(&mut seen, 1 << 20).unwrap();
+    assert_eq!(&seen, b"NEW", "the reader reads the file the writer writes");
+    h.release(a.ino, w.fh).unwrap();
+    h.release(a.ino, r.fh).unwrap();
+    // The kernel closes the backing file after the last release.
+    drop((w, r, wb, rb));
+    h.sync_all();
+    let mut want = data.clone();
+    want[1 << 20..(1 << 20) + 3].copy_from_slice(b"NEW");
+    assert_eq!(
+        h.bucket_file("f").as_deref(),
+        Some(&want[..]),
+        "the write is uploaded"
+    );
+    assert_eq!(h.cat(a.ino), want);
+}
+
+#[test]
+fn a_truncate_while_a_fill_is_open_for_reading_truncates_that_file() {
+    let (h, a, data) = cold_file();
+    h.fills.hold_adoption.store(true, Ordering::SeqCst);
+    let fh = read_whole(&h, a.ino, &data);
+    h.release(a.ino, fh).unwrap();
+    let r = h.open(&CTX, a.ino, libc::O_RDONLY).unwrap();
+    let rb = r.backing.clone().expect("passthrough from the fill");
+    let set = SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    h.setattr(&CTX, a.ino, &set).unwrap();
+    assert_eq!(
+        rb.metadata().unwrap().len(),
+        0,
+        "the reader's backing file is the file truncated"
+    );
+    h.release(a.ino, r.fh).unwrap();
+    drop((r, rb));
+    h.sync_all();
+    assert_eq!(h.bucket_file("f").as_deref(), Some(&b""[..]));
+}
+
+#[test]
+fn a_file_not_read_to_its_end_keeps_its_blocks_in_the_block_cache() {
+    // Readahead of 2 blocks: reading 2.5 MiB fetches blocks 0-4 of 8.
+    let cfg = VfsConfig {
+        readahead_blocks: 2,
+        ..test_cfg()
+    };
+    let (h, a, data) = cold_file_with(cfg, 8 << 20);
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    let mut got = Vec::new();
+    while got.len() < (5 << 20) / 2 {
+        got.extend(h.read(a.ino, fh, got.len() as u64, 128 << 10).unwrap());
+    }
+    assert_eq!(got, data[..got.len()]);
+    h.release(a.ino, fh).unwrap();
+    assert!(
+        wait_until(SYNC_TIMEOUT, || part_files(&h).is_empty()),
+        "an unfinished fill is removed at the last close"
+    );
+    assert!(
+        wait_until(SYNC_TIMEOUT, || h.cache.stats().block_bytes >= 3 << 20),
+        "its blocks moved to the block cache: {} bytes",
+        h.cache.stats().block_bytes
+    );
+    assert_ne!(h.row(a.ino).unwrap().local, h.here());
+    assert_eq!(h.cat(a.ino), data, "and the file reads whole after it");
+}
