@@ -646,6 +646,9 @@ def w_fio(c):
     f = os.path.join(base, "file")
     mb = size("FIO_MB")
     run(["dd", f"if={c.meta['rand']}", f"of={f}", "bs=1M", f"count={mb}", "conv=fsync", "status=none"], 300)
+    if os.environ.get("BENCH_FIO_SETTLE") == "1":
+        # (experiment) random writes with no upload of the file just laid out running beside
+        c.uncounted(c.t.sync_all)
     _fio(c, f, "randwrite", ["--end_fsync=1"])
     if c.t.s3:
         c.t.settle("w-fio/file", mb << 20, timeout=120)

