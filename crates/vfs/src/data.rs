@@ -121,8 +121,9 @@ enum RemoteRead {
     Moved,
 }
 
-/// Distance between a read and the end of the one before it beyond which a reader is not
-/// reading the file whole, bytes (see `fill`).
+/// Distance between a read and the end of the one before it (or from offset 0, for a
+/// handle's first read) beyond which a reader is not reading the file whole, bytes (see
+/// `fill`).
 const FILL_JUMP: u64 = 8 << 20;
 
 /// Readahead window of a reader's first sequential read, blocks (doubles from there).
@@ -1033,11 +1034,18 @@ impl Vfs {
         // Sequential reader: fetch ahead.
         let last_end = h.last_read_end.load(Ordering::Relaxed);
         let sequential = last_end == offset || offset == 0;
-        // A whole-file reader began at offset 0 and never jumped (the kernel's readahead
-        // requests arrive on several threads, a little out of order).
-        if offset == 0 {
+        // A whole-file reader began near offset 0 (the kernel serves what its page cache
+        // holds without asking: an earlier reader's first pages) and never jumped (the
+        // kernel's readahead requests arrive on several threads, a little out of order).
+        let near_start = offset <= FILL_JUMP;
+        let jumped = if last_end == u64::MAX {
+            !near_start
+        } else {
+            offset.abs_diff(last_end) > FILL_JUMP
+        };
+        if offset == 0 || (last_end == u64::MAX && near_start) {
             h.from_start.store(true, Ordering::Relaxed);
-        } else if last_end == u64::MAX || offset.abs_diff(last_end) > FILL_JUMP {
+        } else if jumped {
             h.from_start.store(false, Ordering::Relaxed);
         }
         // A whole-file reader assembles the file for passthrough (see `fill`).
@@ -1064,7 +1072,7 @@ impl Vfs {
                     version: row.data_version,
                     index: idx,
                 };
-                if self.cache.has_block(&k) {
+                if self.cache.has_block(&k) || fill.as_ref().is_some_and(|f| f.has(idx)) {
                     continue;
                 }
                 let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
@@ -1111,13 +1119,8 @@ impl Vfs {
                 }
             }
             let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
+            // (The fetch keeps the block: in the fill when there is one by then.)
             let data = self.rt.block_on(fut).map_err(VfsError::from)?;
-            if let Some(f) = &fill {
-                // The fetch may have kept it in the block cache (it began before the fill).
-                if !f.has(idx) {
-                    self.fill_put(f, idx, &data);
-                }
-            }
             let to = to.min(data.len() as u64);
             if from < to {
                 out.extend_from_slice(&data[from as usize..to as usize]);

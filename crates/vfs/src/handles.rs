@@ -23,7 +23,7 @@ pub(crate) struct Handle {
     /// behind a wall of prefetches), doubles with each sequential read up to the
     /// configured maximum, drops to 0 on a random read.
     pub(crate) ra_blocks: AtomicU64,
-    /// Every read so far continued the one before, from offset 0 (a whole-file reader:
+    /// The first read began near offset 0 and no read jumped since (a whole-file reader:
     /// see [`crate::fill`]).
     pub(crate) from_start: std::sync::atomic::AtomicBool,
     /// Lock owners that took locks through this open file (dropped at its release).

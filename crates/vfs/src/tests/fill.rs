@@ -91,6 +91,25 @@ fn a_file_read_whole_becomes_a_flushed_local_copy_opened_through_passthrough() {
 }
 
 #[test]
+fn a_reader_whose_first_pages_the_kernel_had_cached_still_fills_the_file() {
+    let (h, a, data) = cold_file();
+    // An earlier reader left the first 128 KiB in the kernel's page cache: this reader's
+    // first request begins there.
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    let start = 128 << 10;
+    assert_eq!(
+        h.read_to_end(a.ino, fh, start, 128 << 10),
+        data[start as usize..]
+    );
+    h.release(a.ino, fh).unwrap();
+    assert!(
+        wait_until(SYNC_TIMEOUT, || h.row(a.ino).unwrap().local == h.here()),
+        "the block the reader never asked for was fetched into the fill, which was adopted"
+    );
+    assert_eq!(std::fs::read(h.cache.staging_path(a.ino)).unwrap(), data);
+}
+
+#[test]
 fn a_writer_after_readers_of_a_fill_writes_the_file_they_read() {
     let (h, a, data) = cold_file();
     h.fills.hold_adoption.store(true, Ordering::SeqCst);
