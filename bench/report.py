@@ -41,6 +41,7 @@ ROWS = [
     ("seq", "ttfb_big", "time to first byte, cold, {SEQ_MB} MiB file", "down"),
     ("seq", "read_cold", "seq read after remount (empty cache)", "up"),
     ("seq", "read_warm", "seq read again (warm)", "up"),
+    ("seq", "read_warm_later", "seq read again, 10 s later", "up"),
     ("fio", "randwrite", "fio 4 KiB randwrite, {FIO_MB} MiB file, {FIO_SECONDS} s", "up"),
     ("fio", "randread", "fio 4 KiB randread after remount (cold)", "up"),
     ("durable", "create_close_local", "create+close 4 KiB ({DURABLE_N}), --durability local", "up"),

@@ -248,6 +248,7 @@ impl Vfs {
             }
             s.pt.handles += 1;
             s.pt.writers += u32::from(write);
+            self.fills.passthrough_opens.fetch_add(1, Ordering::Relaxed);
             return Ok(Some(f));
         }
         let cached_handles = s.open_count.saturating_sub(1);
@@ -297,6 +298,10 @@ impl Vfs {
             from_fill: fill.is_some(),
         };
         self.cache.touch_staging(ino);
+        self.fills.passthrough_opens.fetch_add(1, Ordering::Relaxed);
+        if fill.is_some() {
+            self.fills.fill_opens.fetch_add(1, Ordering::Relaxed);
+        }
         Ok(Some(f))
     }
 

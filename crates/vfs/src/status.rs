@@ -83,6 +83,10 @@ pub struct VfsStatus {
     /// Directories being refreshed from the bucket in the background now (large ones:
     /// see [`crate::VfsConfig::background_relist_min`]).
     pub background_relists: usize,
+    /// Opens served through passthrough so far.
+    pub passthrough_opens: u64,
+    /// Of those, opens given a complete whole-file fill (a file just read whole).
+    pub passthrough_fill_opens: u64,
 }
 
 impl Vfs {
@@ -136,6 +140,14 @@ impl Vfs {
             data_flushes: self.data_flushes.load(std::sync::atomic::Ordering::Relaxed),
             passthrough: self.passthrough_on(),
             background_relists: self.relists.running(),
+            passthrough_opens: self
+                .fills
+                .passthrough_opens
+                .load(std::sync::atomic::Ordering::Relaxed),
+            passthrough_fill_opens: self
+                .fills
+                .fill_opens
+                .load(std::sync::atomic::Ordering::Relaxed),
         })
     }
 }

@@ -115,24 +115,23 @@ fn a_writer_after_readers_of_a_fill_writes_the_file_they_read() {
     h.fills.hold_adoption.store(true, Ordering::SeqCst);
     let fh = read_whole(&h, a.ino, &data);
     h.release(a.ino, fh).unwrap();
-    let flushes = h.fills.flushes.load(Ordering::SeqCst);
-    // Complete, not adopted: a reader is given the fill itself.
+    assert!(
+        wait_until(SYNC_TIMEOUT, || h.fills.flushes.load(Ordering::SeqCst) == 1),
+        "the complete fill is flushed"
+    );
+    // Flushed, not adopted: a reader is given the fill itself.
     let r = h.open(&CTX, a.ino, libc::O_RDONLY).unwrap();
     let rb = r
         .backing
         .clone()
         .expect("a complete fill serves passthrough readers");
     assert_ne!(h.row(a.ino).unwrap().local, h.here(), "not adopted yet");
-    // A writer now: the fill becomes the staging file, flushed first.
+    // A writer now: the fill becomes the staging file.
     let w = h.open(&CTX, a.ino, libc::O_RDWR).unwrap();
     let wb = w
         .backing
         .clone()
         .expect("the writer shares the backing file");
-    assert!(
-        h.fills.flushes.load(Ordering::SeqCst) > flushes,
-        "flushed before adoption"
-    );
     assert_eq!(
         h.row(a.ino).unwrap().local,
         h.here(),
@@ -163,6 +162,11 @@ fn a_truncate_while_a_fill_is_open_for_reading_truncates_that_file() {
     h.fills.hold_adoption.store(true, Ordering::SeqCst);
     let fh = read_whole(&h, a.ino, &data);
     h.release(a.ino, fh).unwrap();
+    assert!(wait_until(SYNC_TIMEOUT, || h
+        .fills
+        .flushes
+        .load(Ordering::SeqCst)
+        == 1));
     let r = h.open(&CTX, a.ino, libc::O_RDONLY).unwrap();
     let rb = r.backing.clone().expect("passthrough from the fill");
     let set = SetAttr {
