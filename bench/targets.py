@@ -473,7 +473,8 @@ class Floor(Target):
 class FloorPt(Floor):
     """The floor with `--passthrough`: regular files' bytes in files under its cache dir on
     the state disk, opened through FUSE passthrough (as deskfs opens files whose content
-    is local), so reads and writes never reach the daemon."""
+    is local), so reads and writes never reach the daemon; its fsync flushes the backing
+    file (data durability's least cost; names stay in memory)."""
     name = "floor-pt"
 
     def mode_args(self):
