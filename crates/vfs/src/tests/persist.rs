@@ -303,3 +303,41 @@ fn a_staging_file_is_flushed_before_its_row_says_clean() {
         "the clean copy was flushed first"
     );
 }
+
+/// The index a mount builds of the staging files it finds (`Vfs::index_staging`, in
+/// batches): copies of uploaded content become evictable, copies of inodes that are gone
+/// are removed, over several batches.
+#[test]
+fn a_remount_indexes_its_staging_files_clean_copies_evictable_stale_ones_removed() {
+    let mut h = Harness::new();
+    let n = 300u64; // more than two batches
+    let mut inos = Vec::new();
+    for i in 0..n {
+        inos.push(h.file(ROOT_INO, &format!("f{i}"), b"0123456789").ino);
+    }
+    h.sync_all();
+    let stale: Vec<u64> = (0..3).map(|k| 9_000_000 + k).collect();
+    let stale2 = stale.clone();
+    h.remount_after(move |dir, _| {
+        for ino in &stale2 {
+            std::fs::write(dir.join("cache/staging").join(ino.to_string()), b"old copy")
+                .expect("write a stale staging file");
+        }
+    });
+    let indexed = wait_until(Duration::from_secs(20), || {
+        h.cache.stats().clean_staging_bytes == n * 10 && stale.iter().all(|i| !h.staging_exists(*i))
+    });
+    assert!(
+        indexed,
+        "after the remount: clean bytes {} (want {}), stale copies left: {:?}",
+        h.cache.stats().clean_staging_bytes,
+        n * 10,
+        stale
+            .iter()
+            .filter(|i| h.staging_exists(**i))
+            .collect::<Vec<_>>()
+    );
+    for ino in inos {
+        assert!(h.staging_exists(ino), "the copy of {ino} was removed");
+    }
+}
