@@ -1074,7 +1074,9 @@ impl State {
         let path = self.path_of(ino);
         if Self::take_failure(&mut self.fail_fsync, &path) {
             self.counters.injected_failures += 1;
-            eprintln!("deskfs-lossfs: injected EIO on fsync of {path:?}; its unsynced data is dropped");
+            eprintln!(
+                "deskfs-lossfs: injected EIO on fsync of {path:?}; its unsynced data is dropped"
+            );
             self.drop_data(ino);
             return Err(libc::EIO);
         }
@@ -1346,7 +1348,14 @@ impl State {
     }
 
     /// Owner and exact mode of an entry just created in the backing directory.
-    fn finish_create(&self, p: &Path, mode: u32, uid: u32, gid: u32, symlink: bool) -> io::Result<()> {
+    fn finish_create(
+        &self,
+        p: &Path,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        symlink: bool,
+    ) -> io::Result<()> {
         // Only root may give files away; as another user they stay the daemon's.
         if nix::unistd::geteuid().is_root() {
             std::os::unix::fs::lchown(p, Some(uid), Some(gid))?;
@@ -1373,7 +1382,10 @@ impl State {
         for &ino in &inos {
             if let Err(e) = self.persist_file(ino, false) {
                 errors += 1;
-                eprintln!("deskfs-lossfs: sync: cannot persist {}: {e}", self.path_of(ino));
+                eprintln!(
+                    "deskfs-lossfs: sync: cannot persist {}: {e}",
+                    self.path_of(ino)
+                );
             }
         }
         if let Ok(d) = File::open(&self.backing) {
@@ -1624,7 +1636,10 @@ mod tests {
         assert_eq!(read_all(&mut s, f), b"one");
         s.write(f, 3, b"333").expect("write");
         s.fsync(f, false).expect("second fsync");
-        assert_eq!(std::fs::read(dir.path().join("db-wal")).expect("read"), b"one333");
+        assert_eq!(
+            std::fs::read(dir.path().join("db-wal")).expect("read"),
+            b"one333"
+        );
         assert_eq!(s.stats()["injected_failures"], 1);
         // A non-matching pattern does not fail.
         s.add_failure(false, "shm", 1);
@@ -1642,9 +1657,15 @@ mod tests {
         };
         s.setattr(f, &set).expect("truncate");
         assert_eq!(s.getattr(f).expect("attr").size, 10);
-        assert_eq!(std::fs::metadata(dir.path().join("f")).expect("stat").len(), 10000);
+        assert_eq!(
+            std::fs::metadata(dir.path().join("f")).expect("stat").len(),
+            10000
+        );
         s.fsync(f, true).expect("fsync");
-        assert_eq!(std::fs::metadata(dir.path().join("f")).expect("stat").len(), 10);
+        assert_eq!(
+            std::fs::metadata(dir.path().join("f")).expect("stat").len(),
+            10
+        );
     }
 
     #[test]
@@ -1654,7 +1675,8 @@ mod tests {
         s.fsync(f, false).expect("fsync");
         s.open(f).expect("open");
         s.unlink(ROOT, b"f").expect("unlink");
-        s.fsyncdir(ROOT).expect("fsyncdir: the unlink reaches the disk");
+        s.fsyncdir(ROOT)
+            .expect("fsyncdir: the unlink reaches the disk");
         assert_eq!(read_all(&mut s, f), b"content");
         s.release(f);
     }
@@ -1699,7 +1721,11 @@ mod tests {
         for seed in 0..20 {
             let (_, t) = reorder_run(seed);
             let names: Vec<&str> = t.iter().map(|(n, _)| n.as_str()).collect();
-            let created: Vec<&str> = names.iter().copied().filter(|n| n.starts_with('n')).collect();
+            let created: Vec<&str> = names
+                .iter()
+                .copied()
+                .filter(|n| n.starts_with('n'))
+                .collect();
             let want: Vec<String> = (0..created.len()).map(|i| format!("n{i}")).collect();
             assert_eq!(created, want, "seed {seed}: not a prefix");
             let base = &t.iter().find(|(n, _)| n == "base").expect("base").1;
