@@ -35,8 +35,8 @@
 //!     (its creation, a link, unlink or rename of it, a chmod/chown/utimes of it) — the
 //!     ext4 rule that an fsync of a new inode makes its directory entry durable too
 //!     (`ext4_sync_parent`, or the journal commit that holds the create); then its data;
-//!   - the `sync` control command: the whole log, then every file's data, then `syncfs`.
-//!   (FUSE does not forward `syncfs`/`sync(2)` to the daemon; hence the command.)
+//!   - the `sync` control command: the whole log, then every file's data, then `syncfs`
+//!     (FUSE does not forward `syncfs`/`sync(2)` to the daemon; hence the command.)
 //! * **Power cut** (`cut`): every overlay and every pending operation is dropped; the
 //!   volatile view is reloaded from the backing directory, with inode numbers never used
 //!   before, so handles opened before the cut are stale: their reads, writes and fsyncs

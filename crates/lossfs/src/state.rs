@@ -298,6 +298,14 @@ pub(crate) struct Counters {
     pub(crate) apply_errors: u64,
 }
 
+/// What a new inode is (mknod, mkdir, symlink).
+struct New {
+    kind: Kind,
+    perm: u32,
+    rdev: u32,
+    target: Vec<u8>,
+}
+
 /// A failure injection rule: the next `left` syncs of matching paths fail.
 #[derive(Debug)]
 struct Rule {
@@ -577,16 +585,13 @@ impl State {
 
     /// Creates an inode under `parent` and names it: the common part of mknod, mkdir
     /// and symlink. Returns its attributes.
-    fn create_named(
-        &mut self,
-        c: Caller,
-        parent: u64,
-        name: &[u8],
-        kind: Kind,
-        mut perm: u32,
-        rdev: u32,
-        target: Vec<u8>,
-    ) -> Res<Attr> {
+    fn create_named(&mut self, c: Caller, parent: u64, name: &[u8], new: New) -> Res<Attr> {
+        let New {
+            kind,
+            mut perm,
+            rdev,
+            target,
+        } = new;
         self.check_dir(parent, name)?;
         if self.vnames.lookup(parent, name).is_some() {
             return Err(libc::EEXIST);
@@ -679,12 +684,24 @@ impl State {
         if matches!(kind, Kind::Dir | Kind::Symlink) {
             return Err(libc::EINVAL);
         }
-        self.create_named(c, parent, name, kind, mode & 0o7777, rdev, Vec::new())
+        let new = New {
+            kind,
+            perm: mode & 0o7777,
+            rdev,
+            target: Vec::new(),
+        };
+        self.create_named(c, parent, name, new)
     }
 
     /// `mkdir`.
     pub(crate) fn mkdir(&mut self, c: Caller, parent: u64, name: &[u8], mode: u32) -> Res<Attr> {
-        self.create_named(c, parent, name, Kind::Dir, mode & 0o7777, 0, Vec::new())
+        let new = New {
+            kind: Kind::Dir,
+            perm: mode & 0o7777,
+            rdev: 0,
+            target: Vec::new(),
+        };
+        self.create_named(c, parent, name, new)
     }
 
     /// `symlink`.
@@ -698,7 +715,13 @@ impl State {
         if target.is_empty() {
             return Err(libc::ENOENT);
         }
-        self.create_named(c, parent, name, Kind::Symlink, 0o777, 0, target.to_vec())
+        let new = New {
+            kind: Kind::Symlink,
+            perm: 0o777,
+            rdev: 0,
+            target: target.to_vec(),
+        };
+        self.create_named(c, parent, name, new)
     }
 
     /// `readlink`.
