@@ -225,10 +225,13 @@ fn fsync_of_new_file_makes_entry_durable() {
     let Some(m) = Mount::new(|_| {}) else { return };
     fs::create_dir(m.p("d")).expect("mkdir");
     let f = write_file(&m.p("d/new"), b"payload");
+    // Created after d/new: not made durable by its fsync (operations persist in order).
+    drop(write_file(&m.p("d/later"), b"later"));
     f.sync_all().expect("fsync");
     drop(f);
     m.cut();
     assert_eq!(read(&m.p("d/new")).as_deref(), Some(&b"payload"[..]));
+    assert_eq!(read(&m.p("d/later")), None);
 }
 
 /// (4) A new file never fsynced is gone.
