@@ -8,6 +8,9 @@
 //! fail-fsyncdir PATTERN COUNT  likewise for fsync of matching directories
 //! stats                      counters, as JSON after "ok "
 //! ```
+//!
+//! Words are separated by whitespace, so a PATTERN cannot contain any. The socket is
+//! the owner's only (mode 0600).
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -213,6 +213,9 @@ fn serve(
     }
     let listener = std::os::unix::net::UnixListener::bind(control)
         .map_err(|e| format!("cannot bind {}: {e}", control.display()))?;
+    // Only the owner may cut power.
+    std::fs::set_permissions(control, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+        .map_err(|e| format!("cannot restrict {}: {e}", control.display()))?;
 
     let mut config = Config::default();
     config.mount_options = vec![

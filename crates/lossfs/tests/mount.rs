@@ -245,7 +245,8 @@ fn unsynced_create_is_gone() {
     assert!(!m.b("ghost").exists());
 }
 
-/// (5) rename after fsync of the source: not durable without fsync of the directory.
+/// (5) rename after fsync of the source: not durable without fsync of the directory
+/// (or of the renamed file).
 #[test]
 fn rename_needs_fsyncdir() {
     let Some(m) = Mount::new(|_| {}) else { return };
@@ -263,6 +264,16 @@ fn rename_needs_fsyncdir() {
     m.cut();
     assert_eq!(read(&m.p("tmp")), None);
     assert_eq!(read(&m.p("final")).as_deref(), Some(&b"v1"[..]));
+    // fsync of the renamed file itself makes its rename durable (the journal commit
+    // that holds it).
+    fs::rename(m.p("final"), m.p("again")).expect("rename");
+    File::open(m.p("again"))
+        .expect("open")
+        .sync_all()
+        .expect("fsync");
+    m.cut();
+    assert_eq!(read(&m.p("final")), None);
+    assert_eq!(read(&m.p("again")).as_deref(), Some(&b"v1"[..]));
 }
 
 /// (6) An injected fsync failure returns EIO and loses the data; the next fsync
