@@ -1143,10 +1143,25 @@ impl State {
             }
             ensure_base(i, ino, &self.dnames, &self.backing)?;
         }
+        let mtime = i.mtime;
         let (Some(d), Some(f)) = (i.data.as_mut(), i.base.as_mut()) else {
             return Ok(());
         };
         d.persist(f)?;
+        // The backing file's mtime is the volatile one (the last write's, or what a
+        // utimes set, made durable just before), not the time of this fsync.
+        let times = [
+            libc::timespec {
+                tv_sec: 0,
+                tv_nsec: libc::UTIME_OMIT,
+            },
+            libc::timespec {
+                tv_sec: mtime.div_euclid(1_000_000_000),
+                tv_nsec: mtime.rem_euclid(1_000_000_000),
+            },
+        ];
+        // SAFETY: a valid open file descriptor and two timespecs.
+        check(unsafe { libc::futimens(std::os::fd::AsRawFd::as_raw_fd(f), times.as_ptr()) })?;
         if datasync {
             f.sync_data()
         } else {
@@ -1689,6 +1704,20 @@ mod tests {
             std::fs::metadata(dir.path().join("f")).expect("stat").len(),
             10
         );
+    }
+
+    #[test]
+    fn utimes_survives_a_later_data_fsync() {
+        let (dir, mut s) = new_state();
+        let f = create(&mut s, ROOT, "f", b"data");
+        let set = SetAttr {
+            mtime: Some(SetTime::At(2_000_000_000_000_000_000)),
+            ..SetAttr::default()
+        };
+        s.setattr(f, &set).expect("utimes");
+        s.fsync(f, false).expect("fsync");
+        let meta = std::fs::metadata(dir.path().join("f")).expect("stat");
+        assert_eq!(meta.mtime(), 2_000_000_000);
     }
 
     #[test]
