@@ -59,13 +59,18 @@
 //!   any run of characters, `/` included; the whole path must match), else a substring.
 //!   `fail-fsyncdir` does the same for `fsync` of directories (nothing is dropped: the
 //!   pending operations stay pending).
-//! * What is not modelled: xattrs (not supported: `EOPNOTSUPP`), `fallocate` beyond mode 0
-//!   and `FALLOC_FL_KEEP_SIZE` (`EOPNOTSUPP`), file locks (the kernel's own, per mount),
-//!   ext4's `auto_da_alloc` (a rename over a file does not flush the new file's data),
-//!   torn pages, data of a file written after its last name on disk was removed (kept in
-//!   memory, never persisted), the backing file system's own crash behaviour (the backing
-//!   directory is trusted to be durable once lossfs synced it). Timestamps come from the
-//!   backing files after a cut. Run as root to keep owners.
+//! * `fallocate`: mode 0 grows the file; `FALLOC_FL_KEEP_SIZE` alone does nothing;
+//!   `PUNCH_HOLE|KEEP_SIZE` and `ZERO_RANGE` (± `KEEP_SIZE`) write zeros, as unsynced
+//!   data like any write; other modes fail with `EOPNOTSUPP`. `SEEK_DATA`/`SEEK_HOLE` are
+//!   the kernel's generic ones (the whole file is data).
+//! * What is not modelled: xattrs (not supported: `EOPNOTSUPP`), file locks (the
+//!   kernel's own, per mount), ext4's `auto_da_alloc` (a rename over a file does not flush
+//!   the new file's data), torn pages, data of a file written after its last name on disk
+//!   was removed (kept in memory, never persisted), the backing file system's own crash
+//!   behaviour (the backing directory is trusted to be durable once lossfs synced it),
+//!   atime. Pending data is held in RAM (whole pages). After a cut, timestamps are the
+//!   backing files' (a file's `fsync` gives its backing file the volatile mtime). Run as
+//!   root to keep owners and write read-only backing files.
 //!
 //! # Kernel settings
 //!

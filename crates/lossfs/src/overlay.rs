@@ -205,6 +205,30 @@ impl Overlay {
         Ok(())
     }
 
+    /// Zeroes `offset..end` (within the size: the caller grows the file first).
+    pub(crate) fn zero(&mut self, offset: u64, end: u64, base: &dyn Backing) -> io::Result<()> {
+        let end = end.min(self.size);
+        let mut pos = offset;
+        while pos < end {
+            let idx = pos / PAGE;
+            let pstart = idx * PAGE;
+            let to = end.min(pstart + PAGE);
+            let range = (pos - pstart) as usize..(to - pstart) as usize;
+            if let Some(p) = self.pages.get_mut(&idx) {
+                p[range].fill(0);
+            } else if pos < self.base_len {
+                // Backing bytes show here: the page must hide them.
+                let mut p = self.page(idx, base)?;
+                p[range].fill(0);
+                self.pages.insert(idx, p);
+            }
+            // Else the range reads as zeros already.
+            pos = to;
+        }
+        self.dirty = true;
+        Ok(())
+    }
+
     /// Sets the size: cut pages and backing bytes past it; growing reads as zeros.
     pub(crate) fn truncate(&mut self, size: u64) {
         if size < self.size {
@@ -317,6 +341,24 @@ mod tests {
         assert_eq!(&v[..2], &[b'a', 7]);
         assert!(v[2..4000].iter().all(|&b| b == 0));
         assert_eq!(v[4000], b'b');
+    }
+
+    #[test]
+    fn zero_hides_backing_and_overlay_bytes() {
+        let base = vec![3u8; 3 * PAGE as usize];
+        let mut o = Overlay::clean(base.len() as u64);
+        o.write(2 * PAGE, &[4u8; 10], &base).expect("write");
+        o.zero(100, 2 * PAGE + 5, &base).expect("zero");
+        let v = view(&o, &base);
+        assert!(v[..100].iter().all(|&b| b == 3));
+        assert!(v[100..2 * PAGE as usize + 5].iter().all(|&b| b == 0));
+        assert_eq!(&v[2 * PAGE as usize + 5..2 * PAGE as usize + 10], &[4u8; 5]);
+        assert!(v[2 * PAGE as usize + 10..].iter().all(|&b| b == 3));
+        // Past the backing content nothing needs a page.
+        let mut o = Overlay::clean(0);
+        o.truncate(10 * PAGE);
+        o.zero(0, 10 * PAGE, &base).expect("zero");
+        assert_eq!(o.pending_bytes(), 0);
     }
 
     #[test]

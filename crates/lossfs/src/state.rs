@@ -377,13 +377,23 @@ fn set_times(p: &Path, atime: Option<i64>, mtime: Option<i64>) -> io::Result<()>
     })
 }
 
-/// Opens a file of the backing directory for reading and writing.
+/// Opens a file of the backing directory for reading and writing (reading only if
+/// writing is refused: then making its data durable fails).
 fn open_backing(p: &Path) -> io::Result<File> {
-    OpenOptions::new()
+    let rw = OpenOptions::new()
         .read(true)
         .write(true)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(p)
+        .open(p);
+    match rw {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EROFS)) => {
+            OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(p)
+        }
+        r => r,
+    }
 }
 
 /// The inode of the backing entry `meta` describes.
@@ -1007,29 +1017,35 @@ impl State {
     }
 
     /// `fallocate`: mode 0 grows the file (zeros); `FALLOC_FL_KEEP_SIZE` alone does
-    /// nothing (space is not modelled); other modes are not supported.
+    /// nothing (space is not modelled); `FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE` and
+    /// `FALLOC_FL_ZERO_RANGE` (with or without `KEEP_SIZE`) write zeros, as unsynced
+    /// data like any write. Other modes are not supported (`EOPNOTSUPP`).
     pub(crate) fn fallocate(&mut self, ino: u64, offset: u64, len: u64, mode: i32) -> Res<()> {
-        let end = offset.checked_add(len).ok_or(libc::EFBIG)?;
-        let i = self.inodes.get_mut(&ino).ok_or(libc::EIO)?;
-        let d = match (i.kind, i.data.as_mut()) {
-            (Kind::File, Some(d)) => d,
-            (Kind::Dir, _) => return Err(libc::EISDIR),
-            _ => return Err(libc::ENODEV),
-        };
-        match mode {
-            0 => {
-                if end > i64::MAX as u64 {
-                    return Err(libc::EFBIG);
-                }
-                if end > d.size() {
-                    d.truncate(end);
-                    i.ctime = now_ns();
-                }
-                Ok(())
-            }
-            libc::FALLOC_FL_KEEP_SIZE => Ok(()),
-            _ => Err(libc::EOPNOTSUPP),
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= i64::MAX as u64)
+            .ok_or(libc::EFBIG)?;
+        const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+        const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        if !matches!(mode, 0 | KEEP | PUNCH) && mode != ZERO && mode != ZERO | KEEP {
+            return Err(libc::EOPNOTSUPP);
         }
+        let i = self.file(ino)?;
+        let base: &dyn Backing = match &i.base {
+            Some(f) => f,
+            None => &EMPTY,
+        };
+        let d = i.data.as_mut().ok_or(libc::EINVAL)?;
+        if mode & KEEP == 0 && end > d.size() {
+            d.truncate(end);
+        }
+        if mode & (libc::FALLOC_FL_PUNCH_HOLE | ZERO) != 0 {
+            d.zero(offset, end, base).map_err(|e| errno(&e))?;
+            i.mtime = now_ns();
+        }
+        i.ctime = now_ns();
+        Ok(())
     }
 
     /// The entries of directory `ino`, `.` and `..` first, then by name.

@@ -590,6 +590,25 @@ fn posix_basics() {
     let d = read(&m.p("a")).expect("read");
     assert_eq!(d.len(), 5000);
     assert!(d[..100].iter().all(|&b| b == 5) && d[100..].iter().all(|&b| b == 0));
+    // Punch a hole through backing content (made durable first) and unsynced pages.
+    let f = OpenOptions::new().write(true).open(m.p("a")).expect("open");
+    f.sync_all().expect("fsync");
+    f.write_all_at(&[6u8; 10], 4000).expect("write");
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: fallocate on an open descriptor.
+    let r = unsafe {
+        libc::fallocate(
+            fd,
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            50,
+            4000,
+        )
+    };
+    assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+    drop(f);
+    let d = read(&m.p("a")).expect("read");
+    assert_eq!(d.len(), 5000);
+    assert!(d[..50].iter().all(|&b| b == 5) && d[50..4050].iter().all(|&b| b == 0));
     fs::hard_link(m.p("a"), m.p("b")).expect("link");
     assert_eq!(fs::metadata(m.p("a")).expect("stat").nlink(), 2);
     fs::create_dir_all(m.p("x/y")).expect("mkdir -p");
