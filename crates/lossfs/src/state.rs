@@ -18,6 +18,9 @@ use crate::util::{matches, Rng};
 /// Result of a model operation: the errno on failure.
 pub(crate) type Res<T> = Result<T, i32>;
 
+/// Items of each list a `cut --reorder` answer names (the rest are counted).
+const REPORT_ITEMS: usize = 32;
+
 /// Longest name of a directory entry, bytes.
 pub(crate) const NAME_MAX: usize = 255;
 
@@ -375,6 +378,21 @@ fn set_times(p: &Path, atime: Option<i64>, mtime: Option<i64>) -> io::Result<()>
             libc::AT_SYMLINK_NOFOLLOW,
         )
     })
+}
+
+/// The first [`REPORT_ITEMS`] of `items` joined with `sep`, and how many more there are
+/// (the daemon's stderr has them all).
+fn abridged(items: &[String], sep: &str) -> String {
+    let mut out = items
+        .iter()
+        .take(REPORT_ITEMS)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(sep);
+    if items.len() > REPORT_ITEMS {
+        out.push_str(&format!("{sep}... {} more", items.len() - REPORT_ITEMS));
+    }
+    out
 }
 
 /// Opens a file of the backing directory for reading and writing (reading only if
@@ -1478,9 +1496,13 @@ impl State {
             let mut rng = Rng::new(seed);
             let k = rng.up_to(pending_ops);
             let kept_ops = self.flush_log(k);
+            eprintln!(
+                "deskfs-lossfs: cut --reorder {seed}: kept {k}/{pending_ops} namespace ops: [{}]",
+                kept_ops.join(", ")
+            );
             report = format!(
                 "kept {k}/{pending_ops} namespace ops [{}]",
-                kept_ops.join(", ")
+                abridged(&kept_ops, ", ")
             );
             let mut files: Vec<(PathBuf, u64)> = self
                 .inodes
@@ -1520,7 +1542,11 @@ impl State {
                     }
                 }
             }
-            report.push_str(&format!("; data: [{}]", parts.join("; ")));
+            eprintln!(
+                "deskfs-lossfs: cut --reorder {seed}: data: [{}]",
+                parts.join("; ")
+            );
+            report.push_str(&format!("; data: [{}]", abridged(&parts, "; ")));
         }
         self.counters.cuts += 1;
         // Close every backing file before reloading.
