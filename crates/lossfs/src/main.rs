@@ -41,10 +41,11 @@
 //!   volatile view is reloaded from the backing directory, with inode numbers never used
 //!   before, so handles opened before the cut are stale: their reads, writes and fsyncs
 //!   fail with `EIO` (their cached pages are invalidated), their stats with `ESTALE`.
+//!   Between cuts an inode keeps its number (one per inode, never reused).
 //! * **Reordered power cut** (`cut --reorder SEED`): before dropping, as a disk may have
 //!   written some unsynced state: a random prefix of the log (length uniform in
 //!   `0..=pending`) is made durable; then, for each file with pending data that has a name
-//!   on disk (in path order), its size change is kept with probability 1/2 and each of
+//!   on disk after that prefix (in path order), its size change is kept with probability 1/2 and each of
 //!   its pending 4 KiB pages is kept with probability 1/2, independently. A kept page past
 //!   the old end of file shows only if the size change is kept (as ext4 data=ordered only
 //!   publishes a new `i_size` after the data). Pages are atomic: torn pages are not
@@ -66,11 +67,15 @@
 //! * What is not modelled: xattrs (not supported: `EOPNOTSUPP`), file locks (the
 //!   kernel's own, per mount), ext4's `auto_da_alloc` (a rename over a file does not flush
 //!   the new file's data), torn pages, data of a file written after its last name on disk
-//!   was removed (kept in memory, never persisted), the backing file system's own crash
+//!   was removed (kept in memory, never persisted), pending pages of a file unlinked from
+//!   the view and closed (dropped at once: a reordered cut cannot keep them), the backing
+//!   file system's own crash
 //!   behaviour (the backing directory is trusted to be durable once lossfs synced it),
 //!   atime. Pending data is held in RAM (whole pages). After a cut, timestamps are the
 //!   backing files' (a file's `fsync` gives its backing file the volatile mtime). Run as
-//!   root to keep owners and write read-only backing files.
+//!   root to keep owners and write read-only backing files. A directory listing is the
+//!   entries in name order, its offsets positions in that order (entries added or removed
+//!   during a listing may shift it).
 //!
 //! # Kernel settings
 //!
