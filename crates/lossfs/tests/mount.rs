@@ -276,6 +276,30 @@ fn rename_needs_fsyncdir() {
     assert_eq!(read(&m.p("again")).as_deref(), Some(&b"v1"[..]));
 }
 
+/// The classic replace-by-rename without an fsync of the new file: the directory fsync
+/// makes the rename durable but not the data, so the file is empty after a cut (no
+/// ext4 `auto_da_alloc`) — the bug this harness exists to catch. With the fsync, the new
+/// content.
+#[test]
+fn rename_over_without_fsync_loses_content() {
+    let Some(m) = Mount::new(|b| fs::write(b.join("conf"), b"old").expect("seed")) else {
+        return;
+    };
+    drop(write_file(&m.p("conf.tmp"), b"new"));
+    fs::rename(m.p("conf.tmp"), m.p("conf")).expect("rename");
+    fsync_dir(&m.mnt);
+    m.cut();
+    assert_eq!(read(&m.p("conf")).as_deref(), Some(&b""[..]));
+    let f = write_file(&m.p("conf.tmp"), b"new");
+    f.sync_all().expect("fsync");
+    drop(f);
+    fs::rename(m.p("conf.tmp"), m.p("conf")).expect("rename");
+    fsync_dir(&m.mnt);
+    m.cut();
+    assert_eq!(read(&m.p("conf")).as_deref(), Some(&b"new"[..]));
+    assert_eq!(read(&m.p("conf.tmp")), None);
+}
+
 /// (6) An injected fsync failure returns EIO and loses the data; the next fsync
 /// succeeds without it.
 #[test]
