@@ -63,7 +63,10 @@ pub(crate) fn execute(line: &str, state: &Mutex<State>, notifier: Option<&Notifi
             Ok(seed) => cut(state, notifier, Some(seed)),
             Err(_) => format!("error bad seed {seed:?}"),
         },
-        ["sync"] => format!("ok {}", lock(state).sync()),
+        ["sync"] => match lock(state).sync() {
+            Ok(done) => format!("ok {done}"),
+            Err(e) => format!("error {e}"),
+        },
         [cmd @ ("fail-fsync" | "fail-fsyncdir"), pattern, count] => match count.parse::<u64>() {
             Ok(n) => {
                 lock(state).add_failure(*cmd == "fail-fsyncdir", pattern, n);

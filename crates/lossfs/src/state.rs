@@ -1138,7 +1138,7 @@ impl State {
             return Err(libc::EIO);
         }
         if let Some(i) = self.log.iter().rposition(|op| op.is_about(ino)) {
-            self.flush_log(i + 1);
+            self.flush_checked(i + 1)?;
         }
         self.persist_file(ino, datasync).map_err(|e| errno(&e))
     }
@@ -1217,7 +1217,7 @@ impl State {
             return Err(libc::EIO);
         }
         if let Some(i) = self.log.iter().rposition(|op| op.touches_dir(ino)) {
-            self.flush_log(i + 1);
+            self.flush_checked(i + 1)?;
         }
         Ok(())
     }
@@ -1247,6 +1247,18 @@ impl State {
             }
         }
         done
+    }
+
+    /// [`State::flush_log`] for an fsync: `EIO` if the backing directory refused an
+    /// operation (what was asked to be durable is not).
+    fn flush_checked(&mut self, n: usize) -> Res<()> {
+        let before = self.counters.apply_errors;
+        self.flush_log(n);
+        if self.counters.apply_errors > before {
+            Err(libc::EIO)
+        } else {
+            Ok(())
+        }
     }
 
     /// The backing path of directory entry `parent/name` of the durable namespace.
@@ -1439,10 +1451,12 @@ impl State {
     }
 
     /// The `sync` command: everything becomes durable.
-    pub(crate) fn sync(&mut self) -> String {
+    pub(crate) fn sync(&mut self) -> Result<String, String> {
         self.counters.syncs += 1;
         let ops = self.log.len();
+        let before = self.counters.apply_errors;
         self.flush_log(ops);
+        let refused = self.counters.apply_errors - before;
         let mut inos: Vec<u64> = self
             .inodes
             .iter()
@@ -1464,15 +1478,17 @@ impl State {
             // SAFETY: a valid open file descriptor.
             unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&d)) };
         }
-        format!(
-            "synced {ops} namespace ops and {} files{}",
+        let done = format!(
+            "synced {} of {ops} namespace ops and {} of {} files",
+            ops as u64 - refused,
             inos.len() - errors,
-            if errors > 0 {
-                format!(", {errors} failed")
-            } else {
-                String::new()
-            }
-        )
+            inos.len()
+        );
+        if refused > 0 || errors > 0 {
+            Err(format!("{done} (the rest failed: see stderr)"))
+        } else {
+            Ok(done)
+        }
     }
 
     /// The inodes the kernel may still hold (to invalidate after a cut).
