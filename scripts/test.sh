@@ -279,9 +279,9 @@ fi
 # ------------------------------------------------------------ 2. build
 BUILD_OK=1
 if ((DO_BUILD)); then
-  say "cargo build --release -p deskfs"
+  say "cargo build --release -p deskfs -p deskfs-lossfs"
   t=$SECONDS
-  if cargo build --release -p deskfs > "$LOGDIR/cargo-build.log" 2>&1; then
+  if cargo build --release -p deskfs -p deskfs-lossfs > "$LOGDIR/cargo-build.log" 2>&1; then
     grep -E '^warning' "$LOGDIR/cargo-build.log" | sort | uniq -c | sort -rn | head -n 10
     record "cargo build" PASS $((SECONDS - t)) ""
   else

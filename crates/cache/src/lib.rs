@@ -144,17 +144,36 @@ fn cache_id(root: &Path, staging: &Path) -> Result<u64> {
         })
         .unwrap_or(false);
     let id = if pre_ids { 1 } else { random_id() };
-    // Written under a temp name and linked into place: two mounts opening a fresh cache
-    // at once agree on the first id written.
+    // Written under a temp name, flushed, and linked into place: two mounts opening a
+    // fresh cache at once agree on the first id written, and after a power loss the name
+    // never stands over an empty file (every staging file's row names this id).
     let tmp = root.join(format!(".cache-id.{}", std::process::id()));
-    std::fs::write(&tmp, format!("{id}\n")).map_err(|e| CacheError::io(&tmp, e))?;
+    write_synced(&tmp, format!("{id}\n").as_bytes()).map_err(|e| CacheError::io(&tmp, e))?;
     let linked = std::fs::hard_link(&tmp, &path);
     let _ = std::fs::remove_file(&tmp);
     match linked {
-        Ok(()) => Ok(id),
+        Ok(()) => {
+            sync_dir(root).map_err(|e| CacheError::io(root, e))?;
+            Ok(id)
+        }
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => cache_id(root, staging),
         Err(e) => Err(CacheError::io(&path, e)),
     }
+}
+
+/// Creates (or truncates) `path` with `data` and flushes it (`fsync`). Errors: the
+/// create, write or flush (a flush error is returned, never dropped).
+fn write_synced(path: &Path, data: &[u8]) -> io::Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path)?;
+    f.write_all(data)?;
+    f.sync_all()
+}
+
+/// Flushes directory `dir` (`fsync` of the directory), so the names just made in it
+/// survive a power loss. Errors: the open or the flush.
+fn sync_dir(dir: &Path) -> io::Result<()> {
+    std::fs::File::open(dir)?.sync_all()
 }
 
 /// A random id in `2..2^63` (from the kernel's random source; clock and pid as a fallback).

@@ -365,19 +365,24 @@ impl Vfs {
             let staging = self.cache.staging_path(r.ino);
             let md = match std::fs::metadata(&staging) {
                 Ok(md) => md,
-                Err(_) => {
-                    if r.size == 0 {
-                        // Crash between a create's commit and its staging file.
-                        self.cache.open_staging(r.ino, true)?;
-                    } else {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    // A crash between a create's commit and its staging file, or a power
+                    // loss that kept the commit of a file never fsynced but not its
+                    // staging file's name: its content never reached the disk. The file
+                    // becomes empty, as ext4 leaves such a file; never a row whose
+                    // content is nowhere (every read and upload of it would fail).
+                    if r.size != 0 {
                         tracing::error!(
                             ino = r.ino,
+                            size = r.size,
                             cache = %self.cache.root().display(),
-                            "dirty inode has no staging file in its cache dir: its unuploaded content is lost"
+                            "after a crash a file's unuploaded content is not in its cache dir (it was never fsynced): the file is now empty"
                         );
                     }
-                    continue;
+                    self.cache.open_staging(r.ino, true)?;
+                    std::fs::metadata(&staging)?
                 }
+                Err(e) => return Err(e.into()),
             };
             let mtime = md
                 .modified()

@@ -341,3 +341,32 @@ fn a_remount_indexes_its_staging_files_clean_copies_evictable_stale_ones_removed
         assert!(h.staging_exists(ino), "the copy of {ino} was removed");
     }
 }
+
+/// A power loss may keep the metadata commit of a file that was closed but never fsynced
+/// while its staging file's name is lost (the name was never flushed). Recovery leaves it
+/// empty, as ext4 leaves such a file — never a row whose content is nowhere, whose reads
+/// and uploads would fail for ever.
+#[test]
+fn after_a_crash_a_file_whose_unflushed_staging_file_is_gone_is_empty() {
+    let mut h = Harness::with_config(VfsConfig {
+        upload_delay: Duration::from_secs(3600),
+        ..test_cfg()
+    });
+    let f = h.file(
+        ROOT_INO,
+        "never-fsynced",
+        b"content that never reached the disk",
+    );
+    let kept = h.file(ROOT_INO, "kept", b"still here");
+    h.crash_and_remount_after(|dir| {
+        std::fs::remove_file(dir.join("cache/staging").join(f.ino.to_string()))
+            .expect("remove the staging file");
+    });
+    assert_eq!(h.lk(ROOT_INO, "never-fsynced").unwrap().size, 0);
+    assert_eq!(h.cat(f.ino), b"");
+    assert_eq!(h.cat(kept.ino), b"still here");
+    h.remount_with(test_cfg());
+    h.sync_all();
+    assert_eq!(h.bucket_file("never-fsynced").as_deref(), Some(&b""[..]));
+    assert_eq!(h.bucket_file("kept").as_deref(), Some(&b"still here"[..]));
+}
