@@ -134,6 +134,13 @@ fn reply_empty(r: Res<()>, reply: ReplyEmpty) {
     }
 }
 
+fn reply_data(r: Res<Vec<u8>>, reply: ReplyData) {
+    match r {
+        Ok(d) => reply.data(&d),
+        Err(e) => reply.error(Errno::from_i32(e)),
+    }
+}
+
 fn reply_attr(r: Res<Attr>, reply: ReplyAttr) {
     match r {
         Ok(a) => reply.attr(&TTL, &file_attr(&a)),
@@ -194,10 +201,8 @@ impl Filesystem for LossFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.s().readlink(ino.0) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        let r = self.s().readlink(ino.0);
+        reply_data(r, reply);
     }
 
     fn mknod(
@@ -307,10 +312,7 @@ impl Filesystem for LossFs {
         reply: ReplyData,
     ) {
         let r = self.s().read(ino.0, offset, size);
-        match r {
-            Ok(data) => reply.data(&data),
-            Err(e) => reply.error(Errno::from_i32(e)),
-        }
+        reply_data(r, reply);
     }
 
     fn write(
