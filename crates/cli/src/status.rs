@@ -157,11 +157,12 @@ fn sharing_line(l: &Value) -> Option<String> {
     );
     if n("window_commits") + n("windowed") + n("replayed") > 0 {
         s.push_str(&format!(
-            "; commit windows: {} requests in {} commits, {} redo bytes open, {} fsyncs from the redo log, {} replayed",
+            "; commit windows: {} requests in {} commits, {} redo bytes open, {} fsyncs from the redo log ({} of them covered by an earlier flush), {} replayed",
             n("windowed"),
             n("window_commits"),
             n("redo_bytes"),
             n("redo_flushes"),
+            n("redo_flushes_covered"),
             n("replayed")
         ));
     }

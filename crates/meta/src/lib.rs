@@ -66,6 +66,9 @@ pub struct EngineCounters {
     /// Device flushes (`fsync`, `fsyncdir`) answered by flushing the redo log instead of
     /// committing the window (design record 0011).
     pub redo_flushes: u64,
+    /// Of those, the ones answered without a device flush: an earlier flush of the log
+    /// covered every record they needed (nothing was appended since).
+    pub redo_flushes_covered: u64,
 }
 
 thread_local! {

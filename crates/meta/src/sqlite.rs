@@ -683,6 +683,7 @@ impl MetaEngine for SqliteEngine {
             c.replayed = w.replayed;
             c.redo_bytes = w.redo_bytes;
             c.redo_flushes = w.redo_flushes;
+            c.redo_flushes_covered = w.redo_flushes_covered;
         }
         c
     }

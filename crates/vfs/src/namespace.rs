@@ -313,6 +313,9 @@ impl Vfs {
             }
             b.guard(self.mark(parent, name, false));
             b.refresh(parent);
+            // Read back as committed: the next getattr, and a chown to its own owner,
+            // need no round trip.
+            b.refresh(ino);
             Ok(Plan::Apply(b, Box::new(move |_| Ok(row))))
         })?;
         // The staging file exists from birth: the empty content is local.
@@ -582,6 +585,18 @@ impl Vfs {
         let marked_at_close = held
             .as_ref()
             .is_some_and(|s| !s.detached && s.loaded && s.uncommitted && s.open_count > 0);
+        if marked_at_close && set.mode.is_none() && set.atime.is_none() && set.mtime.is_none() {
+            if let Some(row) = self.same_owner(ino, set) {
+                // A chown to the owner it has (SQLite gives every new journal its
+                // database's owner): only ctime changes, and the commit at close writes
+                // the state's ctime. No round trip.
+                if let Some(mut st) = held {
+                    st.ctime_ns = now;
+                }
+                // (The state's lock is released: `overlay` takes it.)
+                return Ok(self.overlay(&row));
+            }
+        }
         let row = self.change(|f| {
             let cur = f.inode(ino)?.ok_or(VfsError::Stale)?;
             let mut b = Batch::new(self);
@@ -637,6 +652,15 @@ impl Vfs {
             }
         })?;
         Ok(self.overlay(&row))
+    }
+
+    /// The row of `ino` when `set` names its current owner and group (or neither) and
+    /// this mount's own last change of it is young enough to be exact (see
+    /// [`Vfs::getattr`]): a chown that changes nothing but ctime.
+    fn same_owner(&self, ino: Ino, set: &SetAttr) -> Option<InodeRow> {
+        let row = self.hints.fresh(ino, self.fresh_for())?;
+        let same = set.uid.is_none_or(|u| u == row.uid) && set.gid.is_none_or(|g| g == row.gid);
+        same.then_some(row)
     }
 
     /// Drops the privileges a write or truncate by an unprivileged caller must drop

@@ -104,11 +104,26 @@ fn failed_before(what: &str) -> std::io::Error {
 
 /// Flushes of one redo log, one at a time: a failed flush makes every later one fail
 /// (until the log is emptied), so a flush racing a failed one cannot report success for
-/// pages the failure dropped.
+/// pages the failure dropped. A flush asked for records an earlier successful flush
+/// already covered returns at once (SQLite's `fsync` of a directory right after the
+/// `fsync` of the file it created appends nothing in between).
 #[derive(Default)]
 pub(super) struct LogFlush {
     serial: Mutex<()>,
     failed: AtomicBool,
+    /// What the last successful flush covered: the log's length when it was handed out,
+    /// in the log's current epoch.
+    covered: Mutex<LogMark>,
+    /// Flushes answered without a device flush (covered already).
+    skipped: AtomicU64,
+}
+
+/// A point in a redo log: its length, in an epoch (incremented each time the log is
+/// emptied, which happens only once the database holds its records durably).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct LogMark {
+    pub(super) epoch: u64,
+    pub(super) len: u64,
 }
 
 impl LogFlush {
@@ -117,19 +132,55 @@ impl LogFlush {
         self.failed.load(Ordering::SeqCst)
     }
 
-    /// The log was emptied after its records were made durable in the WAL.
+    /// The log was emptied after its records were made durable in the WAL: a new epoch.
     pub(super) fn reset(&self) {
+        let mut c = self.covered.lock().unwrap_or_else(|p| p.into_inner());
+        *c = LogMark {
+            epoch: c.epoch + 1,
+            len: 0,
+        };
         self.failed.store(false, Ordering::SeqCst);
     }
 
-    /// `fdatasync` of the log `file` at `path`. Errors: the flush's, or an earlier
-    /// failure's.
-    pub(super) fn sync(&self, file: &File, path: &Path) -> std::io::Result<()> {
+    /// The current epoch, for a mark of `len` bytes.
+    pub(super) fn mark(&self, len: u64) -> LogMark {
+        let c = self.covered.lock().unwrap_or_else(|p| p.into_inner());
+        LogMark {
+            epoch: c.epoch,
+            len,
+        }
+    }
+
+    /// Flushes answered so far without a device flush: an earlier one covered them.
+    pub(super) fn skipped(&self) -> u64 {
+        self.skipped.load(Ordering::Relaxed)
+    }
+
+    /// Whether a successful flush, or the log's emptying since, covered `upto`.
+    fn is_covered(&self, upto: LogMark) -> bool {
+        let c = self.covered.lock().unwrap_or_else(|p| p.into_inner());
+        // Another epoch: the log was emptied since, after the database held its records
+        // durably (`RedoLog::clear`).
+        c.epoch != upto.epoch || c.len >= upto.len
+    }
+
+    /// `fdatasync` of the log `file` at `path`, unless a successful flush already covered
+    /// `upto`. Errors: the flush's, or an earlier failure's.
+    pub(super) fn sync(&self, file: &File, path: &Path, upto: LogMark) -> std::io::Result<()> {
         let _one = self.serial.lock().unwrap_or_else(|p| p.into_inner());
         if self.failed() {
             return Err(failed_before("metadata redo log"));
         }
-        sync_data(file, path).inspect_err(|_| self.failed.store(true, Ordering::SeqCst))
+        if self.is_covered(upto) {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        }
+        sync_data(file, path).inspect_err(|_| self.failed.store(true, Ordering::SeqCst))?;
+        let mut c = self.covered.lock().unwrap_or_else(|p| p.into_inner());
+        if c.epoch == upto.epoch && c.len < upto.len {
+            c.len = upto.len;
+        }
+        Ok(())
     }
 }
 

@@ -39,7 +39,7 @@ use std::sync::Arc;
 
 use rusqlite::{ffi, Connection};
 
-use super::flush::LogFlush;
+use super::flush::{LogFlush, LogMark};
 use crate::{MetaError, Op, Result};
 
 /// A record of write statements.
@@ -70,12 +70,14 @@ pub(super) struct LogHandout {
     file: Arc<File>,
     path: PathBuf,
     flush: Arc<LogFlush>,
+    /// The records the flush must cover: the log as it was when handed out.
+    upto: LogMark,
 }
 
 impl LogHandout {
     /// `fdatasync` of the log. Errors: the flush's or an earlier one's (`EIO`).
     pub(super) fn sync(&self) -> std::io::Result<()> {
-        self.flush.sync(&self.file, &self.path)
+        self.flush.sync(&self.file, &self.path, self.upto)
     }
 }
 
@@ -279,6 +281,7 @@ impl RedoLog {
             file: self.file.clone(),
             path: self.path.clone(),
             flush: self.flush.clone(),
+            upto: self.flush.mark(self.len),
         })
     }
 
@@ -286,6 +289,11 @@ impl RedoLog {
     /// not be emptied before the commit holding them is flushed.
     pub(super) fn acknowledged(&self) -> bool {
         self.acknowledged
+    }
+
+    /// Flushes asked for that an earlier one already covered.
+    pub(super) fn flushes_covered(&self) -> u64 {
+        self.flush.skipped()
     }
 
     /// Bytes in the log.

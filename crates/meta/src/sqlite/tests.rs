@@ -761,6 +761,55 @@ fn power_cut_copy(db: &std::path::Path, to: &std::path::Path, wal: AfterCut, log
 }
 
 #[test]
+fn a_redo_log_flush_with_nothing_appended_since_the_last_one_touches_no_device() {
+    // SQLite's rollback journal: `fsync` of the new journal, then `fsync` of its
+    // directory with no request in between. The second flush of the log is covered by the
+    // first; one with a record appended since is not, and what it covered survives a cut.
+    let dir = tempfile::tempdir().unwrap();
+    let (db, e) = windowed_engine(dir.path(), Duration::from_secs(3600), 1_000_000);
+    let stats = |e: &SqliteEngine| {
+        let s = e.window_stats().unwrap();
+        (s.redo_flushes, s.redo_flushes_covered)
+    };
+    e.make_durable().unwrap();
+    txn(&e, |t| t.set_kv("a", "1")).unwrap();
+    e.make_durable().unwrap();
+    assert_eq!(
+        stats(&e),
+        (1, 0),
+        "the first flush of the log touches the device"
+    );
+    e.make_durable().unwrap();
+    assert_eq!(stats(&e), (2, 1), "nothing appended since: covered");
+    txn(&e, |t| t.set_kv("b", "2")).unwrap();
+    e.make_durable().unwrap();
+    assert_eq!(stats(&e), (3, 1), "a record appended since: flushed");
+    let at = dir.path().join("cut");
+    power_cut_copy(&db, &at, AfterCut::LastFlush, AfterCut::LastFlush);
+    let copy = SqliteEngine::open(&at.join("m.db")).unwrap();
+    assert_eq!(
+        read(&copy, |t| t.get_kv("b")).unwrap().as_deref(),
+        Some("2")
+    );
+    // The window's commit empties the log: the next window's first flush is its own.
+    e.commit_window().unwrap();
+    txn(&e, |t| t.set_kv("c", "3")).unwrap();
+    e.make_durable().unwrap();
+    assert_eq!(
+        stats(&e).1,
+        1,
+        "a new epoch of the log is not covered by the old one"
+    );
+    let at = dir.path().join("cut2");
+    power_cut_copy(&db, &at, AfterCut::LastFlush, AfterCut::LastFlush);
+    let copy = SqliteEngine::open(&at.join("m.db")).unwrap();
+    assert_eq!(
+        read(&copy, |t| t.get_kv("c")).unwrap().as_deref(),
+        Some("3")
+    );
+}
+
+#[test]
 fn what_make_durable_returned_survives_a_power_cut() {
     // Design record 0011: inside a commit window on a durable base, `make_durable` flushes
     // the redo log instead of committing. After every step, each of the four states a

@@ -90,6 +90,9 @@ pub struct WindowStats {
     pub redo_bytes: u64,
     /// Device flushes answered by flushing the redo log (design record 0011).
     pub redo_flushes: u64,
+    /// Of those, the ones an earlier flush of the log already covered (nothing appended
+    /// since): answered without touching the device.
+    pub redo_flushes_covered: u64,
 }
 
 /// The engine's connection and its window. Derefs to the [`Connection`] for reads.
@@ -229,6 +232,7 @@ impl Conn {
     pub(super) fn window(&self) -> (Window, WindowStats) {
         let mut stats = self.stats;
         stats.redo_bytes = self.redo.as_ref().map_or(0, |l| l.len());
+        stats.redo_flushes_covered = self.redo.as_ref().map_or(0, |l| l.flushes_covered());
         (self.window, stats)
     }
 

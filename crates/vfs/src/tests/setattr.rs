@@ -397,3 +397,47 @@ fn unprivileged_write_or_truncate_drops_setuid_setgid_and_capabilities() {
     h.kill_privs(&other, d.ino).unwrap();
     assert_eq!(perm(d.ino), 0o2775);
 }
+
+#[test]
+fn a_chown_to_the_owner_of_a_file_being_written_costs_no_round_trip_and_its_ctime_is_kept() {
+    // SQLite gives each new rollback journal its database's owner (`fchown` as root).
+    let h = Harness::new();
+    h.file(ROOT_INO, "warm-up", b"the root's first listing");
+    let (a, fh) = h.create_rw(ROOT_INO, "db-journal");
+    h.write(a.ino, fh, 0, b"journal").unwrap();
+    let owner = |uid, gid| SetAttr {
+        uid: Some(uid),
+        gid: Some(gid),
+        ..Default::default()
+    };
+    let rt = deskfs_meta::thread_round_trips;
+    let before = rt();
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let same = h.setattr(&CTX, a.ino, &owner(a.uid, a.gid)).unwrap();
+    assert_eq!(rt() - before, 0, "a chown that changes nothing but ctime");
+    assert_eq!((same.uid, same.gid, same.size), (a.uid, a.gid, 7));
+    assert!(same.ctime_ns > a.ctime_ns, "ctime moves");
+    h.flush(a.ino, fh).unwrap();
+    h.release(a.ino, fh).unwrap();
+    let row = h.row(a.ino).unwrap();
+    assert!(
+        row.ctime_ns >= same.ctime_ns,
+        "the close commits the chown's ctime"
+    );
+
+    // Another owner is a real change, applied at once, open or not.
+    let (b, fh) = h.create_rw(ROOT_INO, "other");
+    h.write(b.ino, fh, 0, b"x").unwrap();
+    let changed = h.setattr(&CTX, b.ino, &owner(7, 8)).unwrap();
+    assert_eq!((changed.uid, changed.gid), (7, 8));
+    assert_eq!(
+        (h.row(b.ino).unwrap().uid, h.row(b.ino).unwrap().gid),
+        (7, 8)
+    );
+    // And the same owner again, now that the row says 7:8, still costs nothing.
+    let before = rt();
+    assert_eq!(h.setattr(&CTX, b.ino, &owner(7, 8)).unwrap().uid, 7);
+    assert_eq!(rt() - before, 0);
+    h.release(b.ino, fh).unwrap();
+    assert_eq!(h.row(b.ino).unwrap().uid, 7);
+}
