@@ -1248,9 +1248,16 @@ impl Vfs {
 
     /// [`Vfs::opendir`], also telling whether the kernel's cached listing still holds
     /// (`FOPEN_KEEP_CACHE`): one round trip unless the listing from the bucket is
-    /// due. Errors: as [`Vfs::opendir`].
+    /// due, none when this mount's own last change of the directory is recent. Errors:
+    /// as [`Vfs::opendir`].
     pub fn opendir_cached(&self, ino: Ino) -> Result<(u64, bool)> {
-        let mut row = self.current(ino)?;
+        // The directory's row as this mount's own last change of it read it back (SQLite
+        // opens a database's directory to fsync it after each journal it creates): no
+        // round trip, as for `getattr`.
+        let mut row = match self.hints.fresh(ino, self.fresh_for()) {
+            Some(r) => r,
+            None => self.current(ino)?,
+        };
         if row.kind != Kind::Dir {
             return Err(VfsError::NotDir);
         }

@@ -236,3 +236,23 @@ fn readdir_errors() {
     assert_eq!(errno(h.readdir(f.ino, 0, 0, false)), libc::ENOTDIR);
     assert_eq!(errno(h.readdir(987_654, 0, 0, false)), libc::ESTALE);
 }
+
+#[test]
+fn opendir_after_this_mounts_own_change_of_the_directory_costs_no_round_trip() {
+    // SQLite opens a database's directory to fsync it after creating each journal.
+    let h = Harness::new();
+    let d = h.dir(ROOT_INO, "d");
+    let (a, fh) = h.create_rw(d.ino, "db-journal");
+    h.release(a.ino, fh).unwrap();
+    let rt = deskfs_meta::thread_round_trips;
+    let before = rt();
+    let dh = h.opendir(d.ino).unwrap();
+    assert_eq!(rt() - before, 0, "the create read the directory's row back");
+    h.releasedir(d.ino, dh).unwrap();
+    assert_eq!(
+        names(&h.ls_entries(d.ino, false)),
+        [".", "..", "db-journal"]
+    );
+    // Still a directory check: a file is refused.
+    assert_eq!(errno(h.opendir(a.ino)), libc::ENOTDIR);
+}
