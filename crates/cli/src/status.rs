@@ -369,6 +369,21 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 f["error"].as_str().unwrap_or("")
             );
         }
+        for m in &mounts {
+            let failed = m
+                .get("live")
+                .and_then(|l| l["flush_failures"].as_array().cloned())
+                .unwrap_or_default();
+            for f in failed {
+                println!(
+                    "  FSYNC FAILED  {} (inode {}): {}; its data may be lost, every fsync of it fails with EIO until it is truncated to zero or removed ({} refused)",
+                    f["path"].as_str().filter(|p| !p.is_empty()).unwrap_or("(no name)"),
+                    f["ino"],
+                    f["error"].as_str().unwrap_or(""),
+                    f["refused"]
+                );
+            }
+        }
     }
     Ok(())
 }

@@ -1385,7 +1385,7 @@ impl Vfs {
             s.dirty_mark.committed(self.coherence.alone_period());
         }
         if durable != CommitSync::Commit {
-            self.flush_devices(s, durable)?;
+            self.flush_devices(ino, s, durable)?;
         }
         Ok(row)
     }
@@ -1396,16 +1396,17 @@ impl Vfs {
     /// [`crate::datasync`]). Both at once when both are needed (order does not matter:
     /// until both are done, fsync has not returned, and recovery adopts whatever of the
     /// staging file a dirty inode has). Errors: either flush's (`EIO`); never swallowed.
-    fn flush_devices(&self, s: &mut InodeState, how: CommitSync) -> Result<()> {
+    fn flush_devices(&self, ino: Ino, s: &mut InodeState, how: CommitSync) -> Result<()> {
         let staging = s.staging.clone();
         let period = self.coherence.alone_period();
         if !self.needs_meta_flush(s, how) {
             // The data's flush alone: on this thread (a hand-over to another thread
             // costs more than the overlap gains when nothing runs beside it).
             if let Some(started) = s.data_sync.take() {
-                started.wait()?;
+                self.data_flushed(ino, started.wait())?;
             } else if let Some(f) = staging {
-                crate::datasync::flush_data(&f, &self.data_flushes)?;
+                let res = crate::datasync::flush_data(&f, &self.data_flushes);
+                self.data_flushed(ino, res.map_err(VfsError::from))?;
             }
             s.dirty_mark.flushed(period);
             return Ok(());
@@ -1419,11 +1420,20 @@ impl Vfs {
             .or_else(|| staging.map(|f| DataSync::start(&self.rt, f, self.data_flushes.clone())));
         let meta = self.durable_since(since);
         // Both results are taken (a writeback error is reported only once).
-        let data = data.map(DataSync::wait).transpose();
+        let data = data.map(|d| self.data_flushed(ino, d.wait())).transpose();
         data?;
         meta?;
         s.dirty_mark.flushed(period);
         Ok(())
+    }
+
+    /// The outcome of a flush of `ino`'s staging file: a failure is recorded, so that
+    /// every later `fsync` of the file fails too (see `flush_failures`).
+    fn data_flushed(&self, ino: Ino, res: Result<()>) -> Result<()> {
+        match res {
+            Err(VfsError::Io(e)) => Err(self.flush_failures.record(ino, e)),
+            other => other,
+        }
     }
 
     /// Whether an `fsync` (`how` = [`CommitSync::Full`]) or `fdatasync`
@@ -1690,6 +1700,9 @@ impl Vfs {
     /// this returns (the upload follows in the background); under bucket durability, also
     /// in the bucket (`EIO` past the bound; see [`crate::durability`]).
     pub fn fsync(&self, ino: Ino, _fh: u64, datasync: bool) -> Result<()> {
+        // An earlier flush of this file failed: the kernel may have dropped that data,
+        // and a new flush would report success without it (see `flush_failures`).
+        self.flush_failures.check(ino)?;
         let version = self.locked(ino, |s| {
             self.absorb_backing(ino, s, Absorb::Commit)?;
             self.open_staging_to_flush(ino, s)?;
@@ -1710,7 +1723,11 @@ impl Vfs {
             let res = self.commit_locked(ino, s, how);
             // `flush_devices` waited for it; a path that ended before it still waits
             // here, so the flush's error is reported, never dropped.
-            let early = s.data_sync.take().map(DataSync::wait).transpose();
+            let early = s
+                .data_sync
+                .take()
+                .map(|d| self.data_flushed(ino, d.wait()))
+                .transpose();
             res?;
             early?;
             Ok(s.version)
@@ -1770,6 +1787,10 @@ impl Vfs {
             s.hold_writer_lock(&f)?;
         }
         f.set_len(size)?;
+        if size == 0 {
+            // Nothing of what a failed flush may have dropped is part of the file now.
+            self.flush_failures.clear(ino);
+        }
         s.size = size;
         s.note_change(now_ns(), self.coherence.session());
         self.passthrough_own_change(ino, s)?;

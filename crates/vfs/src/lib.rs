@@ -19,6 +19,7 @@ pub mod error;
 pub mod external;
 pub mod feed;
 mod fill;
+mod flush_failures;
 pub mod fsck;
 mod handles;
 mod hints;
@@ -51,6 +52,7 @@ pub use coherence::Peers;
 pub use durability::Durability;
 pub use error::{Result, VfsError};
 pub use feed::Invalidation;
+pub use flush_failures::FlushFailure;
 pub use locks::{LockInfo, LockType};
 pub use session::hostname;
 pub use status::{FailedPath, PendingSummary, VfsStatus};
@@ -156,6 +158,8 @@ pub struct Vfs {
     pub(crate) meta_flush: meta_flush::MetaFlush,
     /// Device flushes of staging files (`fsync`/`fdatasync`) run so far.
     pub(crate) data_flushes: Arc<std::sync::atomic::AtomicU64>,
+    /// Inodes whose staging file's flush failed: their `fsync`s fail from then on.
+    pub(crate) flush_failures: flush_failures::FlushFailures,
     /// When the request path last queued work for the uploader or served a request, ns
     /// (burst detection: uploads wait for a quiet moment).
     pub(crate) last_mark_ns: std::sync::atomic::AtomicI64,
@@ -273,6 +277,7 @@ impl Vfs {
             releases: release::ReleaseQueue::default(),
             meta_flush: meta_flush::MetaFlush::default(),
             data_flushes: Default::default(),
+            flush_failures: Default::default(),
             last_mark_ns: std::sync::atomic::AtomicI64::new(0),
             locks: locks::LocalLocks::default(),
             kernel_pages: feed::KernelPages::default(),

@@ -800,6 +800,7 @@ impl Vfs {
     /// Drops an inode's local data after it was purged.
     pub(crate) fn purge_local(&self, ino: Ino) {
         self.forget_orphan_object(ino);
+        self.flush_failures.clear(ino);
         // Its staging file can serve a new file, unless another mount on this host (which
         // may share this cache dir and upload from it) is live.
         let res = if self.coherence.cache_may_be_shared() {

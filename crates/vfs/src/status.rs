@@ -57,6 +57,9 @@ pub struct VfsStatus {
     pub failing_uploads: u64,
     /// The most recent failures.
     pub failures: Vec<FailedPath>,
+    /// Files whose staging file's flush failed: every `fsync` of them fails with `EIO`
+    /// until they are truncated to zero or removed (see `flush_failures`).
+    pub flush_failures: Vec<crate::FlushFailure>,
     /// Open files in this mount.
     pub open_files: usize,
     /// This mount's session id in the metadata engine.
@@ -128,6 +131,7 @@ impl Vfs {
                     error: f.last_error.unwrap_or_default(),
                 })
                 .collect(),
+            flush_failures: self.flush_failures_with_paths(),
             open_files: self.handles.lock().map(|h| h.len()).unwrap_or(0),
             session: self.coherence.session(),
             peers: self.coherence.peers(),
@@ -167,6 +171,23 @@ pub struct PendingSummary {
 
 /// Longest error text a [`PendingSummary`] line shows per path, characters.
 const ERROR_SHOWN: usize = 120;
+
+impl Vfs {
+    /// The recorded flush failures, each with one of its paths (best effort: a failed
+    /// read leaves the path empty).
+    fn flush_failures_with_paths(&self) -> Vec<crate::FlushFailure> {
+        let mut v = self.flush_failures.list();
+        for f in &mut v {
+            let paths = deskfs_meta::read(&*self.meta, |t| {
+                Ok::<_, crate::VfsError>(t.paths_of(f.ino)?)
+            });
+            if let Some(p) = paths.ok().and_then(|p| p.into_iter().next()) {
+                f.path = String::from_utf8_lossy(&p).into_owned();
+            }
+        }
+        v
+    }
+}
 
 impl PendingSummary {
     /// Reads the summary from the metadata engine: up to `limit` paths, failing first.
