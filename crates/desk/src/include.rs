@@ -136,7 +136,7 @@ pub fn copy_paths(
             Ok(true) => copied.push(rel.clone()),
             Ok(false) => {}
             Err(safe::Refused::Symlink(side)) => warnings.push(format!(
-                "{FILE}: skipped {}: a part of its path in the {side} is a symlink, which could lead outside it",
+                "{FILE}: skipped {}: a part of its path in the {side} is a symlink, which could lead outside it (copy the file by hand if the task needs it)",
                 rel.display()
             )),
             Err(safe::Refused::Io(op, e)) => {

@@ -162,7 +162,9 @@ pub fn check_repo_name(name: &str) -> Result<()> {
         Some(reason) => Err(DeskError::InvalidName {
             what: "repo",
             name: name.to_owned(),
-            reason,
+            reason: format!(
+                "{reason}; give the name of a directory under repos/ (`deskfs desk show AGENT` lists them)"
+            ),
         }),
     }
 }

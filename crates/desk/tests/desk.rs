@@ -776,3 +776,43 @@ fn manual_repo_names_are_checked() {
     );
     manual::record_repo(&desk, "app", Some("make test"), None).unwrap();
 }
+
+/// A task directory whose `.git` names a worktree registration of a repository outside
+/// the desk: link repair does not write there and `task finish` refuses to run git in that
+/// repository (it would remove the outside registration).
+#[test]
+fn tasks_whose_git_dir_leaves_the_desk_are_not_acted_on() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    let outside = t.path().join("outside-repo");
+    git(
+        t.path(),
+        &[
+            "clone",
+            "-q",
+            t.path().join("src").to_str().unwrap(),
+            outside.to_str().unwrap(),
+        ],
+    );
+    let wt = desk.task_dir("x");
+    git(
+        &outside,
+        &["worktree", "add", "-q", "-b", "x", wt.to_str().unwrap()],
+    );
+    let back = outside.join(".git/worktrees/x/gitdir");
+    fs::write(&back, "/elsewhere/tasks/x/.git\n").unwrap();
+    let errors = task::repair_links(&desk);
+    assert!(
+        errors.len() == 1 && errors[0].contains("outside the desk"),
+        "{errors:?}"
+    );
+    assert_eq!(
+        fs::read_to_string(&back).unwrap(),
+        "/elsewhere/tasks/x/.git\n",
+        "link repair wrote outside the desk"
+    );
+    let e = task::finish(&desk, "x", true, None).unwrap_err();
+    assert!(matches!(e, DeskError::BrokenTask { .. }), "{e}");
+    assert!(outside.join(".git/worktrees/x").is_dir());
+    assert!(wt.join(".git").is_file());
+}
