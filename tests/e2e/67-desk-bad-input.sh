@@ -6,7 +6,11 @@
 # is not a git repository, a duplicate desk, `desk rm` without a terminal or --yes,
 # concurrent `task start` of the same task (exactly one of two wins, three rounds), several
 # mounted workspaces and none (no default root), a desk root that is not on a deskfs mount
-# (allowed, one warning line), and manual drift (a tool recorded from tools/bin, then
+# (allowed, one warning line), git's special refs as task or branch names (FETCH_HEAD,
+# orig_head, ...), bad repo names for `manual repo`, a repo whose .git (or itself) is a
+# symlink out of the desk (refused; tidy warns and touches nothing outside), a branch
+# committing a symlink that a .worktreeinclude copy would go through (skipped with a
+# warning), and manual drift (a tool recorded from tools/bin, then
 # removed: `manual check` reports it and exits 1; the human part of AGENTS.md is kept byte
 # for byte by `manual record`).
 source "$(dirname "$0")/../lib.sh"
@@ -52,7 +56,7 @@ expect_error '*no desk for agent "nobody"*' resume nobody
 expect_error '*no task "nope" on desk "bob"*' task finish bob nope
 expect_error '*no task "nope" on desk "bob"*' exec bob --task nope -- true
 expect_error '*no repo "nope"*known: app, plain*' task start bob t1 --repo nope
-expect_error '*no repo "../app"*' task start bob t1 --repo ../app
+expect_error '*invalid repo name "../app": a repo name is one directory under repos/*' task start bob t1 --repo ../app
 
 # ---------------------------------------------------------------- invalid names
 expect_error '*invalid agent name ".hidden"*' desk create .hidden
@@ -63,6 +67,20 @@ expect_error '*invalid task name "-x": it cannot start with '"'-'"'*' task start
 expect_error '*invalid task name "t.lock"*' task start bob t.lock --repo app
 expect_error '*invalid task name "a b"*' task start bob "a b" --repo app
 expect_error '*invalid branch name "b~1"*' task start bob t1 --repo app --branch 'b~1'
+# git's special refs (a branch of that name is shadowed by the pseudoref), any case.
+expect_error '*invalid task name "FETCH_HEAD": FETCH_HEAD is one of git'"'"'s special refs*pick another name*' task start bob FETCH_HEAD --repo app
+expect_error '*invalid task name "orig_head": ORIG_HEAD is one of git'"'"'s special refs*' task start bob orig_head --repo app
+expect_error '*invalid task name "HEAD"*special refs*' task start bob HEAD --repo app
+expect_error '*invalid branch name "MERGE_HEAD"*special refs*' task start bob t1 --repo app --branch MERGE_HEAD
+expect_error '*invalid task name "a*b": it cannot contain*' task start bob "$(printf 'a\001b')" --repo app
+# Repo names of `manual repo`: one existing directory under repos/.
+expect_error '*invalid repo name "../app": a repo name is one directory under repos/*' manual repo bob ../app --test-cmd 'make test'
+expect_error '*invalid repo name "a/b"*' manual repo bob a/b --test-cmd 'make test'
+expect_error '*invalid repo name ".hidden": it cannot start with '"'.'"'*' manual repo bob .hidden --test-cmd 'make test'
+expect_error '*invalid repo name "-x": it cannot start with '"'-'"'*' manual repo bob --test-cmd 'make test' -- -x
+expect_error '*invalid repo name "": it is empty*' manual repo bob '' --test-cmd 'make test'
+expect_error '*invalid repo name "rrr*": longer than 255 bytes*' manual repo bob "$(printf 'r%.0s' {1..256})" --test-cmd 'make test'
+expect_error '*no repo "nope"*known: app, plain*' manual repo bob nope --test-cmd 'make test'
 
 # ---------------------------------------------------------------- not a repo, duplicates
 expect_error '*repos/plain is not a git repository*' task start bob t1 --repo plain
@@ -142,6 +160,41 @@ grep -q '^drift: tool mytool: `mytool --version` failed (exit 127' "$T/check.out
 [[ $(wc -l < "$T/check.err") == 1 ]] && grep -q "^deskfs: error: the manual of desk bob has 1 drift item" "$T/check.err" \
   || fail "manual check error line: $(cat "$T/check.err")"
 dfs resume bob | grep -q "^! manual drift: tool mytool" || fail "resume does not warn about the drift"
+
+# ---------------------------------------------------------------- symlinks out of the desk
+# A repo whose .git is a symlink to a repository outside the desk: refused by task start
+# (one line) and left alone by tidy (one warning line; nothing outside is touched).
+OUT=$T/outside-repo
+git clone -q "$SRC" "$OUT"
+: > "$OUT/.git/index.lock"
+touch -d '3 hours ago' "$OUT/.git/index.lock"
+mkdir "$DESK/repos/evil" && ln -s "$OUT/.git" "$DESK/repos/evil/.git"
+expect_error '*refusing to act on repo "evil": its .git is a symlink*' task start bob t9 --repo evil
+ln -s "$OUT" "$DESK/repos/linked"
+expect_error '*refusing to act on repo "linked": repos/linked is a symlink*' task start bob t9 --repo linked
+dfs desk tidy bob > "$T/tidy.out" 2> "$T/tidy.err" || fail "tidy with a refused repo failed: $(cat "$T/tidy.err")"
+[[ $(grep -c '^deskfs: warning: refusing to act on repo "evil": its .git is a symlink' "$T/tidy.err") == 1 ]] \
+  || fail "tidy: expected one warning line for repos/evil, got: $(cat "$T/tidy.err")"
+[[ -e $OUT/.git/index.lock ]] || fail "tidy removed a git lock file outside the desk: $(cat "$T/tidy.out")"
+rm -rf "$DESK/repos/evil" "$DESK/repos/linked"
+
+# A branch that commits a directory as a symlink out of the desk: the .worktreeinclude
+# file under it is not copied through it (one warning line), the task starts.
+INC=$DESK/repos/inc
+git clone -q "$SRC" "$INC"
+printf 'config/*.toml\n' > "$INC/.worktreeinclude"
+printf 'config/local.toml\n' > "$INC/.gitignore"
+git -C "$INC" add -A && git -C "$INC" -c user.name=t -c user.email=t@x commit -qm include
+mkdir -p "$T/outside-dir"
+git -C "$INC" checkout -q -b evil
+ln -s "$T/outside-dir" "$INC/config"
+git -C "$INC" add config && git -C "$INC" -c user.name=t -c user.email=t@x commit -qm link
+git -C "$INC" checkout -q main
+mkdir "$INC/config" && echo 'secret = 1' > "$INC/config/local.toml"
+dfs task start bob evil --repo inc > "$T/inc.out" 2> "$T/inc.err" || fail "task start on the evil branch failed: $(cat "$T/inc.err")"
+[[ $(wc -l < "$T/inc.err") == 1 ]] && grep -q '^deskfs: warning: .worktreeinclude: skipped config/local.toml: a part of its path in the task worktree is a symlink' "$T/inc.err" \
+  || fail "expected one warning line for the skipped copy, got: $(cat "$T/inc.err")"
+[[ ! -e $T/outside-dir/local.toml ]] || fail "task start copied a .worktreeinclude file out of the desk"
 
 # ---------------------------------------------------------------- no workspace mounted
 ws_umount "$MNT"

@@ -126,6 +126,9 @@ pub fn run(a: DeskArgs) -> Result<()> {
                 cache_cap,
                 tmp_max_age: tmp_age.saturating_mul(3600),
             };
+            for line in deskfs_desk::repos::refused(&desk) {
+                eprintln!("deskfs: warning: {line}");
+            }
             let items = tidy(&desk, &opts)?;
             if json {
                 println!(
@@ -165,15 +168,19 @@ pub fn run(a: DeskArgs) -> Result<()> {
 }
 
 fn show(desk: &Desk, json: bool) -> Result<()> {
+    for line in deskfs_desk::repos::refused(desk) {
+        eprintln!("deskfs: warning: {line}");
+    }
     let repos: Vec<serde_json::Value> = desk
         .repo_names()
         .into_iter()
         .map(|r| {
-            let dir = desk.repo_dir(&r);
-            let branch =
+            // git runs only in repos deskfs may act on (`repos::checked`).
+            let branch = deskfs_desk::repos::checked(desk, &r).ok().and_then(|dir| {
                 deskfs_desk::git::try_run(&dir, &["symbolic-ref", "-q", "--short", "HEAD"])
                     .ok()
-                    .flatten();
+                    .flatten()
+            });
             json!({"name": r, "branch": branch})
         })
         .collect();

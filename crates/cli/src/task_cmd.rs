@@ -84,6 +84,9 @@ pub fn run(a: TaskArgs) -> Result<()> {
             let desk = a.root.open(&agent)?;
             task::repair_links(&desk);
             let s = task::start(&desk, &name, &repo, branch.as_deref())?;
+            for w in &s.warnings {
+                eprintln!("deskfs: warning: {w}");
+            }
             if json {
                 println!("{}", serde_json::to_string_pretty(&s)?);
             } else {

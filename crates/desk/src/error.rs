@@ -18,7 +18,7 @@ pub enum DeskError {
     /// A task or branch name git would refuse, or a task name that is not one path component.
     #[error("invalid {what} name {name:?}: {reason}")]
     InvalidName {
-        /// `"task"` or `"branch"`.
+        /// `"task"`, `"branch"` or `"repo"`.
         what: &'static str,
         /// The rejected name.
         name: String,
@@ -100,6 +100,17 @@ pub enum DeskError {
         dir: PathBuf,
         /// Repos that exist.
         known: Vec<String>,
+    },
+    /// `repos/NAME` (or its `.git`) is a symlink or its git directory resolves outside the
+    /// desk: deskfs refuses to act on it, so nothing outside the desk is changed.
+    #[error("refusing to act on repo {repo:?}: {reason}; replace {} with a real clone on the desk (e.g. `git clone URL {}`)", path.display(), path.display())]
+    UnsafeRepo {
+        /// The repo name.
+        repo: String,
+        /// `repos/NAME`.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
     },
     /// `repos/NAME` exists but git does not see a repository there.
     #[error("{} is not a git repository ({reason}); clone or `git init` it, or pick another --repo", path.display())]

@@ -6,13 +6,13 @@
 //! git ignores it; tracked files come from the checkout itself and untracked, non-ignored
 //! ones are left alone. Matching is git's own: `git ls-files --others --ignored
 //! --exclude-from=.worktreeinclude` lists the candidates and `git check-ignore` keeps the
-//! ignored ones. Regular files and symlinks are copied (modes kept); nothing is
-//! overwritten.
+//! ignored ones. Regular files and symlinks are copied (permission bits kept, setuid and
+//! setgid dropped); nothing is overwritten and no copy goes through a symlink (see
+//! [`copy`]).
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 use std::process::Stdio;
 
 use crate::error::{DeskError, IoContext, Result};
@@ -28,7 +28,8 @@ pub const FILE: &str = ".worktreeinclude";
 /// [`DeskError::Git`] when git fails.
 pub fn selected(repo: &Path) -> Result<Vec<PathBuf>> {
     let patterns = repo.join(FILE);
-    if !patterns.is_file() {
+    // Only a regular file of the checkout is read (never through a symlink).
+    if !fs::symlink_metadata(&patterns).is_ok_and(|m| m.is_file()) {
         return Ok(Vec::new());
     }
     let exclude_from = format!("--exclude-from={}", patterns.display());
@@ -75,42 +76,269 @@ pub fn selected(repo: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// Copies the files [`selected`] names from `repo` to the worktree at `dest`; returns the
-/// copied relative paths. Existing files in `dest` are kept.
+/// copied relative paths and one warning line per path skipped for safety. Existing files
+/// in `dest` are kept.
+///
+/// No copy goes through a symlink: each directory of a path is opened with `O_NOFOLLOW`
+/// from `repo` (reading) and from `dest` (writing, made when missing), and the file is
+/// created with `O_EXCL | O_NOFOLLOW`. A branch that commits `conf` as a symlink to
+/// `/elsewhere` therefore cannot make `conf/.env` land in `/elsewhere`, and a symlink in
+/// the checkout cannot make deskfs read outside it: such paths are skipped with a
+/// warning. A `.worktreeinclude` that is itself a symlink is not read at all.
 ///
 /// # Errors
 /// Git and I/O errors.
-pub fn copy(repo: &Path, dest: &Path) -> Result<Vec<PathBuf>> {
+pub fn copy(repo: &Path, dest: &Path) -> Result<(Vec<PathBuf>, Vec<String>)> {
+    let patterns = repo.join(FILE);
+    if fs::symlink_metadata(&patterns).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Ok((
+            Vec::new(),
+            vec![format!(
+                "{FILE} in {} is a symlink: not read, nothing copied into the task (make it a regular file)",
+                repo.display()
+            )],
+        ));
+    }
+    copy_paths(repo, dest, &selected(repo)?)
+}
+
+/// Copies `rels` (repo-relative) from `repo` to `dest` without following any symlink on
+/// either side (see [`copy`]); returns what was copied and the warnings.
+///
+/// # Errors
+/// I/O errors other than a path going through a symlink (that is a warning).
+pub fn copy_paths(
+    repo: &Path,
+    dest: &Path,
+    rels: &[PathBuf],
+) -> Result<(Vec<PathBuf>, Vec<String>)> {
+    let src_root = safe::open_dir(None, repo.as_os_str()).ctx("open", repo)?;
+    let dst_root = safe::open_dir(None, dest.as_os_str()).ctx("open", dest)?;
     let mut copied = Vec::new();
-    for rel in selected(repo)? {
-        if rel.is_absolute()
-            || rel
-                .components()
-                .any(|c| matches!(c, std::path::Component::ParentDir))
-        {
-            continue;
+    let mut warnings = Vec::new();
+    for rel in rels {
+        let mut parts = Vec::new();
+        let mut plain = true;
+        for c in rel.components() {
+            match c {
+                Component::Normal(n) => parts.push(n),
+                _ => plain = false,
+            }
         }
-        let from = repo.join(&rel);
-        let to = dest.join(&rel);
-        let Ok(md) = fs::symlink_metadata(&from) else {
+        let Some((name, dirs)) = parts.split_last().filter(|_| plain) else {
+            warnings.push(format!(
+                "{FILE}: skipped {}: not a plain path inside the repo",
+                rel.display()
+            ));
             continue;
         };
-        if fs::symlink_metadata(&to).is_ok() {
-            continue;
+        match safe::copy_one(&src_root, &dst_root, dirs, name) {
+            Ok(true) => copied.push(rel.clone()),
+            Ok(false) => {}
+            Err(safe::Refused::Symlink(side)) => warnings.push(format!(
+                "{FILE}: skipped {}: a part of its path in the {side} is a symlink, which could lead outside it (copy the file by hand if the task needs it)",
+                rel.display()
+            )),
+            Err(safe::Refused::Io(op, e)) => {
+                return Err(DeskError::io(op, dest.join(rel), e));
+            }
         }
-        if let Some(parent) = to.parent() {
-            fs::create_dir_all(parent).ctx("create", parent)?;
-        }
-        if md.file_type().is_symlink() {
-            let target = fs::read_link(&from).ctx("read link", &from)?;
-            std::os::unix::fs::symlink(&target, &to).ctx("create symlink", &to)?;
-        } else if md.is_file() {
-            fs::copy(&from, &to).ctx("copy to", &to)?;
-            fs::set_permissions(&to, fs::Permissions::from_mode(md.permissions().mode()))
-                .ctx("chmod", &to)?;
-        } else {
-            continue;
-        }
-        copied.push(rel);
     }
-    Ok(copied)
+    Ok((copied, warnings))
+}
+
+/// Symlink-proof file operations relative to directory descriptors.
+mod safe {
+    use std::ffi::{CString, OsStr};
+    use std::fs::File;
+    use std::io;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// Why a path was not copied.
+    pub enum Refused {
+        /// A component on that side (`"repo checkout"`, `"task worktree"`) is a symlink.
+        Symlink(&'static str),
+        /// Another I/O error: the operation and the error.
+        Io(&'static str, io::Error),
+    }
+
+    fn cstr(s: &OsStr) -> io::Result<CString> {
+        CString::new(s.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+    }
+
+    fn at(dir: Option<&OwnedFd>) -> libc::c_int {
+        dir.map_or(libc::AT_FDCWD, AsRawFd::as_raw_fd)
+    }
+
+    /// Opens directory `name` (relative to `dir`, or a path) without following a symlink
+    /// in its last component.
+    pub fn open_dir(dir: Option<&OwnedFd>, name: &OsStr) -> io::Result<OwnedFd> {
+        let c = cstr(name)?;
+        // SAFETY: a valid C string and directory descriptor; the result is checked.
+        let fd = unsafe {
+            libc::openat(
+                at(dir),
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn is_symlink_err(e: &io::Error) -> bool {
+        // O_NOFOLLOW on a symlink: ELOOP; O_DIRECTORY on a symlink to a file: ENOTDIR.
+        matches!(e.raw_os_error(), Some(libc::ELOOP) | Some(libc::ENOTDIR))
+    }
+
+    fn lstat_at(dir: &OwnedFd, name: &OsStr) -> io::Result<libc::stat> {
+        let c = cstr(name)?;
+        // SAFETY: zeroed stat is a valid out buffer; arguments are valid.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        let rc = unsafe {
+            libc::fstatat(
+                dir.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(st)
+    }
+
+    /// Copies `dirs/name` from `src` to `dst`: `Ok(true)` when copied, `Ok(false)` when
+    /// the source is gone or not a file or symlink, or the target exists.
+    pub fn copy_one(
+        src: &OwnedFd,
+        dst: &OwnedFd,
+        dirs: &[&OsStr],
+        name: &OsStr,
+    ) -> Result<bool, Refused> {
+        const SRC: &str = "repo checkout";
+        const DST: &str = "task worktree";
+        let io = |op| move |e| Refused::Io(op, e);
+        // Source side: every directory opened without following symlinks.
+        let mut s = None::<OwnedFd>;
+        for d in dirs {
+            let parent = s.as_ref().unwrap_or(src);
+            match open_dir(Some(parent), d) {
+                Ok(fd) => s = Some(fd),
+                Err(e) if is_symlink_err(&e) => return Err(Refused::Symlink(SRC)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+                Err(e) => return Err(Refused::Io("open", e)),
+            }
+        }
+        let s = s.as_ref().unwrap_or(src);
+        let st = match lstat_at(s, name) {
+            Ok(st) => st,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(Refused::Io("stat", e)),
+        };
+        let kind = st.st_mode & libc::S_IFMT;
+        if kind != libc::S_IFREG && kind != libc::S_IFLNK {
+            return Ok(false);
+        }
+        // Destination side: directories made when missing, never followed.
+        let mut d = None::<OwnedFd>;
+        for part in dirs {
+            let parent = d.as_ref().unwrap_or(dst);
+            let c = cstr(part).map_err(io("create"))?;
+            // SAFETY: valid descriptor and C string.
+            let rc = unsafe { libc::mkdirat(parent.as_raw_fd(), c.as_ptr(), 0o777) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::AlreadyExists {
+                    return Err(Refused::Io("create", e));
+                }
+            }
+            match open_dir(Some(parent), part) {
+                Ok(fd) => d = Some(fd),
+                Err(e) if is_symlink_err(&e) => return Err(Refused::Symlink(DST)),
+                Err(e) => return Err(Refused::Io("open", e)),
+            }
+        }
+        let d = d.as_ref().unwrap_or(dst);
+        let cname = cstr(name).map_err(io("copy"))?;
+        if kind == libc::S_IFLNK {
+            let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+            // SAFETY: buf is writable for its length.
+            let n = unsafe {
+                libc::readlinkat(
+                    s.as_raw_fd(),
+                    cname.as_ptr(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                )
+            };
+            if n < 0 {
+                return Err(Refused::Io("read link", io::Error::last_os_error()));
+            }
+            buf.truncate(n as usize);
+            let target = CString::new(buf).map_err(|_| {
+                Refused::Io("read link", io::Error::from(io::ErrorKind::InvalidData))
+            })?;
+            // SAFETY: valid C strings and descriptor. symlinkat never follows `name`.
+            let rc = unsafe { libc::symlinkat(target.as_ptr(), d.as_raw_fd(), cname.as_ptr()) };
+            if rc < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::AlreadyExists {
+                    return Ok(false);
+                }
+                return Err(Refused::Io("create symlink", e));
+            }
+            return Ok(true);
+        }
+        // SAFETY: valid descriptor and C string; the result is checked.
+        let fd = unsafe {
+            libc::openat(
+                s.as_raw_fd(),
+                cname.as_ptr(),
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC,
+            )
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            if is_symlink_err(&e) {
+                return Err(Refused::Symlink(SRC));
+            }
+            return Err(Refused::Io("open", e));
+        }
+        // SAFETY: a fresh descriptor we own.
+        let mut from = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let md = from.metadata().map_err(io("stat"))?;
+        if !md.is_file() {
+            return Ok(false);
+        }
+        let mode = md.mode() & 0o777;
+        // SAFETY: valid descriptor and C string; O_EXCL|O_NOFOLLOW: never through a link.
+        let fd = unsafe {
+            libc::openat(
+                d.as_raw_fd(),
+                cname.as_ptr(),
+                libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                0o600 as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                return Ok(false);
+            }
+            return Err(Refused::Io("create", e));
+        }
+        // SAFETY: a fresh descriptor we own.
+        let mut to = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        io::copy(&mut from, &mut to).map_err(io("copy to"))?;
+        to.set_permissions(std::fs::Permissions::from_mode(mode))
+            .map_err(io("chmod"))?;
+        Ok(true)
+    }
 }

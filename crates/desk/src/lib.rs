@@ -21,6 +21,7 @@ pub mod manual;
 pub mod names;
 pub mod notes;
 pub mod record;
+pub mod repos;
 pub mod resume;
 pub mod scan;
 pub mod shell;

@@ -323,17 +323,20 @@ pub fn record_tool(desk: &Desk, tool: &str, version_cmd: Option<&str>) -> Result
     Ok(entry)
 }
 
-/// `manual repo`: records (or updates) the build/test commands of repo `name`; a `None`
-/// keeps the recorded value.
+/// `manual repo`: records (or updates) the build/test commands of repo `name`, which must
+/// be a directory under `repos/` (not a symlink); a `None` keeps the recorded value.
 ///
 /// # Errors
-/// Manual errors.
+/// [`DeskError::InvalidName`] (not one directory name: `/`, `..`, a leading `.` or `-`,
+/// control characters, empty, over 255 bytes), [`DeskError::UnknownRepo`],
+/// [`DeskError::UnsafeRepo`]; manual errors. Nothing is written on error.
 pub fn record_repo(
     desk: &Desk,
     name: &str,
     test_cmd: Option<&str>,
     build_cmd: Option<&str>,
 ) -> Result<RepoEntry> {
+    crate::repos::existing_dir(desk, name)?;
     let mut out = RepoEntry::default();
     let name = name.to_owned();
     update(desk, |m| {
@@ -428,7 +431,24 @@ pub fn check(desk: &Desk) -> Result<Vec<Drift>> {
         .unwrap_or_default();
     for r in &manual.machine.repos {
         let subject = format!("repo {}", r.name);
+        if let Err(e) = crate::names::check_repo_name(&r.name) {
+            drift.push(Drift {
+                subject,
+                problem: format!("{e}; remove the entry from the manual"),
+            });
+            continue;
+        }
         let dir = desk.repo_dir(&r.name);
+        if fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_symlink()) {
+            drift.push(Drift {
+                subject,
+                problem: format!(
+                    "{} is a symlink, not a directory on the desk",
+                    dir.display()
+                ),
+            });
+            continue;
+        }
         if !dir.is_dir() {
             drift.push(Drift {
                 subject,

@@ -27,7 +27,7 @@ pub const GIT_LOCK_AGE: u64 = 60;
 pub struct Warning {
     /// Kind: `manual-drift`, `dirty-task`, `broken-task`, `interrupted-start`,
     /// `leftover-lock`, `start-in-progress`, `stale-registration`, `missing-task`,
-    /// `git-lock`, `link-repair`, `journal`.
+    /// `git-lock`, `link-repair`, `journal`, `unsafe-repo`.
     pub kind: &'static str,
     /// What it is about (a task, tool, path).
     pub subject: String,
@@ -194,6 +194,13 @@ pub fn resume(desk: &Desk) -> Result<Resume> {
                 ),
             });
         }
+    }
+    for line in crate::repos::refused(desk) {
+        warnings.push(Warning {
+            kind: "unsafe-repo",
+            subject: "repos".into(),
+            message: line,
+        });
     }
     for g in scan::stale_git_locks(desk, GIT_LOCK_AGE) {
         warnings.push(Warning {

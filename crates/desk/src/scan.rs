@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::fsutil::{mtime_secs, now_secs};
 use crate::layout::Desk;
 use crate::lock::{probe, Probe};
+use crate::repos;
 use crate::worktree::{self, Health, Registration};
 
 /// A lock file under `.desk/locks/` (`task-T.lock`, `repo-R.lock`, `manual.lock`).
@@ -85,14 +86,18 @@ pub fn stale_registrations(desk: &Desk) -> Vec<StaleRegistration> {
         })
         .collect();
     let mut v = Vec::new();
-    for repo in desk.repo_names() {
-        let dir = desk.repo_dir(&repo);
+    // Only repos deskfs may act on (`repos::checked`), and only admin dirs inside their
+    // git directory: tidy removes what this returns.
+    for (repo, dir) in repos::usable(desk) {
+        let Ok(common) = repos::common_dir(&dir) else {
+            continue;
+        };
         let Ok(regs) = worktree::registrations(&dir) else {
             continue;
         };
         for reg in regs {
             let admin = fs::canonicalize(&reg.admin).unwrap_or_else(|_| reg.admin.clone());
-            if claimed.contains(&admin) {
+            if claimed.contains(&admin) || !admin.starts_with(&common) {
                 continue;
             }
             let target_exists = reg.target.as_deref().is_some_and(Path::exists);
@@ -134,20 +139,22 @@ pub struct GitLock {
     pub age_secs: u64,
 }
 
-/// `*.lock` files directly in each repo's git dir and in its `worktrees/*/` admin dirs
-/// (where git keeps `index.lock` and `HEAD.lock`) older than `min_age_secs`.
+/// `*.lock` files directly in each repo's git dir (as git reports it) and in its
+/// `worktrees/*/` admin dirs (where git keeps `index.lock` and `HEAD.lock`) older than
+/// `min_age_secs`. Only repos deskfs may act on (`repos::checked`), and only directories
+/// that resolve inside their git directory: `desk tidy` removes what this returns.
 pub fn stale_git_locks(desk: &Desk, min_age_secs: u64) -> Vec<GitLock> {
     let now = now_secs();
     let mut dirs = Vec::new();
-    for repo in desk.repo_names() {
-        let git = desk.repo_dir(&repo).join(".git");
-        let common = if git.is_dir() {
-            git
-        } else {
-            desk.repo_dir(&repo)
+    for (_, repo) in repos::usable(desk) {
+        let Ok(common) = repos::common_dir(&repo) else {
+            continue;
         };
         if let Ok(rd) = fs::read_dir(common.join("worktrees")) {
-            dirs.extend(rd.flatten().map(|e| e.path()));
+            dirs.extend(rd.flatten().filter_map(|e| {
+                let real = fs::canonicalize(e.path()).ok()?;
+                real.starts_with(&common).then_some(real)
+            }));
         }
         dirs.push(common);
     }

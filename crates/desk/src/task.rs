@@ -17,7 +17,7 @@ use crate::error::{DeskError, IoContext, Result};
 use crate::fsutil::{now_secs, remove_path, utc_iso};
 use crate::layout::Desk;
 use crate::lock::FileLock;
-use crate::names::{check_branch, check_task};
+use crate::names::{check_branch, check_task, check_with_git};
 use crate::record::{self, TaskRecord};
 use crate::worktree::{self, Health, State};
 use crate::{git, include, notes};
@@ -57,28 +57,15 @@ pub fn lock_repo(desk: &Desk, repo: &str) -> Result<FileLock> {
     )
 }
 
-/// Resolves `repo` to `repos/REPO`, checking it is a git repository whose git dir is on
-/// the desk.
+/// Resolves `repo` to `repos/REPO`, checking it is a git repository deskfs may act on
+/// (see [`crate::repos::checked`]: a plain name, no symlinked repo dir or `.git`, its git
+/// directory on the desk).
 ///
 /// # Errors
-/// [`DeskError::UnknownRepo`], [`DeskError::NotARepo`].
+/// [`DeskError::InvalidName`], [`DeskError::UnknownRepo`], [`DeskError::UnsafeRepo`],
+/// [`DeskError::NotARepo`].
 pub fn repo_dir(desk: &Desk, repo: &str) -> Result<PathBuf> {
-    let plain = !repo.is_empty()
-        && !repo.contains('/')
-        && repo != "."
-        && repo != ".."
-        && !repo.contains('\0');
-    let dir = desk.repo_dir(repo);
-    if !plain || !dir.is_dir() {
-        return Err(DeskError::UnknownRepo {
-            repo: repo.to_owned(),
-            dir: desk.repos_dir(),
-            known: desk.repo_names(),
-        });
-    }
-    let dir = fs::canonicalize(&dir).ctx("resolve", &dir)?;
-    worktree::check_repo(&dir, desk.dir())?;
-    Ok(dir)
+    crate::repos::checked(desk, repo)
 }
 
 /// What [`start`] made.
@@ -94,6 +81,9 @@ pub struct Started {
     pub created_branch: bool,
     /// Files copied because `.worktreeinclude` names them (repo-relative).
     pub copied: Vec<PathBuf>,
+    /// One line per `.worktreeinclude` path not copied because it would have gone through
+    /// a symlink (out of the repo's checkout or the task's worktree).
+    pub warnings: Vec<String>,
 }
 
 /// `task start`: makes `tasks/TASK` a worktree of `repos/REPO` on `branch` (default: the
@@ -106,8 +96,10 @@ pub struct Started {
 /// is checked out elsewhere). Nothing is left behind on error.
 pub fn start(desk: &Desk, task: &str, repo: &str, branch: Option<&str>) -> Result<Started> {
     check_task(task)?;
+    check_with_git("task", task)?;
     let branch = branch.unwrap_or(task);
     check_branch(branch)?;
+    check_with_git("branch", branch)?;
     let repo_path = repo_dir(desk, repo)?;
     let _task_lock = lock_task(desk, task)?;
     let dir = desk.task_dir(task);
@@ -152,7 +144,7 @@ pub fn start(desk: &Desk, task: &str, repo: &str, branch: Option<&str>) -> Resul
         return Err(e);
     }
     let finish = || -> Result<Started> {
-        let copied = include::copy(&repo_path, &dir)?;
+        let (copied, warnings) = include::copy(&repo_path, &dir)?;
         let base_commit = git::try_run(&dir, &["rev-parse", "-q", "--verify", "HEAD"])?;
         record::save(
             desk,
@@ -171,6 +163,7 @@ pub fn start(desk: &Desk, task: &str, repo: &str, branch: Option<&str>) -> Resul
             branch: branch.to_owned(),
             created_branch: create,
             copied,
+            warnings,
         })
     };
     match finish() {
@@ -193,7 +186,15 @@ pub fn repair_links(desk: &Desk) -> Vec<String> {
     let mut errors = Vec::new();
     for t in desk.task_names() {
         let dir = desk.task_dir(&t);
-        if matches!(worktree::health(&dir), Health::Ok { .. }) {
+        if let Health::Ok { admin, .. } = worktree::health(&dir) {
+            // Repairing writes into the admin dir: never outside the desk.
+            if !admin.starts_with(desk.dir()) {
+                errors.push(format!(
+                    "task {t}: not repaired, its .git points outside the desk (to {})",
+                    admin.display()
+                ));
+                continue;
+            }
             if let Err(e) = worktree::repair(&dir) {
                 errors.push(format!("task {t}: {e}"));
             }
@@ -303,13 +304,43 @@ pub fn finish(desk: &Desk, task: &str, discard: bool, note: Option<&str>) -> Res
     }
     let _task_lock = lock_task(desk, task)?;
     let health = worktree::health(&dir);
-    let Health::Ok { repo, .. } = &health else {
+    let Health::Ok { repo, admin } = &health else {
         return Err(DeskError::BrokenTask {
             task: task.to_owned(),
             path: dir,
             reason: health_text(&health),
         });
     };
+    // Finish runs git in the repo and removes the worktree's registration: only in a repo
+    // under repos/ that deskfs may act on, and only a registration inside it.
+    let checked = repo_name_of(desk, repo)
+        .ok_or_else(|| {
+            format!(
+                "its repo {} is not under {}",
+                repo.display(),
+                desk.repos_dir().display()
+            )
+        })
+        .and_then(|name| crate::repos::checked(desk, &name).map_err(|e| e.to_string()))
+        .and_then(|real| {
+            let common = crate::repos::common_dir(&real).map_err(|e| e.to_string())?;
+            if &real == repo && admin.starts_with(&common) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "its git registration {} is not inside its repo's git directory {}",
+                    admin.display(),
+                    common.display()
+                ))
+            }
+        });
+    if let Err(reason) = checked {
+        return Err(DeskError::BrokenTask {
+            task: task.to_owned(),
+            path: dir,
+            reason,
+        });
+    }
     worktree::repair(&dir)?;
     let st = worktree::state(&dir, repo)?;
     if st.dirty_count() > 0 && !discard {

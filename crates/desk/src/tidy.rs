@@ -117,6 +117,17 @@ impl Collector<'_> {
     }
 
     fn path(&mut self, kind: &'static str, p: &Path, detail: String) {
+        // Never remove anything whose directory resolves outside the desk (or next to it,
+        // for the desk's own create/remove leftovers).
+        let inside = p
+            .parent()
+            .and_then(|d| fs::canonicalize(d).ok())
+            .is_some_and(|d| {
+                d.starts_with(self.desk.dir()) || Some(d.as_path()) == self.desk.dir().parent()
+            });
+        if !inside {
+            return;
+        }
         let bytes = tree_size(p);
         let what = self.rel(p);
         let p = p.to_path_buf();
@@ -124,7 +135,8 @@ impl Collector<'_> {
     }
 }
 
-/// Runs tidy on `desk` (worktree back links are repaired first).
+/// Runs tidy on `desk` (worktree back links are repaired first). Repos deskfs refuses to
+/// act on (see [`crate::repos::refused`]) are left alone; callers print those lines.
 ///
 /// # Errors
 /// None today beyond what each item reports; kept fallible for I/O on the desk itself.
@@ -200,10 +212,20 @@ fn merged_branches(c: &mut Collector) -> Result<()> {
         if r.finished.is_none() || open.contains(&r.task) {
             continue;
         }
-        let repo = c.desk.repo_dir(&r.repo);
         let desk = c.desk;
         let task_name = r.task.clone();
-        if !repo.is_dir() || !worktree::branch_exists(&repo, &r.branch)? {
+        // Only a repo deskfs may act on (see `repos::checked`); a repo that is gone just
+        // leaves the record to drop, a refused one is left alone (`desk tidy` warns).
+        let repo = match crate::repos::checked(desk, &r.repo) {
+            Ok(dir) => Some(dir),
+            Err(crate::DeskError::UnknownRepo { .. }) => None,
+            Err(_) => continue,
+        };
+        let gone = match &repo {
+            Some(dir) => !worktree::branch_exists(dir, &r.branch)?,
+            None => true,
+        };
+        if gone {
             let what = format!("record {}", r.task);
             let detail = format!("finished task; its branch {} is gone", r.branch);
             c.add("finished-record", what, 0, detail, move || {
@@ -211,6 +233,7 @@ fn merged_branches(c: &mut Collector) -> Result<()> {
             });
             continue;
         }
+        let Some(repo) = repo else { continue };
         let Some(default) = worktree::default_branch(&repo)? else {
             continue;
         };

@@ -280,7 +280,10 @@ fn bad_input_leaves_nothing() {
     let e = task::start(&desk, "ok", "nope", None).unwrap_err();
     assert!(e.to_string().contains("known: app"), "{e}");
     let e = task::start(&desk, "ok", "../app", None).unwrap_err();
-    assert!(matches!(e, DeskError::UnknownRepo { .. }), "{e}");
+    assert!(
+        matches!(e, DeskError::InvalidName { what: "repo", .. }),
+        "{e}"
+    );
     fs::create_dir_all(desk.repo_dir("plain")).unwrap();
     let e = task::start(&desk, "ok", "plain", None).unwrap_err();
     assert!(matches!(e, DeskError::NotARepo { .. }), "{e}");
@@ -345,7 +348,12 @@ fn manual_record_and_drift() {
         ("mytool 1.0", "mytool --version")
     );
     manual::record_tool(&desk, "sh", Some("echo sh-is-here")).unwrap();
+    // `manual repo` wants the repo to exist under repos/.
+    let e = manual::record_repo(&desk, "app", Some("./run-tests.sh"), Some("make")).unwrap_err();
+    assert!(matches!(e, DeskError::UnknownRepo { .. }), "{e}");
+    fs::create_dir_all(desk.repo_dir("app")).unwrap();
     manual::record_repo(&desk, "app", Some("./run-tests.sh"), Some("make")).unwrap();
+    fs::remove_dir(desk.repo_dir("app")).unwrap();
     let m = manual::Manual::load(&desk.manual_path()).unwrap();
     assert_eq!(m.human(), human_before);
     assert_eq!(m.machine.tools.len(), 2);
@@ -552,4 +560,259 @@ fn desk_toml_is_read_only_as_a_small_regular_file() {
     fs::remove_file(&toml).unwrap();
     fs::write(&toml, good).unwrap();
     Desk::open(root.path(), "mallory").unwrap();
+}
+
+/// Finding: a branch that commits a directory as a symlink out of the desk made `task
+/// start` write a `.worktreeinclude` copy through it. Now no copy goes through a symlink on
+/// either side (the branch's worktree or the repo's checkout): the path is skipped with a
+/// warning line, and a symlinked `.worktreeinclude` is not read.
+#[test]
+fn worktreeinclude_never_copies_through_a_symlink() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    let outside = t.path().join("outside");
+    fs::create_dir(&outside).unwrap();
+    let app = desk.repo_dir("app");
+    // Branch `evil`: config/ is a symlink to a directory outside the desk.
+    git(&app, &["checkout", "-q", "-b", "evil"]);
+    git(
+        &app,
+        &["rm", "-q", "--cached", "--ignore-unmatch", "-r", "config"],
+    );
+    fs::rename(app.join("config"), t.path().join("config.keep")).unwrap();
+    std::os::unix::fs::symlink(&outside, app.join("config")).unwrap();
+    git(&app, &["add", "config"]);
+    git(&app, &["commit", "-q", "-m", "config is a link"]);
+    fs::remove_file(app.join("config")).unwrap();
+    git(&app, &["checkout", "-q", "main"]);
+    fs::rename(t.path().join("config.keep"), app.join("config")).unwrap();
+    assert!(app.join("config/local.toml").is_file());
+
+    let s = task::start(&desk, "evil", "app", None).unwrap();
+    let wt = desk.task_dir("evil");
+    assert!(fs::symlink_metadata(wt.join("config"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert!(
+        !outside.join("local.toml").exists(),
+        "a .worktreeinclude copy went through the branch's symlink out of the desk"
+    );
+    let mut copied: Vec<String> = s.copied.iter().map(|p| p.display().to_string()).collect();
+    copied.sort();
+    assert_eq!(copied, [".env", "k.secret"]);
+    assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
+    assert!(
+        s.warnings[0].contains("skipped config/local.toml")
+            && s.warnings[0].contains("task worktree is a symlink"),
+        "{:?}",
+        s.warnings
+    );
+
+    // The checkout side: a symlinked directory in the repo is not read through.
+    let secret_dir = t.path().join("secret-dir");
+    fs::create_dir(&secret_dir).unwrap();
+    fs::write(secret_dir.join("key"), "private\n").unwrap();
+    std::os::unix::fs::symlink(&secret_dir, app.join("linked")).unwrap();
+    let dest = t.path().join("dest");
+    fs::create_dir(&dest).unwrap();
+    let (copied, warnings) = deskfs_desk::include::copy_paths(
+        &app,
+        &dest,
+        &[PathBuf::from("linked/key"), PathBuf::from(".env")],
+    )
+    .unwrap();
+    assert_eq!(copied, [PathBuf::from(".env")]);
+    assert!(
+        !dest.join("linked").exists(),
+        "read through a symlink in the checkout"
+    );
+    assert!(
+        warnings.len() == 1 && warnings[0].contains("repo checkout is a symlink"),
+        "{warnings:?}"
+    );
+    fs::remove_file(app.join("linked")).unwrap();
+
+    // A .worktreeinclude that is a symlink is not read at all.
+    let patterns = t.path().join("patterns");
+    fs::write(&patterns, ".env\n").unwrap();
+    fs::remove_file(app.join(".worktreeinclude")).unwrap();
+    std::os::unix::fs::symlink(&patterns, app.join(".worktreeinclude")).unwrap();
+    let s = task::start(&desk, "linked-patterns", "app", None).unwrap();
+    assert!(s.copied.is_empty(), "{:?}", s.copied);
+    assert!(
+        s.warnings.len() == 1 && s.warnings[0].contains(".worktreeinclude in"),
+        "{:?}",
+        s.warnings
+    );
+    assert!(!desk.task_dir("linked-patterns").join(".env").exists());
+}
+
+/// Finding: a `repos/R/.git` that is a symlink let `desk tidy` (and task start) act on a
+/// repository outside the desk. Now such a repo (and a symlinked `repos/R`) is refused with
+/// one line, and tidy leaves it alone.
+#[test]
+fn repos_whose_git_dir_leaves_the_desk_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    // A repository outside the desk with a stale-looking git lock and a gone worktree.
+    let outside = t.path().join("outside-repo");
+    git(
+        t.path(),
+        &[
+            "clone",
+            "-q",
+            t.path().join("src").to_str().unwrap(),
+            outside.to_str().unwrap(),
+        ],
+    );
+    let gone = t.path().join("gone-wt");
+    git(&outside, &["worktree", "add", "-q", gone.to_str().unwrap()]);
+    fs::remove_dir_all(&gone).unwrap();
+    let lock = outside.join(".git/index.lock");
+    fs::write(&lock, "").unwrap();
+    age(&lock, 2 * 3600);
+    let evil = desk.repo_dir("evil");
+    fs::create_dir(&evil).unwrap();
+    std::os::unix::fs::symlink(outside.join(".git"), evil.join(".git")).unwrap();
+    std::os::unix::fs::symlink(&outside, desk.repo_dir("linked")).unwrap();
+
+    let e = task::start(&desk, "t", "evil", None).unwrap_err();
+    assert!(matches!(e, DeskError::UnsafeRepo { .. }), "{e}");
+    let msg = e.to_string();
+    assert!(
+        msg.contains("refusing to act on repo \"evil\"") && msg.contains(".git is a symlink"),
+        "{msg}"
+    );
+    assert!(!msg.contains('\n'));
+    let e = task::start(&desk, "t", "linked", None).unwrap_err();
+    assert!(matches!(e, DeskError::UnsafeRepo { .. }), "{e}");
+    assert!(desk.task_names().is_empty());
+    assert_eq!(git(&outside, &["worktree", "list"]).lines().count(), 2);
+
+    let refused = deskfs_desk::repos::refused(&desk);
+    assert_eq!(refused.len(), 2, "{refused:?}");
+    let items = tidy(&desk, &TidyOptions::default()).unwrap();
+    assert!(
+        lock.exists(),
+        "tidy removed a lock file outside the desk: {items:?}"
+    );
+    assert!(
+        outside.join(".git/worktrees").read_dir().unwrap().count() == 1,
+        "tidy pruned a registration outside the desk: {items:?}"
+    );
+    assert!(
+        items.iter().all(|i| !i.what.contains("outside")),
+        "{items:?}"
+    );
+    let r = resume::resume(&desk).unwrap();
+    assert!(
+        r.warnings
+            .iter()
+            .filter(|w| w.kind == "unsafe-repo")
+            .count()
+            == 2,
+        "{:?}",
+        r.warnings
+    );
+}
+
+/// Finding: task names that are git's special refs (`FETCH_HEAD`, `ORIG_HEAD`, in any
+/// case) were accepted; a task of that name checked out the pseudoref instead of a branch.
+#[test]
+fn special_ref_names_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    git(&desk.repo_dir("app"), &["fetch", "-q", "origin"]);
+    for bad in [
+        "FETCH_HEAD",
+        "fetch_head",
+        "ORIG_HEAD",
+        "MERGE_HEAD",
+        "Cherry_Pick_Head",
+        "AUTO_MERGE",
+        "HEAD",
+        "head",
+        "a\u{85}b",
+    ] {
+        let e = task::start(&desk, bad, "app", None).unwrap_err();
+        assert!(matches!(e, DeskError::InvalidName { .. }), "{bad}: {e}");
+        assert!(!e.to_string().contains('\n'));
+        let e = task::start(&desk, "ok", "app", Some(bad)).unwrap_err();
+        assert!(
+            matches!(e, DeskError::InvalidName { what: "branch", .. }),
+            "{bad}: {e}"
+        );
+    }
+    assert!(desk.task_names().is_empty());
+    assert!(git(&desk.repo_dir("app"), &["branch", "--list", "*HEAD*"]).is_empty());
+}
+
+/// Finding: `manual repo` took any repo name (`../x`, `a/b`, names that do not exist).
+#[test]
+fn manual_repo_names_are_checked() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    let before = fs::read(desk.manual_path()).unwrap();
+    let long = "r".repeat(256);
+    for bad in [
+        "", "..", ".", "../app", "a/b", ".hidden", "-x", "a\nb", "a\0b", &long,
+    ] {
+        let e = manual::record_repo(&desk, bad, Some("make test"), None).unwrap_err();
+        assert!(
+            matches!(e, DeskError::InvalidName { what: "repo", .. }),
+            "{bad:?}: {e}"
+        );
+    }
+    let e = manual::record_repo(&desk, "nope", Some("make test"), None).unwrap_err();
+    assert!(matches!(e, DeskError::UnknownRepo { .. }), "{e}");
+    std::os::unix::fs::symlink(desk.repo_dir("app"), desk.repo_dir("alias")).unwrap();
+    let e = manual::record_repo(&desk, "alias", Some("make test"), None).unwrap_err();
+    assert!(matches!(e, DeskError::UnsafeRepo { .. }), "{e}");
+    assert_eq!(
+        fs::read(desk.manual_path()).unwrap(),
+        before,
+        "nothing written"
+    );
+    manual::record_repo(&desk, "app", Some("make test"), None).unwrap();
+}
+
+/// A task directory whose `.git` names a worktree registration of a repository outside
+/// the desk: link repair does not write there and `task finish` refuses to run git in that
+/// repository (it would remove the outside registration).
+#[test]
+fn tasks_whose_git_dir_leaves_the_desk_are_not_acted_on() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    let outside = t.path().join("outside-repo");
+    git(
+        t.path(),
+        &[
+            "clone",
+            "-q",
+            t.path().join("src").to_str().unwrap(),
+            outside.to_str().unwrap(),
+        ],
+    );
+    let wt = desk.task_dir("x");
+    git(
+        &outside,
+        &["worktree", "add", "-q", "-b", "x", wt.to_str().unwrap()],
+    );
+    let back = outside.join(".git/worktrees/x/gitdir");
+    fs::write(&back, "/elsewhere/tasks/x/.git\n").unwrap();
+    let errors = task::repair_links(&desk);
+    assert!(
+        errors.len() == 1 && errors[0].contains("outside the desk"),
+        "{errors:?}"
+    );
+    assert_eq!(
+        fs::read_to_string(&back).unwrap(),
+        "/elsewhere/tasks/x/.git\n",
+        "link repair wrote outside the desk"
+    );
+    let e = task::finish(&desk, "x", true, None).unwrap_err();
+    assert!(matches!(e, DeskError::BrokenTask { .. }), "{e}");
+    assert!(outside.join(".git/worktrees/x").is_dir());
+    assert!(wt.join(".git").is_file());
 }
