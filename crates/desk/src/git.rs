@@ -18,14 +18,30 @@ const REDIRECTS: [&str; 6] = [
     "GIT_NAMESPACE",
 ];
 
-/// A `git -C dir ARGS` command with a clean environment, stdin closed.
+/// Settings that would run a program the repo names: deskfs runs git on the host, on
+/// repos an agent controls from inside its sandbox, so a hook (`post-checkout` on
+/// `worktree add`) or an fsmonitor (`git status`) committed or configured there must not
+/// run. Given on the command line, they win over every config file.
+const NO_PROGRAMS: [&str; 4] = [
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "core.sshCommand=false",
+    "core.askPass=false",
+];
+
+/// A `git -C dir ARGS` command with a clean environment, stdin closed, and no program
+/// named by the repo's config run ([`NO_PROGRAMS`]).
 pub fn command<I, S>(dir: &Path, args: I) -> Command
 where
     I: IntoIterator<Item = S>,
     S: AsRef<OsStr>,
 {
     let mut c = Command::new("git");
-    c.arg("-C").arg(dir).args(args);
+    c.arg("-C").arg(dir);
+    for setting in NO_PROGRAMS {
+        c.arg("-c").arg(setting);
+    }
+    c.args(args);
     for v in REDIRECTS {
         c.env_remove(v);
     }

@@ -816,3 +816,41 @@ fn tasks_whose_git_dir_leaves_the_desk_are_not_acted_on() {
     assert!(outside.join(".git/worktrees/x").is_dir());
     assert!(wt.join(".git").is_file());
 }
+
+#[test]
+fn hooks_and_fsmonitors_of_a_repo_never_run() {
+    // deskfs runs git on the host; the repo is the agent's. A post-checkout hook would run
+    // at `task start` (git worktree add), an fsmonitor at every `git status`.
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    let app = desk.repo_dir("app");
+    let ran = t.path().join("ran");
+    let hook = format!("#!/bin/sh\necho \"$0\" >> {}\n", ran.display());
+    for h in [
+        "post-checkout",
+        "reference-transaction",
+        "post-index-change",
+    ] {
+        let p = app.join(".git/hooks").join(h);
+        fs::write(&p, &hook).unwrap();
+        fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    }
+    let monitor = t.path().join("monitor.sh");
+    fs::write(&monitor, &hook).unwrap();
+    fs::set_permissions(
+        &monitor,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    git(
+        &app,
+        &["config", "core.fsmonitor", monitor.to_str().unwrap()],
+    );
+    task::start(&desk, "hooked", "app", None).unwrap();
+    resume::resume(&desk).unwrap();
+    assert!(
+        !ran.exists(),
+        "a program named by the repo ran: {}",
+        fs::read_to_string(&ran).unwrap_or_default()
+    );
+}
