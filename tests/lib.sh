@@ -166,6 +166,21 @@ need_deskfs() {
 # on_exit 'COMMAND STRING': run at exit, before mounts are cleaned up.
 on_exit() { _LIB_CLEANUPS+=("$1"); }
 
+# lossfs_start: the power-loss file system (crates/lossfs) over $T/disk at $T/lfs, its
+# control socket $T/lossfs.sock; sets LOSSFS (the binary) and LFS. `lossfs_ctl ARGS`
+# sends a command (cut, sync, fail-fsync PATTERN N, ...).
+lossfs_start() {
+  LOSSFS=${DESKFS_LOSSFS_BIN:-$(dirname "$DESKFS")/deskfs-lossfs}
+  [[ -x $LOSSFS ]] || fail "deskfs-lossfs not found at $LOSSFS (build it: cargo build --release -p deskfs-lossfs)"
+  LFS=$T/lfs
+  mkdir -p "$T/disk" "$LFS"
+  register_mount "$LFS"
+  setsid "$LOSSFS" serve --backing "$T/disk" --control "$T/lossfs.sock" "$LFS" > "$T/lossfs.log" 2>&1 < /dev/null &
+  register_pid "$!"
+  wait_for 10 is_mounted "$LFS" || fail "deskfs-lossfs did not mount: $(tail -n 5 "$T/lossfs.log")"
+}
+lossfs_ctl() { "$LOSSFS" ctl "$T/lossfs.sock" "$@"; }
+
 # ---------------------------------------------------------------- process / mount registry
 
 _proc_start() { # start time of a PID (to never signal a recycled PID)

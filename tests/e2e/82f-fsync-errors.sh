@@ -14,18 +14,8 @@
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 
-LOSSFS=${DESKFS_LOSSFS_BIN:-$(dirname "$DESKFS")/deskfs-lossfs}
-[[ -x $LOSSFS ]] || fail "deskfs-lossfs not found at $LOSSFS (build it: cargo build --release -p deskfs-lossfs)"
-
-DISK=$T/disk
-LFS=$T/lfs
-CTL=$T/lossfs.sock
-mkdir -p "$DISK" "$LFS"
-register_mount "$LFS"
-setsid "$LOSSFS" serve --backing "$DISK" --control "$CTL" "$LFS" > "$T/lossfs.log" 2>&1 < /dev/null &
-register_pid "$!"
-wait_for 10 is_mounted "$LFS" || fail "deskfs-lossfs did not mount: $(tail -n 5 "$T/lossfs.log")"
-ctl() { "$LOSSFS" ctl "$CTL" "$@"; }
+lossfs_start
+ctl() { lossfs_ctl "$@"; }
 
 export DESKFS_HOME=$LFS/home
 mkdir -p "$DESKFS_HOME"

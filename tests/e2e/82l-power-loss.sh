@@ -20,25 +20,15 @@
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 
-LOSSFS=${DESKFS_LOSSFS_BIN:-$(dirname "$DESKFS")/deskfs-lossfs}
-[[ -x $LOSSFS ]] || fail "deskfs-lossfs not found at $LOSSFS (build it: cargo build --release -p deskfs-lossfs)"
 PL=$ROOT/tests/tools/powerload.py
 ITERS=${DESKFS_POWER_ITERS:-24}
 SEED=${DESKFS_POWER_SEED:-$((RANDOM * 32768 + RANDOM))}
 RANDOM=$SEED
 log "seed $SEED, $ITERS power cuts (replay: DESKFS_POWER_SEED=$SEED DESKFS_POWER_ITERS=$ITERS)"
 
-DISK=$T/disk          # what survives a cut
-LFS=$T/lfs            # the power-loss file system over it
-CTL=$T/lossfs.sock
 JOURNAL=$T/journal    # real disk
-mkdir -p "$DISK" "$LFS"
-register_mount "$LFS"
-setsid "$LOSSFS" serve --backing "$DISK" --control "$CTL" "$LFS" > "$T/lossfs.log" 2>&1 < /dev/null &
-LPID=$!
-register_pid "$LPID"
-wait_for 10 is_mounted "$LFS" || fail "deskfs-lossfs did not mount: $(tail -n 5 "$T/lossfs.log")"
-ctl() { "$LOSSFS" ctl "$CTL" "$@"; }
+lossfs_start          # $T/disk survives a cut; $LFS is the power-loss file system over it
+ctl() { lossfs_ctl "$@"; }
 
 export DESKFS_HOME=$LFS/home
 mkdir -p "$DESKFS_HOME"

@@ -67,6 +67,19 @@ fn source_repo(base: &Path) -> PathBuf {
 }
 
 /// A desk with `repos/app` cloned from [`source_repo`] and the ignored files in its checkout.
+/// A clone of the source repo at `to`, outside any desk.
+fn clone_source(base: &Path, to: &Path) {
+    git(
+        base,
+        &[
+            "clone",
+            "-q",
+            base.join("src").to_str().unwrap(),
+            to.to_str().unwrap(),
+        ],
+    );
+}
+
 fn desk_with_repo(base: &Path) -> (PathBuf, Desk) {
     setup();
     let src = source_repo(base);
@@ -657,15 +670,7 @@ fn repos_whose_git_dir_leaves_the_desk_are_refused() {
     let (_root, desk) = desk_with_repo(t.path());
     // A repository outside the desk with a stale-looking git lock and a gone worktree.
     let outside = t.path().join("outside-repo");
-    git(
-        t.path(),
-        &[
-            "clone",
-            "-q",
-            t.path().join("src").to_str().unwrap(),
-            outside.to_str().unwrap(),
-        ],
-    );
+    clone_source(t.path(), &outside);
     let gone = t.path().join("gone-wt");
     git(&outside, &["worktree", "add", "-q", gone.to_str().unwrap()]);
     fs::remove_dir_all(&gone).unwrap();
@@ -785,15 +790,7 @@ fn tasks_whose_git_dir_leaves_the_desk_are_not_acted_on() {
     let t = tempfile::tempdir().unwrap();
     let (_root, desk) = desk_with_repo(t.path());
     let outside = t.path().join("outside-repo");
-    git(
-        t.path(),
-        &[
-            "clone",
-            "-q",
-            t.path().join("src").to_str().unwrap(),
-            outside.to_str().unwrap(),
-        ],
-    );
+    clone_source(t.path(), &outside);
     let wt = desk.task_dir("x");
     git(
         &outside,
