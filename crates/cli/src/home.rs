@@ -278,6 +278,7 @@ pub fn nested(a: &Path, b: &Path) -> bool {
     a.starts_with(b) || b.starts_with(a)
 }
 
+/// A fresh, empty temp dir for unit test `what` (removed by the test at its end).
 #[cfg(test)]
 pub(crate) fn test_dir(what: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("deskfs-unit-{}-{what}", std::process::id()));
