@@ -10,6 +10,20 @@
 #           -> nothing mounted, the database file is left exactly as it was
 #           another cache dir while files written through the first wait for upload
 #           -> refused, naming the cache dir to use; nothing mounted
+#           the cache dir of another workspace (recorded in it, or from before records),
+#           a cache dir inside the mount point or the mount point inside it (also through
+#           a symlink, a relative path, or the same dir), a mount point holding the
+#           workspace's data dir, a file:// bucket dir overlapping the cache dir or the
+#           mount point
+#           -> refused, naming both places; nothing mounted, nothing created in them;
+#           two mounts of one workspace on one cache dir keep working
+#   format: a file:// bucket that resolves to the root through a symlink, an empty
+#           file:// path, the deskfs home (or a dir containing it, or inside it), a dir
+#           inside a cache dir; a bucket location equal to, inside or containing another
+#           workspace's of this home (file://, also through a symlink, and S3 prefixes),
+#           also for attach -> refused, naming the other workspace; no workspace dir or
+#           bucket dir left behind. A location holding another home's workspace: refused
+#           (format record), pointing to attach.
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 need_cmd sqlite3
@@ -161,4 +175,154 @@ expect_error "mount with another cache dir while files wait for upload in the fi
 ws_mount twocaches "$T/m-caches" --cache-dir "$T/cache-a"
 assert_eq "only in cache a" "$(cat "$T/m-caches/f")" "the file after mounting its cache dir again"
 ws_umount "$T/m-caches"
+
+# ---------------------------------------------------------------- places that overlap
+# state DIR: every entry of DIR with its type and size, and every file's sha256
+state() { (cd "$1" && find . -printf '%y %p %s\n' | sort && find . -type f -print0 | sort -z | xargs -0 -r sha256sum); }
+
+# Two workspaces on one cache dir: its files are named by inode number, so workspace B
+# would take A's staging files and blocks for its own. Refused while A uses it and after.
+ws_format cachea
+ws_format cacheb
+ws_mount cachea "$T/m-ca" --cache-dir "$T/cache-shared"
+echo "written through a" > "$T/m-ca/a.txt"
+[[ -s $T/cache-shared/workspace.json ]] || fail "the cache dir does not record its workspace"
+# A second mount of the same workspace on the same cache dir: fine.
+ws_mount cachea "$T/m-ca2" --cache-dir "$T/cache-shared"
+assert_eq "written through a" "$(cat "$T/m-ca2/a.txt")" "the file through a second mount of the same workspace and cache dir"
+mkdir -p "$T/m-cb"
+register_mount "$T/m-cb"
+expect_error "mount of workspace B with the cache dir workspace A uses" \
+  "cache dir $T/cache-shared belongs to workspace \"cachea\", not \"cacheb\".*another --cache-dir" \
+  "$DESKFS" mount cacheb "$T/m-cb" --cache-dir "$T/cache-shared"
+! is_mounted "$T/m-cb" || fail "workspace B got mounted on A's cache dir"
+ws_umount "$T/m-ca2"
+ws_umount "$T/m-ca"
+state "$T/cache-shared" > "$T/cs.before"
+expect_error "mount of workspace B with the cache dir workspace A used" \
+  "cache dir $T/cache-shared belongs to workspace \"cachea\", not \"cacheb\"" \
+  "$DESKFS" mount cacheb "$T/m-cb" --cache-dir "$T/cache-shared"
+! is_mounted "$T/m-cb" || fail "workspace B got mounted on A's cache dir"
+state "$T/cache-shared" > "$T/cs.after"
+diff "$T/cs.before" "$T/cs.after" > "$T/cs.diff" || fail "the refused mount changed the cache dir: $(cat "$T/cs.diff")"
+# A cache dir from before the record (cache-id only): refused when its id is not one of
+# B's and it holds files; A (whose metadata knows the id) takes it again and records itself.
+rm "$T/cache-shared/workspace.json"
+state "$T/cache-shared" > "$T/cs.before"
+expect_error "mount of workspace B with A's cache dir from before the record" \
+  "cache dir $T/cache-shared holds the cache of another workspace.*another --cache-dir" \
+  "$DESKFS" mount cacheb "$T/m-cb" --cache-dir "$T/cache-shared"
+! is_mounted "$T/m-cb" || fail "workspace B got mounted on A's old cache dir"
+state "$T/cache-shared" > "$T/cs.after"
+diff "$T/cs.before" "$T/cs.after" > "$T/cs.diff" || fail "the refused mount changed the cache dir: $(cat "$T/cs.diff")"
+ws_mount cachea "$T/m-ca" --cache-dir "$T/cache-shared"
+assert_eq "written through a" "$(cat "$T/m-ca/a.txt")" "A's file with its cache dir from before the record"
+ws_umount "$T/m-ca"
+grep -q '"cachea"' "$T/cache-shared/workspace.json" || fail "A did not record itself in its cache dir"
+ws_mount cacheb "$T/m-cb" --cache-dir "$T/cache-b-own"
+ws_umount "$T/m-cb"
+
+# A cache dir inside the mount point, or the mount point inside the cache dir.
+ws_format places
+mkdir -p "$T/m-pl"
+register_mount "$T/m-pl"
+expect_error "cache dir inside the mount point" \
+  "cache dir $T/m-pl/cache lies inside mount point $T/m-pl.*outside" \
+  "$DESKFS" mount places "$T/m-pl" --cache-dir "$T/m-pl/cache"
+ln -s "$T/m-pl" "$T/m-pl-link"
+expect_error "cache dir inside the mount point, through a symlink" \
+  "cache dir $T/m-pl/c/d lies inside mount point $T/m-pl" \
+  "$DESKFS" mount places "$T/m-pl" --cache-dir "$T/m-pl-link/c/d"
+expect_error "cache dir inside the mount point, relative" \
+  "cache dir $T/m-pl/rel lies inside mount point $T/m-pl" \
+  sh -c 'cd "$1" && exec "$2" mount places . --cache-dir rel' sh "$T/m-pl" "$DESKFS"
+expect_error "cache dir that is the mount point" "cache dir $T/m-pl is the mount point" \
+  "$DESKFS" mount places "$T/m-pl" --cache-dir "$T/m-pl"
+! is_mounted "$T/m-pl" || fail "a mount with its cache dir inside the mount point got mounted"
+assert_eq "" "$(ls -A "$T/m-pl")" "entries made in the mount point by the refused mounts"
+mkdir -p "$T/cache-out/mnt"
+register_mount "$T/cache-out/mnt"
+expect_error "mount point inside the cache dir" \
+  "mount point $T/cache-out/mnt lies inside cache dir $T/cache-out" \
+  "$DESKFS" mount places "$T/cache-out/mnt" --cache-dir "$T/cache-out"
+! is_mounted "$T/cache-out/mnt" || fail "a mount point inside its cache dir got mounted"
+assert_eq "mnt" "$(ls -A "$T/cache-out")" "entries made in the cache dir by the refused mount"
+register_mount "$DESKFS_HOME"
+expect_error "mount point holding the workspace's data dir" \
+  "mount point $DESKFS_HOME holds workspace \"places\"'s data dir" \
+  "$DESKFS" mount places "$DESKFS_HOME" --cache-dir "$T/cache-pl"
+! is_mounted "$DESKFS_HOME" || fail "the deskfs home got mounted over"
+[[ ! -e $T/cache-pl ]] || fail "the refused mount created its cache dir"
+# A file:// bucket dir and the cache dir or the mount point.
+ws_format fbw --bucket "file://$T/fb/bucket"
+expect_error "cache dir inside the file:// bucket dir" \
+  "bucket directory $T/fb/bucket and cache dir $T/fb/bucket/cache overlap" \
+  "$DESKFS" mount fbw "$T/m-pl" --cache-dir "$T/fb/bucket/cache"
+register_mount "$T/fb"
+expect_error "mount point containing the file:// bucket dir" \
+  "bucket directory $T/fb/bucket and mount point $T/fb overlap" \
+  "$DESKFS" mount fbw "$T/fb" --cache-dir "$T/cache-fb"
+! is_mounted "$T/m-pl" && ! is_mounted "$T/fb" || fail "a mount overlapping its bucket dir got mounted"
+[[ ! -e $T/fb/bucket/cache && ! -e $T/cache-fb ]] || fail "a refused mount created its cache dir"
+
+# file:// buckets that are obviously wrong: no workspace dir, no bucket dir left behind.
+ln -s / "$T/rootlink"
+expect_error "format with a symlink to the root as bucket" "resolves to the file system root" \
+  "$DESKFS" format rootlink --bucket "file://$T/rootlink"
+no_workspace rootlink "format with a symlink to the root as bucket"
+expect_error "format with an empty file:// path" "absolute path" \
+  "$DESKFS" format emptyfile --bucket "file://"
+no_workspace emptyfile "format with an empty file:// path"
+expect_error "format with the deskfs home as bucket" "bucket directory $DESKFS_HOME is the deskfs home" \
+  "$DESKFS" format homebucket --bucket "file://$DESKFS_HOME"
+no_workspace homebucket "format with the deskfs home as bucket"
+expect_error "format with a bucket dir containing the deskfs home" "bucket directory $T contains the deskfs home $DESKFS_HOME" \
+  "$DESKFS" format abovehome --bucket "file://$T"
+no_workspace abovehome "format with a bucket dir containing the deskfs home"
+expect_error "format with a bucket dir inside the deskfs home" "bucket directory $WSD/cachea/x lies inside the deskfs home" \
+  "$DESKFS" format inhome --bucket "file://$WSD/cachea/x"
+no_workspace inhome "format with a bucket dir inside the deskfs home"
+[[ ! -e $WSD/cachea/x ]] || fail "the refused format made its bucket dir"
+expect_error "format with a bucket dir inside a cache dir" "bucket directory $T/cache-shared/b lies inside the deskfs cache dir $T/cache-shared" \
+  "$DESKFS" format incache --bucket "file://$T/cache-shared/b"
+no_workspace incache "format with a bucket dir inside a cache dir"
+[[ ! -e $T/cache-shared/b ]] || fail "the refused format made its bucket dir"
+
+# Bucket locations that overlap another workspace's of this home.
+ws_format ova --bucket "file://$T/ov/x"
+ln -s "$T/ov" "$T/ovlink"
+for c in "inside:file://$T/ov/x/y:lies inside" "contains:file://$T/ov:contains" \
+  "same:file://$T/ov/x:is also" "symlink:file://$T/ovlink/x/z:lies inside"; do
+  what=${c%%:*} rel=${c##*:} url=${c#*:}
+  url=${url%:*}
+  expect_error "format with a bucket dir that $rel workspace ova's ($what)" \
+    "bucket $url $rel the bucket of workspace \"ova\" \\(file://$T/ov/x\\)" \
+    "$DESKFS" format "ov$what" --bucket "$url"
+  no_workspace "ov$what" "format with an overlapping bucket dir ($what)"
+done
+[[ ! -e $T/ov/x/y && ! -e $T/ov/x/z ]] || fail "a refused format made its bucket dir"
+expect_error "attach of workspace ova's bucket under another name" \
+  "bucket file://$T/ov/x is also the bucket of workspace \"ova\"" \
+  "$DESKFS" attach ovtwin --bucket "file://$T/ov/x"
+no_workspace ovtwin "attach of an overlapping bucket"
+# Another home knows nothing of ova: its format record refuses, pointing to attach.
+expect_error "format over a bucket holding a workspace (another home)" "already holds a deskfs workspace.*deskfs attach" \
+  env DESKFS_HOME="$T/home2" "$DESKFS" format ova2 --bucket "file://$T/ov/x"
+[[ ! -e $T/home2/workspaces/ova2 ]] || fail "the refused format left a workspace dir in the other home"
+if have_s3; then
+  ws_format s3a --bucket "$(s3_url agents)"
+  expect_error "format with an S3 prefix inside workspace s3a's" \
+    "bucket $(s3_url agents/work) lies inside the bucket of workspace \"s3a\"" \
+    "$DESKFS" format s3b --bucket "$(s3_url agents/work)"
+  no_workspace s3b "format with an overlapping S3 prefix"
+  expect_error "format with an S3 prefix containing workspace s3a's" \
+    "bucket $(s3_url) contains the bucket of workspace \"s3a\"" \
+    "$DESKFS" format s3c --bucket "$(s3_url)"
+  no_workspace s3c "format with an overlapping S3 prefix"
+  assert_eq "" "$(s3_keys "$S3_PREFIX/agents/work/")" "objects under the refused prefix"
+  ws_format s3d --bucket "$(s3_url agents2)"
+else
+  [[ ${DESKFS_TEST_STRICT:-0} != 1 ]] || fail "no S3 server for the overlapping-prefix cases"
+  log "no S3 server: overlapping S3 prefix cases not run"
+fi
 log "PASS"

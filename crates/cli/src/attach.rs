@@ -43,6 +43,7 @@ pub fn from_bucket(a: AttachArgs) -> Result<()> {
     spec.region = a.region.clone();
     spec.access_key = a.access_key.clone();
     spec.secret_key = a.secret_key.clone();
+    crate::format::check_bucket_place(&a.name, &spec)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -204,14 +204,19 @@ fn check_mountpoint(mnt: &Path) -> Result<()> {
             mnt.display()
         );
     }
-    // Allowed (as mount(8) allows it), but what is there disappears from view.
+    Ok(())
+}
+
+/// Warns (one line on stderr) when mount point `mnt` is not empty: allowed, as mount(8)
+/// allows it, but what is there disappears from view. After every check, so that a
+/// refused mount says one thing only.
+fn warn_if_not_empty(mnt: &Path) {
     if std::fs::read_dir(mnt).is_ok_and(|mut rd| rd.next().is_some()) {
         eprintln!(
             "deskfs: warning: mount point {} is not empty: its files are hidden while the workspace is mounted there",
             mnt.display()
         );
     }
-    Ok(())
 }
 
 fn dead_mount_error(mnt: &Path) -> anyhow::Error {
@@ -257,13 +262,142 @@ fn cache_location(o: &Opened, id: u64) -> Result<Option<(String, PathBuf)>> {
     }))
 }
 
+/// The cache dir's record of the workspace it belongs to. Its files are named by inode
+/// number (`staging/<ino>`, `blocks/…/<ino>.<version>.<index>`), so a cache dir serves
+/// one workspace only: another workspace's mount would take them for its own inodes.
+const CACHE_OWNER: &str = "workspace.json";
+
+/// The workspace a cache dir belongs to (`<cache>/workspace.json`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct CacheOwner {
+    /// Workspace name (for messages).
+    workspace: String,
+    /// The workspace's id (its record's, made at format), or `bucket:<URL>` for a
+    /// workspace from before records.
+    id: String,
+}
+
+impl CacheOwner {
+    /// The owner record of workspace `o`.
+    fn of(o: &Opened) -> Result<CacheOwner> {
+        let id = crate::metadb::Record::read(&*o.meta)?
+            .map(|r| r.id)
+            .filter(|i| !i.is_empty())
+            .unwrap_or_else(|| format!("bucket:{}", o.cfg.bucket));
+        Ok(CacheOwner {
+            workspace: o.cfg.name.clone(),
+            id,
+        })
+    }
+
+    /// The record in cache dir `dir`, if it has one.
+    fn read(dir: &Path) -> Result<Option<CacheOwner>> {
+        let path = dir.join(CACHE_OWNER);
+        match std::fs::read(&path) {
+            Ok(b) => serde_json::from_slice(&b).map(Some).map_err(|e| {
+                anyhow!(
+                    "{} is not a deskfs cache owner record ({e}); is {} a deskfs cache dir? give another --cache-dir",
+                    path.display(),
+                    dir.display()
+                )
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(anyhow!("cannot read {}: {e}", path.display())),
+        }
+    }
+
+    /// Records `self` as the owner of cache dir `dir` (created if missing) unless it has
+    /// an owner already: written under a temp name, flushed and linked into place, so two
+    /// mounts claiming a fresh dir at once agree on the first one, and a power cut never
+    /// leaves the name over an empty file. Errors: `dir` belongs to another workspace.
+    fn claim(&self, dir: &Path) -> Result<()> {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create cache dir {}", dir.display()))?;
+        if CacheOwner::read(dir)?.is_none() {
+            let tmp = dir.join(format!(".{CACHE_OWNER}.{}", std::process::id()));
+            let write = || -> std::io::Result<()> {
+                let mut f = std::fs::File::create(&tmp)?;
+                f.write_all(serde_json::to_string(self)?.as_bytes())?;
+                f.sync_all()
+            };
+            let linked = write().and_then(|()| std::fs::hard_link(&tmp, dir.join(CACHE_OWNER)));
+            let _ = std::fs::remove_file(&tmp);
+            match linked {
+                Ok(()) => std::fs::File::open(dir)
+                    .and_then(|d| d.sync_all())
+                    .with_context(|| format!("cannot flush cache dir {}", dir.display()))?,
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => {
+                    return Err(anyhow!(
+                        "cannot write {}: {e}",
+                        dir.join(CACHE_OWNER).display()
+                    ))
+                }
+            }
+        }
+        self.check(dir, CacheOwner::read(dir)?.as_ref())
+    }
+
+    /// Refuses cache dir `dir` whose owner record names another workspace than `self`.
+    fn check(&self, dir: &Path, owner: Option<&CacheOwner>) -> Result<()> {
+        match owner {
+            Some(o) if o.id != self.id && o.workspace == self.workspace => bail!(
+                "cache dir {} belongs to an earlier format of workspace {:?} (before `deskfs format --force`): its files name that workspace's inodes; remove it or mount with another --cache-dir",
+                dir.display(),
+                self.workspace
+            ),
+            Some(o) if o.id != self.id => bail!(
+                "cache dir {} belongs to workspace {:?}, not {:?}: two workspaces cannot share a cache dir (its files are named by inode number); mount {} with another --cache-dir",
+                dir.display(),
+                o.workspace,
+                self.workspace,
+                self.workspace
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether cache dir `dir` may serve workspace `o` (it records its owner, see
+/// [`CacheOwner`]). A dir without a record is this workspace's when it is new, when its
+/// cache id is one the workspace's metadata knows, or when it holds no cached file (made
+/// by an offline command); one from before records with another id and files in it is
+/// refused (another workspace's, or left from an earlier format).
+fn check_cache_owner(o: &Opened, me: &CacheOwner, dir: &Path) -> Result<()> {
+    if let Some(owner) = CacheOwner::read(dir)? {
+        return me.check(dir, Some(&owner));
+    }
+    let Some(id) = std::fs::read_to_string(dir.join("cache-id"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+    else {
+        // New (or an unreadable id, which opening the cache reports).
+        return Ok(());
+    };
+    if cache_location(o, id)?.is_some() {
+        return Ok(());
+    }
+    let has_files =
+        |sub: &str| std::fs::read_dir(dir.join(sub)).is_ok_and(|mut rd| rd.next().is_some());
+    if has_files("staging") || has_files("blocks") {
+        bail!(
+            "cache dir {} holds the cache of another workspace (its cache id {id} is not one of workspace {:?}): two workspaces cannot share a cache dir (its files are named by inode number); mount {} with another --cache-dir",
+            dir.display(),
+            o.cfg.name,
+            o.cfg.name
+        );
+    }
+    Ok(())
+}
+
 /// The cache dir to mount with. Refused: another cache dir of this host that holds
 /// files not yet uploaded, while the mount would use a different one (they would wait
-/// for an upload nobody does).
+/// for an upload nobody does); a cache dir of another workspace (see [`CacheOwner`]).
 fn cache_dir_for(o: &Opened, requested: Option<&Path>) -> Result<PathBuf> {
     let dir = requested
         .map(crate::absolute)
         .unwrap_or_else(|| ws_dir(&o.cfg.name).join("cache"));
+    check_cache_owner(o, &CacheOwner::of(o)?, &dir)?;
     // The caches holding unuploaded files: a few index seeks, not the dirty rows (a
     // million at scale).
     let caches = deskfs_meta::read(&*o.meta, |t| t.dirty_caches())?;
@@ -290,6 +424,61 @@ fn cache_dir_for(o: &Opened, requested: Option<&Path>) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// Refuses a mount whose places overlap (compared resolved: symlinks followed, a cache
+/// dir not made yet taken at the place it will have): the cache dir and the mount point
+/// (one inside the other: the cache would be written through the mount it serves, or be
+/// hidden under it), the workspace's data dir inside the mount point (its database,
+/// control socket and logs), and for a `file://` bucket, its directory and either the
+/// mount point or the cache dir.
+fn check_places(o: &Opened, mnt: &Path, cache_dir: &Path) -> Result<()> {
+    let m = home::resolve(mnt);
+    let c = home::resolve(cache_dir);
+    if c == m {
+        bail!(
+            "cache dir {} is the mount point: the cache would be written through the mount it serves; give a --cache-dir outside {}",
+            c.display(),
+            m.display()
+        );
+    }
+    if c.starts_with(&m) {
+        bail!(
+            "cache dir {} lies inside mount point {}: the cache would be written through the mount it serves; give a --cache-dir outside it",
+            c.display(),
+            m.display()
+        );
+    }
+    if m.starts_with(&c) {
+        bail!(
+            "mount point {} lies inside cache dir {}: the mount would hide the cache it serves; mount elsewhere or give another --cache-dir",
+            m.display(),
+            c.display()
+        );
+    }
+    let data = home::resolve(&ws_dir(&o.cfg.name));
+    if data.starts_with(&m) {
+        bail!(
+            "mount point {} holds workspace {:?}'s data dir {} (its database, control socket and logs would be hidden under the mount); mount elsewhere",
+            m.display(),
+            o.cfg.name,
+            data.display()
+        );
+    }
+    let spec = o.cfg.bucket_spec()?;
+    if spec.scheme == Some(deskfs_bucket::Scheme::Local) {
+        let b = home::resolve(Path::new(&spec.bucket));
+        for (what, p) in [("mount point", &m), ("cache dir", &c)] {
+            if home::nested(&b, p) {
+                bail!(
+                    "bucket directory {} and {what} {} overlap (one is, or lies inside, the other): the bucket's objects and the {what}'s files would mix; give a {what} apart from the bucket directory",
+                    b.display(),
+                    p.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `deskfs mount`: validates, then runs the daemon (in the foreground, or detached and
 /// waiting for its readiness line).
 pub fn mount(a: MountArgs) -> Result<()> {
@@ -310,7 +499,9 @@ pub fn mount(a: MountArgs) -> Result<()> {
     }
     let o = open_workspace(&a.name, false)?;
     check_mountpoint(&mnt)?;
-    cache_dir_for(&o, a.cache_dir.as_deref())?;
+    let cache_dir = cache_dir_for(&o, a.cache_dir.as_deref())?;
+    check_places(&o, &mnt, &cache_dir)?;
+    warn_if_not_empty(&mnt);
     drop(o);
     if a.foreground {
         return run_daemon(a);
@@ -396,6 +587,9 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     let o = open_workspace(&a.name, true)?;
     check_mountpoint(&mnt)?;
     let cache_dir = cache_dir_for(&o, a.cache_dir.as_deref())?;
+    check_places(&o, &mnt, &cache_dir)?;
+    // (`deskfs mount` warned of a non-empty mount point.)
+    CacheOwner::of(&o)?.claim(&cache_dir)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -862,6 +1056,9 @@ fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
             }
         }
     }
+    let me = CacheOwner::of(&o)?;
+    check_cache_owner(&o, &me, &cache_dir)?;
+    me.claim(&cache_dir)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -898,4 +1095,42 @@ fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
     });
     rt.shutdown_timeout(Duration::from_secs(2));
     r
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn owner(name: &str, id: &str) -> CacheOwner {
+        CacheOwner {
+            workspace: name.to_string(),
+            id: id.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_cache_dir_serves_the_workspace_that_claimed_it_only() {
+        let t = crate::home::test_dir("cache-owner");
+        let dir = t.join("cache");
+        let a = owner("a", "id-a");
+        a.claim(&dir).unwrap();
+        assert_eq!(CacheOwner::read(&dir).unwrap(), Some(a.clone()));
+        // The same workspace again (a second mount, a later one): fine.
+        a.claim(&dir).unwrap();
+        a.check(&dir, CacheOwner::read(&dir).unwrap().as_ref())
+            .unwrap();
+        // Another workspace: refused, naming both; the record is unchanged.
+        let e = owner("b", "id-b").claim(&dir).unwrap_err().to_string();
+        assert!(e.contains("belongs to workspace \"a\", not \"b\""), "{e}");
+        assert!(e.contains("another --cache-dir"), "{e}");
+        // The same name formatted again (another id): refused as an earlier format.
+        let e = owner("a", "id-a2").claim(&dir).unwrap_err().to_string();
+        assert!(e.contains("earlier format of workspace \"a\""), "{e}");
+        assert_eq!(CacheOwner::read(&dir).unwrap(), Some(a));
+        // A damaged record is reported, never taken over.
+        std::fs::write(dir.join(CACHE_OWNER), b"").unwrap();
+        let e = owner("b", "id-b").claim(&dir).unwrap_err().to_string();
+        assert!(e.contains("not a deskfs cache owner record"), "{e}");
+        let _ = std::fs::remove_dir_all(&t);
+    }
 }

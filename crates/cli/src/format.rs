@@ -2,6 +2,7 @@
 //! of the workspace in it, local config) and `deskfs attach` (joins a workspace whose
 //! metadata lives in a shared database, from another host).
 
+use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -140,6 +141,147 @@ pub(crate) fn bucket_workspace(
         .or(Some(serde_json::Value::Null)))
 }
 
+/// Where a bucket URL puts objects, to tell whether two locations overlap: a resolved
+/// directory (`file://`), or a store (kind, and for S3 the endpoint), a bucket and a
+/// key prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Place {
+    /// A local directory, resolved (symlinks followed).
+    Dir(PathBuf),
+    /// Keys under `prefix` (its segments) in `bucket` of `store`.
+    Keys {
+        store: String,
+        bucket: String,
+        prefix: Vec<String>,
+    },
+}
+
+impl Place {
+    /// The place of `spec` (its endpoint, else `AWS_ENDPOINT_URL`, names the S3 store).
+    fn of(spec: &BucketSpec) -> Place {
+        use deskfs_bucket::Scheme;
+        let store = match spec.scheme {
+            Some(Scheme::Local) => {
+                return Place::Dir(crate::home::resolve(Path::new(&spec.bucket)));
+            }
+            Some(Scheme::S3) | None => {
+                let ep = spec
+                    .endpoint
+                    .clone()
+                    .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
+                    .unwrap_or_default();
+                format!("s3 {}", ep.trim_end_matches('/').to_ascii_lowercase())
+            }
+            Some(Scheme::Gcs) => "gs".to_string(),
+            Some(Scheme::Azure) => "az".to_string(),
+        };
+        Place::Keys {
+            store,
+            bucket: spec.bucket.clone(),
+            prefix: spec
+                .prefix
+                .split('/')
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+                .collect(),
+        }
+    }
+
+    /// How `self` stands to `other`: `Some("is")` the same place, `Some("lies inside")`,
+    /// `Some("contains")`, or `None` apart.
+    fn relation(&self, other: &Place) -> Option<&'static str> {
+        let (mine, theirs): (Vec<&std::ffi::OsStr>, Vec<&std::ffi::OsStr>) = match (self, other) {
+            (Place::Dir(a), Place::Dir(b)) => (a.iter().collect(), b.iter().collect()),
+            (
+                Place::Keys {
+                    store: s1,
+                    bucket: b1,
+                    prefix: p1,
+                },
+                Place::Keys {
+                    store: s2,
+                    bucket: b2,
+                    prefix: p2,
+                },
+            ) if s1 == s2 && b1 == b2 => (
+                p1.iter().map(std::ffi::OsStr::new).collect(),
+                p2.iter().map(std::ffi::OsStr::new).collect(),
+            ),
+            _ => return None,
+        };
+        if mine == theirs {
+            Some("is")
+        } else if mine.starts_with(&theirs) {
+            Some("lies inside")
+        } else if theirs.starts_with(&mine) {
+            Some("contains")
+        } else {
+            None
+        }
+    }
+}
+
+/// Refuses a bucket location workspace `name` must not have (checked before anything is
+/// created, by `format` and `attach`):
+/// * a `file://` directory that resolves to the file system root (through a symlink),
+///   that is, contains or lies inside the deskfs home (other than in a workspace's own
+///   `bucket/` dir), or that lies inside a cache dir (one with a `cache-id`, or one a
+///   live mount uses) or contains a live mount's cache dir: the objects would be written
+///   over, or mixed with, deskfs's own files;
+/// * a location that is, lies inside or contains the bucket location of another
+///   workspace of this deskfs home: the two would import, change and delete each other's
+///   files.
+pub(crate) fn check_bucket_place(name: &str, spec: &BucketSpec) -> Result<()> {
+    let place = Place::of(spec);
+    if let Place::Dir(dir) = &place {
+        let url = &spec.url;
+        if dir.parent().is_none() {
+            bail!("bucket {url} resolves to the file system root {}: objects would be written at the machine's own paths; give a directory of its own", dir.display());
+        }
+        let home = crate::home::resolve(&crate::home::home());
+        if home.starts_with(dir) {
+            bail!("bucket directory {} {} the deskfs home {}: its databases and caches would show as objects; give a directory outside it", dir.display(), if *dir == home { "is" } else { "contains" }, home.display());
+        }
+        if let Ok(rel) = dir.strip_prefix(&home) {
+            let c: Vec<_> = rel.iter().collect();
+            let own_bucket = c.len() >= 3 && c[0] == "workspaces" && c[2] == "bucket";
+            if !own_bucket {
+                bail!("bucket directory {} lies inside the deskfs home {} (only a workspace's own workspaces/NAME/bucket may): objects would mix with deskfs's files; give a directory outside it", dir.display(), home.display());
+            }
+        }
+        if let Some(cache) = dir.ancestors().find(|a| a.join("cache-id").is_file()) {
+            bail!("bucket directory {} lies inside the deskfs cache dir {}: objects would mix with cached files (and be evicted); give a directory outside it", dir.display(), cache.display());
+        }
+        for m in crate::home::all_mounts() {
+            let cache = crate::home::resolve(&m.cache_dir);
+            if crate::home::nested(dir, &cache) {
+                bail!("bucket directory {} overlaps the cache dir {} of the mount of workspace {:?} at {}: objects would mix with cached files; give a directory apart from it", dir.display(), cache.display(), m.workspace, m.mountpoint.display());
+            }
+        }
+    }
+    for other in crate::home::list_workspaces()? {
+        if other == name {
+            continue;
+        }
+        let Ok(cfg) = WorkspaceConfig::load(&other) else {
+            continue;
+        };
+        let Ok(mut theirs) = BucketSpec::parse(&cfg.bucket) else {
+            continue;
+        };
+        theirs.endpoint = cfg.endpoint.clone();
+        if let Some(rel) = place.relation(&Place::of(&theirs)) {
+            let rel = if rel == "is" { "is also" } else { rel };
+            bail!(
+                "bucket {} {rel} the bucket of workspace {other:?} ({}): two workspaces would import, change and delete each other's files; give {name} a bucket location apart from it",
+                spec.url,
+                theirs.url
+            );
+        }
+    }
+    Ok(())
+}
+
 fn format_inner(a: &FormatArgs) -> Result<()> {
     let dir = ws_dir(&a.name);
     let bucket_url = match &a.bucket {
@@ -151,6 +293,7 @@ fn format_inner(a: &FormatArgs) -> Result<()> {
     spec.region = a.region.clone();
     spec.access_key = a.access_key.clone();
     spec.secret_key = a.secret_key.clone();
+    check_bucket_place(&a.name, &spec)?;
     let meta_url = MetaUrl::parse(&match &a.meta {
         Some(m) => m.clone(),
         None => format!("sqlite://{}", dir.join("meta.db").display()),
@@ -276,6 +419,22 @@ fn format_inner(a: &FormatArgs) -> Result<()> {
         undo(&meta_url);
         return Err(e);
     }
+    // The default cache dir of the workspace this one replaces names that workspace's
+    // inodes: set aside (it may hold files that never reached the bucket), never reused.
+    let old_cache = dir.join("cache");
+    if a.force && old_cache.exists() {
+        let aside = dir.join(format!("cache.before-format-{}", now.as_secs()));
+        match std::fs::rename(&old_cache, &aside) {
+            Ok(()) => println!(
+                "note: the cache dir of the replaced workspace was moved to {} (remove it once nothing in it is needed)",
+                aside.display()
+            ),
+            Err(e) => eprintln!(
+                "deskfs: warning: cannot move the replaced workspace's cache dir {} aside ({e}); remove it before mounting",
+                old_cache.display()
+            ),
+        }
+    }
     println!(
         "formatted workspace {} (bucket {}, metadata {})",
         a.name,
@@ -351,6 +510,7 @@ pub fn attach(a: AttachArgs) -> Result<()> {
     spec.region = region.clone();
     spec.access_key = a.access_key.clone();
     spec.secret_key = a.secret_key.clone();
+    check_bucket_place(&a.name, &spec)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -392,4 +552,64 @@ pub fn attach(a: AttachArgs) -> Result<()> {
         a.name
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    fn place(url: &str, endpoint: Option<&str>) -> Place {
+        let mut s = BucketSpec::parse(url).unwrap();
+        s.endpoint = endpoint.map(str::to_string);
+        Place::of(&s)
+    }
+
+    #[test]
+    fn bucket_places_overlap_by_whole_segments() {
+        let ep = Some("http://127.0.0.1:3900");
+        let agents = place("s3://b/agents", ep);
+        assert_eq!(agents.relation(&place("s3://b/agents/", ep)), Some("is"));
+        assert_eq!(
+            place("s3://b/agents/work", ep).relation(&agents),
+            Some("lies inside")
+        );
+        assert_eq!(
+            agents.relation(&place("s3://b/agents/work", ep)),
+            Some("contains")
+        );
+        assert_eq!(place("s3://b", ep).relation(&agents), Some("contains"));
+        assert_eq!(place("s3a://b/agents", ep).relation(&agents), Some("is"));
+        // Apart: another segment, another bucket, another server, another store.
+        assert_eq!(place("s3://b/agents2", ep).relation(&agents), None);
+        assert_eq!(place("s3://c/agents", ep).relation(&agents), None);
+        assert_eq!(
+            place("s3://b/agents", Some("http://other:9000")).relation(&agents),
+            None
+        );
+        assert_eq!(
+            place("s3://b/agents", Some("HTTP://127.0.0.1:3900/")).relation(&agents),
+            Some("is")
+        );
+        assert_eq!(place("gs://b/agents", None).relation(&agents), None);
+
+        let t = crate::home::test_dir("places");
+        let x = format!("file://{}/x", t.display());
+        let xy = format!("file://{}/x/y", t.display());
+        let xz = format!("file://{}/xz", t.display());
+        assert_eq!(
+            place(&xy, None).relation(&place(&x, None)),
+            Some("lies inside")
+        );
+        assert_eq!(
+            place(&x, None).relation(&place(&xy, None)),
+            Some("contains")
+        );
+        assert_eq!(place(&xz, None).relation(&place(&x, None)), None);
+        // Through a symlink: the same directory.
+        std::fs::create_dir(t.join("x")).unwrap();
+        std::os::unix::fs::symlink(t.join("x"), t.join("link")).unwrap();
+        let link = format!("file://{}/link/y", t.display());
+        assert_eq!(place(&link, None).relation(&place(&xy, None)), Some("is"));
+        let _ = std::fs::remove_dir_all(&t);
+    }
 }

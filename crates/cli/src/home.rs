@@ -245,3 +245,71 @@ fn unescape_mountinfo(s: &str) -> String {
         .replace("\\012", "\n")
         .replace("\\134", "\\")
 }
+
+/// `path` made absolute with its longest existing ancestor resolved (symlinks, `.`,
+/// `..`), the components that do not exist yet appended lexically (a `..` among them
+/// drops the component before it). Two spellings of one place resolve alike, whether or
+/// not the place exists yet (a cache dir is created at the first mount).
+pub fn resolve(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let abs = crate::absolute(path);
+    let comps: Vec<Component> = abs.components().collect();
+    for k in (1..=comps.len()).rev() {
+        let head: PathBuf = comps[..k].iter().collect();
+        if let Ok(mut out) = std::fs::canonicalize(&head) {
+            for c in &comps[k..] {
+                match c {
+                    Component::ParentDir => {
+                        out.pop();
+                    }
+                    Component::Normal(n) => out.push(n),
+                    _ => {}
+                }
+            }
+            return out;
+        }
+    }
+    abs
+}
+
+/// Whether one of two resolved paths is the other or lies inside it (whole components:
+/// `/a/bc` is not inside `/a/b`).
+pub fn nested(a: &Path, b: &Path) -> bool {
+    a.starts_with(b) || b.starts_with(a)
+}
+
+/// A fresh, empty temp dir for unit test `what` (removed by the test at its end).
+#[cfg(test)]
+pub(crate) fn test_dir(what: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("deskfs-unit-{}-{what}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+#[cfg(test)]
+mod unit {
+    use super::*;
+
+    #[test]
+    fn resolve_follows_links_and_keeps_missing_tails() {
+        let t = test_dir("resolve");
+        let real = std::fs::canonicalize(&t).unwrap();
+        std::fs::create_dir(real.join("d")).unwrap();
+        std::os::unix::fs::symlink(real.join("d"), real.join("link")).unwrap();
+        assert_eq!(resolve(&real.join("link/x/y")), real.join("d/x/y"));
+        assert_eq!(resolve(&real.join("d/../d/./x")), real.join("d/x"));
+        assert_eq!(resolve(&real.join("no/../d/x")), real.join("d/x"));
+        assert_eq!(resolve(Path::new("/")), PathBuf::from("/"));
+        let _ = std::fs::remove_dir_all(&t);
+    }
+
+    #[test]
+    fn nested_compares_whole_components() {
+        assert!(nested(Path::new("/a/b"), Path::new("/a/b")));
+        assert!(nested(Path::new("/a/b/c"), Path::new("/a/b")));
+        assert!(nested(Path::new("/a"), Path::new("/a/b")));
+        assert!(!nested(Path::new("/a/bc"), Path::new("/a/b")));
+        assert!(!nested(Path::new("/a/b"), Path::new("/c")));
+    }
+}
