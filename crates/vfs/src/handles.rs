@@ -258,6 +258,17 @@ impl InodeState {
     /// Records a content change at `now` (ns) by a mount whose session is `session`:
     /// mtime and ctime, the start of the uncommitted period (and the session it began
     /// under), and a new write generation.
+    /// An attribute change that only moves ctime (a chown to the same owner), carried
+    /// by the next commit as writes are.
+    pub(crate) fn note_ctime(&mut self, now: i64, session: u64) {
+        self.ctime_ns = now;
+        if !self.uncommitted {
+            self.uncommitted = true;
+            self.dirty_since_ns = now;
+            self.dirty_session = session;
+        }
+    }
+
     pub(crate) fn note_change(&mut self, now: i64, session: u64) {
         self.mtime_ns = now;
         self.ctime_ns = now;

@@ -585,13 +585,24 @@ impl Vfs {
         let marked_at_close = held
             .as_ref()
             .is_some_and(|s| !s.detached && s.loaded && s.uncommitted && s.open_count > 0);
-        if marked_at_close && set.mode.is_none() && set.atime.is_none() && set.mtime.is_none() {
+        // Open here for writing, with writes to commit or created for writing and not
+        // written yet (the create's writer lock held): its close commits.
+        let writing = held.as_ref().is_some_and(|s| {
+            !s.detached
+                && s.loaded
+                && s.open_count > 0
+                && (s.uncommitted || s.create_guard.is_some())
+        });
+        if writing && set.mode.is_none() && set.atime.is_none() && set.mtime.is_none() {
             if let Some(row) = self.same_owner(ino, set) {
                 // A chown to the owner it has (SQLite gives every new journal its
-                // database's owner): only ctime changes, and the commit at close writes
-                // the state's ctime. No round trip.
+                // database's owner, before writing it): only ctime changes, carried by
+                // the commit at close like a write's mtime. No round trip.
                 if let Some(mut st) = held {
-                    st.ctime_ns = now;
+                    if !st.uncommitted {
+                        self.cache.staging_dirty(ino);
+                    }
+                    st.note_ctime(now, self.coherence.session());
                 }
                 // (The state's lock is released: `overlay` takes it.)
                 return Ok(self.overlay(&row));
