@@ -665,11 +665,16 @@ impl Vfs {
         Ok(self.overlay(&row))
     }
 
-    /// The row of `ino` when `set` names its current owner and group (or neither) and
-    /// this mount's own last change of it is young enough to be exact (see
-    /// [`Vfs::getattr`]): a chown that changes nothing but ctime.
+    /// The row of `ino` when `set` names its current owner and group (or neither), this
+    /// mount is alone and its own last change of the row is young enough to be exact
+    /// (see [`Vfs::getattr`]): a chown that changes nothing but ctime.
     fn same_owner(&self, ino: Ino, set: &SetAttr) -> Option<InodeRow> {
-        let row = self.hints.fresh(ino, self.fresh_for())?;
+        // Only while alone: a change is skipped on the strength of this row, and a peer
+        // may have changed the owner within the shared freshness window.
+        if self.shared() {
+            return None;
+        }
+        let row = self.hints.fresh(ino, FRESH_ALONE)?;
         let same = set.uid.is_none_or(|u| u == row.uid) && set.gid.is_none_or(|g| g == row.gid);
         same.then_some(row)
     }

@@ -442,3 +442,28 @@ fn a_chown_to_the_owner_of_a_file_being_written_costs_no_round_trip_and_its_ctim
     h.release(b.ino, fh).unwrap();
     assert_eq!(h.row(b.ino).unwrap().uid, 7);
 }
+
+#[test]
+fn with_a_peer_mount_a_chown_to_the_owner_a_stale_row_names_is_applied() {
+    // The row this mount read back may be stale once another mount is live: the chown
+    // must then be decided on the database's row, not skipped as "no change".
+    let h = Harness::new();
+    let (f, fh) = h.create_rw(ROOT_INO, "shared");
+    h.write(f.ino, fh, 0, b"x").unwrap();
+    let b = h.second_mount("cache-b");
+    assert!(
+        wait_until(std::time::Duration::from_secs(10), || h.shared()),
+        "the first mount never noticed the second"
+    );
+    let owner = |uid, gid| SetAttr {
+        uid: Some(uid),
+        gid: Some(gid),
+        ..Default::default()
+    };
+    b.setattr(&CTX, f.ino, &owner(7, 8)).unwrap();
+    let a = h.setattr(&CTX, f.ino, &owner(f.uid, f.gid)).unwrap();
+    assert_eq!((a.uid, a.gid), (f.uid, f.gid), "the chown back was skipped");
+    let row = h.row(f.ino).unwrap();
+    assert_eq!((row.uid, row.gid), (f.uid, f.gid));
+    h.release(f.ino, fh).unwrap();
+}
