@@ -179,6 +179,16 @@ ws_umount "$T/m-caches"
 # ---------------------------------------------------------------- places that overlap
 # state DIR: every entry of DIR with its type and size, and every file's sha256
 state() { (cd "$1" && find . -printf '%y %p %s\n' | sort && find . -type f -print0 | sort -z | xargs -0 -r sha256sum); }
+# b_refused_on_shared WHAT PATTERN: a mount of workspace B on cache-shared is refused
+# with PATTERN, nothing is mounted, and the cache dir is left exactly as it was.
+b_refused_on_shared() {
+  state "$T/cache-shared" > "$T/cs.before"
+  expect_error "mount of workspace B with $1" "$2" \
+    "$DESKFS" mount cacheb "$T/m-cb" --cache-dir "$T/cache-shared"
+  ! is_mounted "$T/m-cb" || fail "workspace B got mounted on $1"
+  state "$T/cache-shared" > "$T/cs.after"
+  diff "$T/cs.before" "$T/cs.after" > "$T/cs.diff" || fail "the refused mount changed the cache dir: $(cat "$T/cs.diff")"
+}
 
 # Two workspaces on one cache dir: its files are named by inode number, so workspace B
 # would take A's staging files and blocks for its own. Refused while A uses it and after.
@@ -198,23 +208,13 @@ expect_error "mount of workspace B with the cache dir workspace A uses" \
 ! is_mounted "$T/m-cb" || fail "workspace B got mounted on A's cache dir"
 ws_umount "$T/m-ca2"
 ws_umount "$T/m-ca"
-state "$T/cache-shared" > "$T/cs.before"
-expect_error "mount of workspace B with the cache dir workspace A used" \
-  "cache dir $T/cache-shared belongs to workspace \"cachea\", not \"cacheb\"" \
-  "$DESKFS" mount cacheb "$T/m-cb" --cache-dir "$T/cache-shared"
-! is_mounted "$T/m-cb" || fail "workspace B got mounted on A's cache dir"
-state "$T/cache-shared" > "$T/cs.after"
-diff "$T/cs.before" "$T/cs.after" > "$T/cs.diff" || fail "the refused mount changed the cache dir: $(cat "$T/cs.diff")"
+b_refused_on_shared "the cache dir workspace A used" \
+  "cache dir $T/cache-shared belongs to workspace \"cachea\", not \"cacheb\""
 # A cache dir from before the record (cache-id only): refused when its id is not one of
 # B's and it holds files; A (whose metadata knows the id) takes it again and records itself.
 rm "$T/cache-shared/workspace.json"
-state "$T/cache-shared" > "$T/cs.before"
-expect_error "mount of workspace B with A's cache dir from before the record" \
-  "cache dir $T/cache-shared holds the cache of another workspace.*another --cache-dir" \
-  "$DESKFS" mount cacheb "$T/m-cb" --cache-dir "$T/cache-shared"
-! is_mounted "$T/m-cb" || fail "workspace B got mounted on A's old cache dir"
-state "$T/cache-shared" > "$T/cs.after"
-diff "$T/cs.before" "$T/cs.after" > "$T/cs.diff" || fail "the refused mount changed the cache dir: $(cat "$T/cs.diff")"
+b_refused_on_shared "A's cache dir from before the record" \
+  "cache dir $T/cache-shared holds the cache of another workspace.*another --cache-dir"
 ws_mount cachea "$T/m-ca" --cache-dir "$T/cache-shared"
 assert_eq "written through a" "$(cat "$T/m-ca/a.txt")" "A's file with its cache dir from before the record"
 ws_umount "$T/m-ca"
