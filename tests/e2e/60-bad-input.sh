@@ -5,7 +5,8 @@
 #           bucket, unreachable endpoint, no S3 credentials, wrong credentials
 #           (Garage), same name twice
 #           -> no workspace dir left behind; the existing workspace is untouched
-#   mount:  missing mountpoint dir, busy mountpoint (already mounted), unknown workspace,
+#   mount:  missing mountpoint dir, busy mountpoint (already mounted), a --buffer-memory
+#           below 4M or not a size, unknown workspace,
 #           corrupt metadata database, metadata database from a newer version
 #           -> nothing mounted, the database file is left exactly as it was
 #           another cache dir while files written through the first wait for upload
@@ -105,6 +106,14 @@ expect_error "mount on a busy mountpoint" 'already|busy|mounted|in use' "$DESKFS
 assert_eq 1 "$(mount_count "$MNT")" "mounts stacked on $MNT after the refused second mount"
 assert_eq "keep me" "$(timeout 10 cat "$MNT/keep.txt")" "first mount still works after the refused second mount"
 ws_umount "$MNT"
+
+mkdir -p "$T/m-buf"
+register_mount "$T/m-buf"
+expect_error "mount with a buffer memory below 4M" 'buffer.memory.*(at least 4M|too small)' \
+  "$DESKFS" mount dup "$T/m-buf" --buffer-memory 1M
+expect_error "mount with a buffer memory that is not a size" 'buffer.memory.*(size|number)' \
+  "$DESKFS" mount dup "$T/m-buf" --buffer-memory lots
+! is_mounted "$T/m-buf" || fail "a mount with a bad --buffer-memory got mounted"
 
 mkdir -p "$T/m-unknown"
 register_mount "$T/m-unknown"

@@ -19,8 +19,10 @@ use crate::{BucketError, BucketSpec, PosixMeta, Result, Scheme};
 
 /// Size from which files are uploaded with multipart, bytes (S3 API: parts ≥ 5 MiB).
 pub const MULTIPART_THRESHOLD: u64 = 16 << 20;
-/// Default multipart part size, bytes. Grows for huge files to stay under 10,000 parts.
-pub const PART_SIZE: u64 = 16 << 20;
+/// Default multipart part size, bytes (the S3 API's minimum is 5 MiB). Grows for huge
+/// files to stay under 10,000 parts. With [`PART_CONCURRENCY`] parts in flight and one
+/// filling, a multipart upload holds ~40 MiB of memory.
+pub const PART_SIZE: u64 = 8 << 20;
 /// Parts uploaded concurrently per file.
 pub const PART_CONCURRENCY: usize = 4;
 
@@ -407,6 +409,25 @@ impl Bucket {
         }
     }
 
+    /// Part size of a multipart upload of `len` bytes: [`PART_SIZE`], or larger so the
+    /// upload stays under 9,000 parts (S3 API limit: 10,000), in whole MiB.
+    fn part_size(len: u64) -> u64 {
+        PART_SIZE.max(len.div_ceil(9_000).div_ceil(1 << 20) << 20)
+    }
+
+    /// Memory [`Bucket::put_file`] holds at most while uploading a file of `len` bytes:
+    /// the whole body below [`MULTIPART_THRESHOLD`], else [`PART_CONCURRENCY`] parts in
+    /// flight and one filling; nothing for `file://` buckets (copied file to file).
+    pub fn put_file_buffer_bytes(&self, len: u64) -> u64 {
+        if self.local_root.is_some() {
+            0
+        } else if len < MULTIPART_THRESHOLD {
+            len
+        } else {
+            Self::part_size(len) * (PART_CONCURRENCY as u64 + 1)
+        }
+    }
+
     /// Uploads the local file `src` as the object `key`: one PUT below
     /// [`MULTIPART_THRESHOLD`], else a multipart upload with [`PART_CONCURRENCY`] parts in
     /// flight. The object appears atomically when complete (S3 API semantics).
@@ -428,7 +449,7 @@ impl Bucket {
             f.read_to_end(&mut buf).await?;
             return self.put_bytes(key, Bytes::from(buf), meta).await;
         }
-        let part = PART_SIZE.max(len.div_ceil(9_000).div_ceil(1 << 20) << 20) as usize;
+        let part = Self::part_size(len) as usize;
         let opts = PutMultipartOptions {
             attributes: self.attrs(meta),
             ..Default::default()

@@ -193,6 +193,44 @@ fn random_id() -> u64 {
     (v >> 1).max(2)
 }
 
+/// Least free space the cache keeps on its file system, bytes (see
+/// [`Cache::space_short`]).
+const FREE_RESERVE_MIN: u64 = 4 << 20;
+/// Most free space the cache keeps on its file system, bytes.
+const FREE_RESERVE_MAX: u64 = 2 << 30;
+
+/// Free space beyond the reserve below which writes come through the daemon (see
+/// [`Cache::room_for_direct_writes`]), bytes.
+pub const DIRECT_WRITE_ROOM: u64 = 1 << 30;
+
+/// The free-space reserve of a file system of `total` bytes (see [`Cache::space_short`]).
+fn reserve_of(total: u64) -> u64 {
+    (total / 10).clamp(FREE_RESERVE_MIN, FREE_RESERVE_MAX)
+}
+
+/// Size and space available to unprivileged users of the file system holding `path`,
+/// bytes; `None` when it cannot be asked.
+fn fs_space(path: &Path) -> Option<(u64, u64)> {
+    let st = statvfs(path).ok()?;
+    let unit = st.f_frsize as u64;
+    Some((st.f_blocks as u64 * unit, st.f_bavail as u64 * unit))
+}
+
+/// `statvfs(3)` of the file system holding `p`. Errors: the call's.
+pub(crate) fn statvfs(p: &Path) -> std::io::Result<libc::statvfs> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
+    // SAFETY: `c` is a valid C string; `st` is written by the call before it is read.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: statvfs returned 0, so it filled `st`.
+    Ok(unsafe { st.assume_init() })
+}
+
 /// The cache directory.
 pub struct Cache {
     root: PathBuf,
@@ -444,18 +482,54 @@ impl Cache {
         self.lru_lock().refresh_staging(ino);
     }
 
-    /// When evictable data exceeds the cap: clean staging files (least recently used
-    /// first) the VFS should try to evict. Blocks are evicted here directly.
+    /// When evictable data exceeds the cap, or the cache dir's file system has less free
+    /// than its reserve (see [`Cache::space_short`]): clean staging files (least recently
+    /// used first) the VFS should try to evict. Blocks are evicted here directly.
     pub fn over_capacity(&self) -> Vec<u64> {
-        let evicted = {
+        let short = self.space_short();
+        let (evicted, cap) = {
             let mut lru = self.lru_lock();
-            lru.evict_blocks(self.capacity)
+            let cap = match short {
+                0 => self.capacity,
+                n => self
+                    .capacity
+                    .min((lru.block_bytes + lru.staging_bytes).saturating_sub(n)),
+            };
+            (lru.evict_blocks(cap), cap)
         };
         for k in evicted {
             let _ = std::fs::remove_file(self.block_path(&k));
         }
         let lru = self.lru_lock();
-        lru.staging_victims(self.capacity)
+        lru.staging_victims(cap)
+    }
+
+    /// Whether writes may go straight to staging files, past the daemon (FUSE
+    /// passthrough: it never sees them, so it cannot make room when one finds the file
+    /// system full): the file system has its reserve and [`DIRECT_WRITE_ROOM`] more free,
+    /// or the cache holds no clean data that could make room.
+    pub fn room_for_direct_writes(&self) -> bool {
+        let evictable = {
+            let lru = self.lru_lock();
+            lru.block_bytes + lru.staging_bytes
+        };
+        if evictable == 0 {
+            return true;
+        }
+        match fs_space(&self.root) {
+            Some((total, avail)) => avail >= reserve_of(total) + DIRECT_WRITE_ROOM,
+            None => true,
+        }
+    }
+
+    /// Bytes the cache dir's file system lacks of its free-space reserve: 10 % of its
+    /// size, at least 4 MiB, at most 2 GiB (space for writes to land in while clean data
+    /// makes room). 0 when it has the reserve free, or cannot be asked (`statvfs`).
+    pub fn space_short(&self) -> u64 {
+        match fs_space(&self.root) {
+            Some((total, avail)) => reserve_of(total).saturating_sub(avail),
+            None => 0,
+        }
     }
 
     /// Sizes for status.

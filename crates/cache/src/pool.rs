@@ -375,16 +375,6 @@ pub(crate) fn goal_for(target: usize, counts: Option<(u64, u64)>) -> usize {
 /// `(total inodes, free inodes for unprivileged users)` of the file system holding `p`
 /// (`statvfs(3)`). Errors: the call's.
 fn inode_counts(p: &Path) -> std::io::Result<(u64, u64)> {
-    use std::os::unix::ffi::OsStrExt;
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes())
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
-    let mut st = std::mem::MaybeUninit::<libc::statvfs>::uninit();
-    // SAFETY: `c` is a valid C string; `st` is written by the call before it is read.
-    let rc = unsafe { libc::statvfs(c.as_ptr(), st.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: statvfs returned 0, so it filled `st`.
-    let st = unsafe { st.assume_init() };
+    let st = crate::statvfs(p)?;
     Ok((st.f_files, st.f_favail))
 }

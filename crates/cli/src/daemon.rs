@@ -37,6 +37,10 @@ pub struct MountArgs {
     /// Let other users access the mount (FUSE allow_other; kernel permission checks apply).
     #[arg(long)]
     pub allow_other: bool,
+    /// Memory all block fetches and upload buffers may hold together, e.g. 64M (at
+    /// least 4M): past it readahead is skipped and other fetches and uploads wait.
+    #[arg(long, default_value = "64M", value_parser = parse_buffer_memory)]
+    pub buffer_memory: u64,
     /// FUSE worker threads.
     #[arg(long, default_value_t = 4)]
     pub threads: usize,
@@ -72,6 +76,17 @@ pub struct MountArgs {
     /// are read and written by the kernel straight from it, on Linux >= 6.9 as root).
     #[arg(long)]
     pub no_passthrough: bool,
+}
+
+/// `--buffer-memory`: a size (see [`crate::size::parse_size`]) of at least 4 MiB.
+fn parse_buffer_memory(s: &str) -> Result<u64, String> {
+    let n = crate::size::parse_size(s)?;
+    if n < 4 << 20 {
+        return Err(format!(
+            "{s:?} is too small for the buffer memory: give at least 4M (a few 1 MiB block fetches)"
+        ));
+    }
+    Ok(n)
 }
 
 /// Arguments of `deskfs umount`.
@@ -519,6 +534,8 @@ pub fn mount(a: MountArgs) -> Result<()> {
         .arg(a.cache_size.to_string())
         .arg("--threads")
         .arg(a.threads.to_string())
+        .arg("--buffer-memory")
+        .arg(a.buffer_memory.to_string())
         .arg("--lease")
         .arg(a.lease.to_string())
         .arg("--remote-wait")
@@ -626,6 +643,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         durability: a.durability,
         bucket_wait: Duration::from_secs(a.bucket_wait),
         passthrough: !a.no_passthrough,
+        buffer_limit: a.buffer_memory,
         ..VfsConfig::default()
     };
     let meta: Arc<dyn MetaEngine> = o.meta.clone();

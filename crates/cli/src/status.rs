@@ -68,6 +68,8 @@ pub(crate) fn workspace_status(name: &str) -> Result<Value> {
                 "block_bytes": l.get("cache_block_bytes"),
                 "clean_bytes": l.get("cache_clean_bytes"),
                 "capacity": l.get("cache_capacity"),
+                "space_short": l.get("cache_space_short"),
+                "space_evictions": l.get("cache_space_evictions"),
                 "reserve_files": l.get("cache_reserve_files"),
                 "fills": l.get("cache_fills"),
                 "fill_bytes": l.get("cache_fill_bytes"),
@@ -136,6 +138,27 @@ fn human(n: u64) -> String {
     } else {
         format!("{v:.1} {}", units[i])
     }
+}
+
+/// "12.0 MiB of 128.0 MiB held by fetches and uploads (peak 128.0 MiB); 31 waited for
+/// room, 2,040 readahead fetches skipped" from a daemon's buffer budget.
+fn buffers_line(b: Option<&Value>) -> Option<String> {
+    let b = b?;
+    let n = |k: &str| b.get(k).and_then(Value::as_u64).unwrap_or(0);
+    let mut s = format!(
+        "{} of {} held by block fetches and uploads (peak {})",
+        human(n("held_bytes")),
+        human(n("limit_bytes")),
+        human(n("peak_bytes"))
+    );
+    if n("waits") + n("readahead_skipped") > 0 {
+        s.push_str(&format!(
+            "; {} waited for room, {} readahead fetches skipped",
+            n("waits"),
+            n("readahead_skipped")
+        ));
+    }
+    Some(s)
 }
 
 /// "session 7, other hosts live; database: 1,234 round trips, 2 retries; fenced 1 time
@@ -270,6 +293,16 @@ pub fn run(a: StatusArgs) -> Result<()> {
                     lg("open_files"),
                     lg("cache_reserve_files")
                 );
+                if lg("cache_space_short") > 0 || lg("cache_space_evictions") > 0 {
+                    println!(
+                        "  disk          {}{} writes found the cache dir's file system full and evicted clean data first",
+                        match lg("cache_space_short") {
+                            0 => String::new(),
+                            n => format!("LOW ON SPACE: {} short of the free-space reserve (clean data is being evicted); ", human(n)),
+                        },
+                        lg("cache_space_evictions")
+                    );
+                }
                 if lg("cache_fills") > 0 || lg("cache_fills_adopted") > 0 {
                     println!(
                         "  whole reads   {} files ({}) being assembled for passthrough; {} made local so far",
@@ -277,6 +310,9 @@ pub fn run(a: StatusArgs) -> Result<()> {
                         human(lg("cache_fill_bytes")),
                         lg("cache_fills_adopted")
                     );
+                }
+                if let Some(line) = buffers_line(l.get("buffers")) {
+                    println!("  memory        {line}");
                 }
                 if let Some(line) = requests_line(l.get("requests")) {
                     println!("  requests      {line}");

@@ -92,6 +92,17 @@ impl MetaError {
         }
     }
 
+    /// Whether the database's storage is full: SQLite's `SQLITE_FULL`, PostgreSQL's
+    /// `53100` (disk_full), or `ENOSPC` from a file around the database (its redo log).
+    /// The VFS answers these with `ENOSPC`, as ext4 does on a full disk.
+    pub fn is_disk_full(&self) -> bool {
+        match self {
+            MetaError::Db { code: Some(c), .. } => c.starts_with("SQLITE_FULL") || c == "53100",
+            MetaError::Io(e) => e.kind() == std::io::ErrorKind::StorageFull,
+            _ => false,
+        }
+    }
+
     /// A database error with an engine code.
     pub fn db(code: impl Into<String>, message: impl Into<String>) -> MetaError {
         MetaError::Db {

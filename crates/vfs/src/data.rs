@@ -610,8 +610,10 @@ impl Vfs {
                 index: 0,
             };
             if !self.cache.has_block(&k) {
-                let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
-                self.rt.spawn(fut.map(|_| ()));
+                if let Some(fut) = self.block_future_ahead(k, &src.key, src.etag.clone(), row.size)
+                {
+                    self.rt.spawn(fut.map(|_| ()));
+                }
             }
         }
     }
@@ -1075,7 +1077,12 @@ impl Vfs {
                 if self.cache.has_block(&k) || fill.as_ref().is_some_and(|f| f.has(idx)) {
                     continue;
                 }
-                let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
+                // Past the buffer budget the rest of the window is skipped: the reader
+                // asks for those blocks itself if it still wants them.
+                let Some(fut) = self.block_future_ahead(k, &src.key, src.etag.clone(), row.size)
+                else {
+                    break;
+                };
                 self.rt.spawn(fut.map(|_| ()));
             }
         }
@@ -1160,11 +1167,49 @@ impl Vfs {
         }
     }
 
+    /// The fetch of block `k` of object `key` (an object of `size` bytes; `etag` pins its
+    /// version), shared with any fetch of it already in flight. The block's bytes count
+    /// against the buffer budget until they are in the block cache: a fetch someone
+    /// waits on waits for its share; see [`Vfs::block_future_ahead`] for readahead.
     fn block_future(&self, k: BlockKey, key: &str, etag: Option<String>, size: u64) -> BlockFuture {
         let mut map = self.fetches.map.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(f) = map.get(&k) {
-            return f.clone();
+        match map.get(&k) {
+            Some(f) => f.clone(),
+            None => self.start_fetch(&mut map, k, key, etag, size, None),
         }
+    }
+
+    /// [`Vfs::block_future`] for readahead: `None` (nothing started) when the block is
+    /// not in flight already and the buffer budget has no room for it now.
+    fn block_future_ahead(
+        &self,
+        k: BlockKey,
+        key: &str,
+        etag: Option<String>,
+        size: u64,
+    ) -> Option<BlockFuture> {
+        let mut map = self.fetches.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = map.get(&k) {
+            return Some(f.clone());
+        }
+        let bs = self.cache.block_size();
+        let bytes = (k.index * bs + bs).min(size).saturating_sub(k.index * bs);
+        let held = self.buffers.try_reserve(bytes)?;
+        Some(self.start_fetch(&mut map, k, key, etag, size, Some(held)))
+    }
+
+    /// Starts the fetch of block `k` and enters it in the in-flight `map`; `reserved` is
+    /// its share of the buffer budget when already taken (else the fetch waits for it).
+    fn start_fetch(
+        &self,
+        map: &mut HashMap<BlockKey, BlockFuture>,
+        k: BlockKey,
+        key: &str,
+        etag: Option<String>,
+        size: u64,
+        reserved: Option<crate::buffers::Reservation>,
+    ) -> BlockFuture {
+        let budget = self.buffers.clone();
         let bucket = self.bucket.clone();
         let cache = self.cache.clone();
         let this = self.this.clone();
@@ -1174,6 +1219,11 @@ impl Vfs {
         let fut = async move {
             let start = k.index * bs;
             let end = (start + bs).min(size);
+            // Held until the block is in the cache (or the fetch failed).
+            let held = match reserved {
+                Some(r) => r,
+                None => budget.reserve(end - start).await,
+            };
             let res = bucket.get_range(&key, start..end, etag.as_deref()).await;
             let out = match res {
                 Ok(data) if data.len() as u64 == end - start => {
@@ -1185,6 +1235,7 @@ impl Vfs {
                     let d = data.clone();
                     let inflight = inflight.clone();
                     tokio::task::spawn_blocking(move || {
+                        let _held = held;
                         match this.upgrade() {
                             Some(vfs) => vfs.keep_block(k, &d),
                             None => {
@@ -1245,7 +1296,16 @@ impl Vfs {
                 }
                 s.hold_writer_lock(&f)?;
             }
-            f.write_all_at(data, off)?;
+            match f.write_all_at(data, off) {
+                // The cache dir's file system is full: clean cached data makes room
+                // (blocks, clean local copies), then the write is tried once more. What
+                // stays full is `ENOSPC`, as on ext4.
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => {
+                    self.make_room();
+                    f.write_all_at(data, off)?;
+                }
+                other => other?,
+            }
             s.size = s.size.max(end);
             s.note_change(now_ns(), self.coherence.session());
             Ok(data.len() as u32)

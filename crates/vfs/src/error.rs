@@ -116,6 +116,7 @@ impl VfsError {
             Stale => libc::ESTALE,
             Meta(MetaError::NotFound(_)) => libc::ENOENT,
             Meta(MetaError::Conflict(_)) => libc::EEXIST,
+            Meta(m) if m.is_disk_full() => libc::ENOSPC,
             Meta(_) => libc::EIO,
             Bucket(BucketError::NotFound(_)) => libc::EIO,
             Bucket(_) => libc::EIO,

@@ -9,6 +9,7 @@
 //! in the background. Reads come from the staging file when the content is local, else
 //! from the block cache, filled by ranged GETs with sequential readahead.
 
+pub mod buffers;
 pub mod change_ring;
 mod changes;
 pub mod coherence;
@@ -83,6 +84,9 @@ pub struct VfsConfig {
     pub readahead_blocks: u64,
     /// Concurrent bucket operations of the uploader.
     pub upload_workers: usize,
+    /// Bytes all block fetches and upload buffers may hold in memory together (see
+    /// [`buffers`]).
+    pub buffer_limit: u64,
     /// Owner of objects imported from the bucket without POSIX metadata.
     pub default_uid: u32,
     /// Group of objects imported from the bucket without POSIX metadata.
@@ -112,6 +116,7 @@ impl Default for VfsConfig {
             background_relist_min: 10_000,
             readahead_blocks: 32,
             upload_workers: 8,
+            buffer_limit: buffers::DEFAULT_LIMIT,
             default_uid: 0,
             default_gid: 0,
             lease: Duration::from_secs(30),
@@ -140,6 +145,10 @@ pub struct Vfs {
     /// Sync barriers currently waiting (the uploader ignores coalescing delays meanwhile).
     pub(crate) urgent: AtomicUsize,
     pub(crate) fetches: data::Inflight,
+    /// Memory of block fetches and upload buffers, bounded together (see [`buffers`]).
+    pub(crate) buffers: buffers::BufferBudget,
+    /// Writes that found the cache dir's file system full and evicted clean data.
+    pub(crate) space_evictions: AtomicU64,
     /// Files being assembled whole from the bucket for passthrough (see [`fill`]).
     pub(crate) fills: fill::Fills,
     /// Who else is live, this mount's session, feed position, fencing (see [`coherence`]).
@@ -256,6 +265,7 @@ impl Vfs {
         rt: tokio::runtime::Handle,
         pid: u32,
     ) -> Result<Arc<Vfs>> {
+        let budget = buffers::BufferBudget::new(cfg.buffer_limit);
         let vfs = Arc::new_cyclic(|this| Vfs {
             meta,
             bucket,
@@ -269,6 +279,8 @@ impl Vfs {
             external_lock: tokio::sync::Mutex::new(()),
             urgent: AtomicUsize::new(0),
             fetches: data::Inflight::default(),
+            buffers: budget,
+            space_evictions: AtomicU64::new(0),
             fills: fill::Fills::default(),
             coherence: coherence::Coherence::default(),
             invalidator: std::sync::OnceLock::new(),

@@ -261,6 +261,9 @@ impl Vfs {
             && !self.shared()
             && (row.local == self.here() || fill.is_some())
             && !(write && self.durability() == crate::Durability::Bucket)
+            // Low on free space, writes come through the daemon, which makes room by
+            // evicting clean data when one finds the file system full.
+            && (!write || self.cache.room_for_direct_writes())
             // A write by a non-owner must drop setuid/setgid (killpriv): only the daemon
             // sees writes that can do that.
             && !(write && row.perm & 0o6000 != 0);

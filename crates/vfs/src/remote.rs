@@ -320,8 +320,7 @@ impl Vfs {
         let staging = self.cache.staging_path(ino);
         let put = {
             let _reading = self.cache.read_guard(ino);
-            self.rt
-                .block_on(self.bucket.put_file(&key, &staging, None))?
+            self.rt.block_on(self.put_staging(&key, &staging, None))?
         };
         let row = deskfs_meta::ObjectRow {
             path: orphan_path(ino),

@@ -34,6 +34,11 @@ pub struct VfsStatus {
     pub cache_clean_bytes: u64,
     /// Cache size cap, bytes.
     pub cache_capacity: u64,
+    /// Bytes the cache dir's file system lacks of its free-space reserve (clean data is
+    /// being evicted; writes come through the daemon): 0 normally.
+    pub cache_space_short: u64,
+    /// Writes that found the cache dir's file system full and evicted clean data first.
+    pub cache_space_evictions: u64,
     /// Empty files ready for new staging files (see `deskfs_cache`'s pool).
     pub cache_reserve_files: u64,
     /// Files being assembled whole from the bucket now (see `fill`), and the bytes they
@@ -86,6 +91,9 @@ pub struct VfsStatus {
     /// Directories being refreshed from the bucket in the background now (large ones:
     /// see [`crate::VfsConfig::background_relist_min`]).
     pub background_relists: usize,
+    /// Memory held by block fetches and upload buffers, and its budget (see
+    /// [`crate::buffers`]).
+    pub buffers: crate::buffers::BufferStats,
     /// Opens served through passthrough so far.
     pub passthrough_opens: u64,
     /// Of those, opens given a complete whole-file fill (a file just read whole).
@@ -110,6 +118,10 @@ impl Vfs {
             cache_block_bytes: c.block_bytes,
             cache_clean_bytes: c.clean_staging_bytes,
             cache_capacity: c.capacity,
+            cache_space_short: self.cache.space_short(),
+            cache_space_evictions: self
+                .space_evictions
+                .load(std::sync::atomic::Ordering::Relaxed),
             cache_reserve_files: c.reserve_files,
             cache_fills: fills,
             cache_fill_bytes: fill_bytes,
@@ -144,6 +156,7 @@ impl Vfs {
             data_flushes: self.data_flushes.load(std::sync::atomic::Ordering::Relaxed),
             passthrough: self.passthrough_on(),
             background_relists: self.relists.running(),
+            buffers: self.buffers.stats(),
             passthrough_opens: self
                 .fills
                 .passthrough_opens

@@ -407,7 +407,14 @@ async fn run(vfs: Arc<Vfs>) {
             })
             .await;
         }
-        if last_evict.elapsed() > Duration::from_secs(2) {
+        // Every 2 s; every 100 ms while the cache dir's file system is short of its
+        // free-space reserve (writes through passthrough fill it without the daemon).
+        let evict_every = if vfs.cache.space_short() > 0 {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_secs(2)
+        };
+        if last_evict.elapsed() > evict_every {
             last_evict = std::time::Instant::now();
             let v = vfs.clone();
             let _ = tokio::task::spawn_blocking(move || v.evict()).await;
@@ -840,7 +847,7 @@ async fn reconcile_file(
         }
         #[cfg(test)]
         gate(vfs, path, GatePoint::BeforePut).await;
-        let put = vfs.bucket.put_file(key, &staging, Some(&meta)).await?;
+        let put = vfs.put_staging(key, &staging, Some(&meta)).await?;
         // The staging file may have changed while it was read: only a file whose version,
         // write generation and on-disk times held still is recorded as that version.
         let (gen1, pt_writers) = vfs
@@ -958,6 +965,25 @@ const FOREIGN_GRACE: Duration = Duration::from_secs(1);
 /// replaced it; a changed ETag still unrecorded after [`FOREIGN_GRACE`]), that version is
 /// kept beside the file first ([`Vfs::save_bucket_version`]). `Some(outcome)` when the
 /// upload must wait; `None` to go on.
+impl Vfs {
+    /// [`deskfs_bucket::Bucket::put_file`] of a staging file, holding its upload
+    /// buffers' share of the buffer budget (see [`crate::buffers`]) while it runs.
+    pub(crate) async fn put_staging(
+        &self,
+        key: &str,
+        staging: &std::path::Path,
+        meta: Option<&PosixMeta>,
+    ) -> std::result::Result<deskfs_bucket::PutInfo, deskfs_bucket::BucketError> {
+        let len = tokio::fs::metadata(staging).await?.len();
+        let bytes = self.bucket.put_file_buffer_bytes(len);
+        let _held = match bytes {
+            0 => None,
+            n => Some(self.buffers.reserve(n).await),
+        };
+        self.bucket.put_file(key, staging, meta).await
+    }
+}
+
 async fn bucket_side_check(
     vfs: &Arc<Vfs>,
     path: &[u8],
@@ -1546,6 +1572,14 @@ impl Vfs {
 
     /// Evicts clean staging files when the cache is over its cap (never dirty or open ones,
     /// nor one whose content the bucket is not found to hold: [`Vfs::held_in_bucket`]).
+    /// Evicts clean cached data now, when the cache dir's file system is short of its
+    /// free-space reserve (a write just found it full). Counted in
+    /// [`Vfs::status`]'s `space_evictions`.
+    pub(crate) fn make_room(&self) {
+        self.space_evictions.fetch_add(1, Ordering::Relaxed);
+        self.evict();
+    }
+
     pub(crate) fn evict(&self) {
         let candidates = self.cache.over_capacity();
         if candidates.is_empty() {
