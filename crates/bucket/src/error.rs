@@ -39,11 +39,14 @@ impl BucketError {
             }
             other => {
                 let text = full_chain(&other);
+                if let Some(a) = ServerAnswer::parse(&text) {
+                    return a.into_error();
+                }
                 let lower = text.to_ascii_lowercase();
                 if lower.contains("connect")
                     || lower.contains("dns")
                     || lower.contains("timed out")
-                    || lower.contains("timeout")
+                    || lower.replace("retry_timeout", "").contains("timeout")
                 {
                     BucketError::Unreachable(first_line(&text))
                 } else if lower.contains("403")
@@ -73,6 +76,85 @@ impl BucketError {
     }
 }
 
+/// An HTTP answer the server gave, as `object_store` reports it ("Error performing PUT
+/// URL in 12ms, after 2 retries, … - Server returned non-2xx status code: 503 Service
+/// Unavailable: <Error><Code>SlowDown</Code><Message>…</Message></Error>").
+#[derive(Debug, PartialEq, Eq)]
+struct ServerAnswer {
+    /// HTTP status.
+    status: u16,
+    /// The S3 error code (`SlowDown`, `InternalError`, `AccessDenied`, …), if the body
+    /// had one.
+    code: Option<String>,
+    /// The S3 error message, if any.
+    message: Option<String>,
+    /// "PUT http://…/key", if the text named the request.
+    request: Option<String>,
+    /// "after 2 retries", if retried.
+    retries: Option<String>,
+}
+
+impl ServerAnswer {
+    fn parse(text: &str) -> Option<ServerAnswer> {
+        const MARK: &str = "non-2xx status code: ";
+        let at = text.find(MARK)? + MARK.len();
+        let rest = &text[at..];
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        let status = digits.parse().ok()?;
+        let between = |open: &str, close: &str| {
+            let i = rest.find(open)? + open.len();
+            let j = rest[i..].find(close)?;
+            Some(rest[i..i + j].trim().to_string()).filter(|s| !s.is_empty())
+        };
+        let request = text.rfind("Error performing ").and_then(|i| {
+            let r = &text[i + "Error performing ".len()..];
+            r.split(" in ").next().map(|s| s.trim().to_string())
+        });
+        let retries = text.find("after ").and_then(|i| {
+            let r = &text[i..];
+            let end = r
+                .find(" retries")
+                .map(|j| j + " retries".len())
+                .or_else(|| r.find(" retry").map(|j| j + " retry".len()))?;
+            Some(r[..end].to_string()).filter(|s| s.len() < 24)
+        });
+        Some(ServerAnswer {
+            status,
+            code: between("<Code>", "</Code>"),
+            message: between("<Message>", "</Message>"),
+            request,
+            retries,
+        })
+    }
+
+    /// "the server answered 503 SlowDown (Please reduce your request rate.) to PUT
+    /// http://…/key, after 2 retries"; 401/403 are [`BucketError::Auth`], a missing bucket
+    /// [`BucketError::Config`], the rest [`BucketError::Other`] (retried).
+    fn into_error(self) -> BucketError {
+        let mut s = format!("the server answered {}", self.status);
+        if let Some(c) = &self.code {
+            s.push_str(&format!(" {c}"));
+        }
+        if let Some(m) = &self.message {
+            s.push_str(&format!(" ({m})"));
+        }
+        if let Some(r) = &self.request {
+            s.push_str(&format!(" to {r}"));
+        }
+        if let Some(r) = &self.retries {
+            s.push_str(&format!(", {r}"));
+        }
+        let s = first_line(&s);
+        match (self.status, self.code.as_deref()) {
+            (401 | 403, _) => BucketError::Auth(s),
+            (_, Some("NoSuchBucket")) => BucketError::Config(format!(
+                "bucket does not exist ({s}); create it first or fix the URL"
+            )),
+            _ => BucketError::Other(s),
+        }
+    }
+}
+
 fn full_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -94,5 +176,46 @@ fn first_line(s: &str) -> String {
         format!("{}…", &line[..end])
     } else {
         line.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SLOWDOWN: &str = "Generic S3 error: Error performing PUT http://127.0.0.1:3900/b/p/small/s030.dat in 279.12ms, after 2 retries, max_retries: 2, retry_timeout: 15s  - Server returned non-2xx status code: 503 Service Unavailable: <?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>";
+
+    #[test]
+    fn a_server_answer_is_named_with_its_status_and_s3_code_not_taken_for_unreachable() {
+        let a = ServerAnswer::parse(SLOWDOWN).expect("parsed");
+        assert_eq!(a.status, 503);
+        assert_eq!(a.code.as_deref(), Some("SlowDown"));
+        let e = a.into_error();
+        assert!(matches!(e, BucketError::Other(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "bucket error: the server answered 503 SlowDown (Please reduce your request rate.) to PUT http://127.0.0.1:3900/b/p/small/s030.dat, after 2 retries"
+        );
+    }
+
+    #[test]
+    fn statuses_decide_the_kind_and_durations_are_not_statuses() {
+        let denied = "Error performing GET http://h/b in 401.2ms - Server returned non-2xx status code: 403 Forbidden: <Error><Code>AccessDenied</Code></Error>";
+        assert!(matches!(
+            ServerAnswer::parse(denied).map(ServerAnswer::into_error),
+            Some(BucketError::Auth(_))
+        ));
+        // "in 401.2ms" is a duration: a 500 stays a server error.
+        let internal = "Error performing GET http://h/b in 401.2ms - Server returned non-2xx status code: 500 Internal Server Error: ";
+        assert!(matches!(
+            ServerAnswer::parse(internal).map(ServerAnswer::into_error),
+            Some(BucketError::Other(_))
+        ));
+        let nobucket = "Server returned non-2xx status code: 404 Not Found: <Error><Code>NoSuchBucket</Code></Error>";
+        assert!(matches!(
+            ServerAnswer::parse(nobucket).map(ServerAnswer::into_error),
+            Some(BucketError::Config(_))
+        ));
+        assert!(ServerAnswer::parse("error sending request: connection refused").is_none());
     }
 }

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# 58-faulty-bucket: a workspace whose S3 server misbehaves, through tests/tools/faultys3.py
+# in front of Garage: 500 InternalError, 503 SlowDown, connection resets, 3 s stalls,
+# bodies cut in half and slow answers on a random share of requests (15 %, seed printed),
+# then a burst in which every request gets 503 SlowDown.
+#   - imports and reads converge: a prefilled prefix (300 small objects, one of 24 MiB,
+#     put there by rclone straight into Garage) lists whole and every file reads back
+#     right, cold, through the faults;
+#   - uploads converge and nothing acknowledged is lost: 200 small files, two of 20 MiB
+#     (multipart), renames and deletes made under faults and during the burst are, after
+#     `deskfs sync`, exactly what Garage holds (checked straight at Garage, not through
+#     the proxy);
+#   - during the burst `deskfs status` shows the failing uploads with what the server
+#     answered ("the server answered 503 SlowDown …"), attempts counted; after it they
+#     succeed;
+#   - every fault kind happened at least once (the proxy's counts).
+# e2e-timeout: 900
+source "$(dirname "$0")/../lib.sh"
+need_deskfs
+need_s3
+
+SEED=${FAULTY_S3_SEED:-$((RANDOM * 32768 + RANDOM))}
+RATE=${FAULTY_S3_RATE:-0.15}
+log "fault seed $SEED (FAULTY_S3_SEED=$SEED repeats the draws), rate $RATE"
+echo '{"rate": 0}' > "$T/proxy.ctl"
+python3 "$LIB_DIR/tools/faultys3.py" --listen 127.0.0.1:0 --to "$BENCH_S3_ENDPOINT" \
+  --rate "$RATE" --seed "$SEED" --control "$T/proxy.ctl" --stats "$T/proxy.stats" \
+  > "$T/proxy.addr" 2> "$T/proxy.log" &
+register_pid $!
+wait_for 10 test -s "$T/proxy.addr" || fail "the fault proxy did not start: $(cat "$T/proxy.log")"
+EP=http://$(head -n 1 "$T/proxy.addr")
+faults() { echo "$1" > "$T/proxy.ctl.tmp" && mv "$T/proxy.ctl.tmp" "$T/proxy.ctl"; sleep 0.5; log "faults: $1"; }
+
+PRE=$T/prefill
+mkdir -p "$PRE/many"
+python3 - "$PRE/many" <<'PY'
+import os, sys
+for i in range(300):
+    with open(os.path.join(sys.argv[1], f"f{i:03d}.txt"), "wb") as f:
+        f.write(os.urandom(100 + i * 37))
+PY
+head -c $((24 << 20)) /dev/urandom > "$PRE/big.bin"
+(cd "$PRE" && find . -type f -printf '%P\0' | sort -z | xargs -0 sha256sum) > "$T/pre.sha"
+rc copy --transfers 16 --checkers 16 "$PRE" "$(rc_path "$S3_PREFIX/pre")" > "$T/rclone.log" 2>&1 \
+  || fail "rclone copy failed: $(tail -n 20 "$T/rclone.log")"
+
+NAME=faulty
+ws_format "$NAME" --bucket "$(s3_url)" --endpoint "$EP" --region "$BENCH_S3_REGION"
+ws_mount "$NAME" "$MNT" --cache-dir "$T/cache"
+faults "{\"rate\": $RATE}"
+
+log "import and cold reads through the faults"
+(cd "$MNT/pre" && sha256sum --quiet -c "$T/pre.sha") > "$T/pre.check" 2>&1 \
+  || fail "the prefilled prefix does not read back right through the faults: $(head -n 10 "$T/pre.check")"
+assert_eq 301 "$(find "$MNT/pre" -type f | wc -l)" "files imported from the prefilled prefix"
+
+log "writes, renames and deletes through the faults"
+W=$T/want
+mkdir -p "$W/small" "$W/big"
+python3 - "$W/small" <<'PY'
+import os, sys
+for i in range(200):
+    with open(os.path.join(sys.argv[1], f"s{i:03d}.dat"), "wb") as f:
+        f.write(os.urandom(50 + i * 53))
+PY
+head -c $((20 << 20)) /dev/urandom > "$W/big/one.bin"
+head -c $((20 << 20)) /dev/urandom > "$W/big/two.bin"
+cp -r "$W/small" "$W/big" "$MNT/" || fail "writing through the faults failed"
+for i in $(seq -w 0 9); do
+  mv "$MNT/small/s00$i.dat" "$MNT/small/renamed-$i.dat" && mv "$W/small/s00$i.dat" "$W/small/renamed-$i.dat"
+done
+for i in $(seq 150 159); do
+  rm "$MNT/small/s$i.dat" && rm "$W/small/s$i.dat"
+done
+
+log "a burst: every request answered 503 SlowDown"
+faults '{"burst": "503"}'
+mkdir -p "$W/burst" "$MNT/burst"
+for i in $(seq -w 1 20); do
+  head -c $((1000 + 10#$i * 100)) /dev/urandom > "$W/burst/b$i.dat"
+  cp "$W/burst/b$i.dat" "$MNT/burst/" || fail "a write during the burst failed (writes go to the local journal)"
+done
+seen=
+for _ in $(seq 1 40); do
+  dfs status "$NAME" --json > "$T/status.burst.json" || fail "status failed during the burst"
+  if python3 - "$T/status.burst.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+fails = s.get("failures") or []
+ok = s["failing_uploads"] > 0 and any(
+    f["attempts"] > 0 and ("SlowDown" in f["error"] or "503" in f["error"]) for f in fails)
+sys.exit(0 if ok else 1)
+PY
+  then seen=1; break; fi
+  sleep 0.5
+done
+[[ -n $seen ]] || fail "during the burst, status never showed a failing upload with the server's error: $(head -c 2000 "$T/status.burst.json")"
+dfs status "$NAME" > "$T/status.burst.txt" || fail "status failed during the burst"
+grep -q "the server answered 503 SlowDown" "$T/status.burst.txt" \
+  || fail "status does not say what the server answered: $(grep -iE 'fail' "$T/status.burst.txt" | head -n 3)"
+log "status during the burst: $(grep -iE 'fail|pending' "$T/status.burst.txt" | head -n 3 | tr -s ' ' | tr '\n' ' ')"
+faults "{\"rate\": $RATE}"
+
+log "deskfs sync converges"
+ws_sync "$NAME"
+faults '{"rate": 0}'
+(cd "$MNT" && sha256sum --quiet -c <(cd "$W" && find . -type f -printf '%P\0' | sort -z | xargs -0 sha256sum)) \
+  > "$T/mnt.check" 2>&1 || fail "the mount does not hold what was written: $(head -n 10 "$T/mnt.check")"
+
+log "Garage holds exactly what was written (checked straight at Garage)"
+mkdir -p "$T/got"
+rc copy --transfers 16 "$(rc_path "$S3_PREFIX")" "$T/got" --exclude '.deskfs/**' > "$T/rclone-get.log" 2>&1 \
+  || fail "rclone copy back failed: $(tail -n 20 "$T/rclone-get.log")"
+(cd "$W" && find . -type f -printf '%P\0' | sort -z | xargs -0 sha256sum) > "$T/want.sha"
+(cd "$T/got" && find . -path ./pre -prune -o -type f -printf '%P\0' | sort -z | xargs -0 sha256sum) > "$T/got.sha"
+diff "$T/want.sha" "$T/got.sha" > "$T/bucket.diff" || fail "the bucket differs from what was written (< written, > bucket): $(head -n 20 "$T/bucket.diff")"
+
+ws_umount "$MNT"
+python3 - "$T/proxy.stats" <<'PY' || fail "not every fault kind happened: $(cat "$T/proxy.stats")"
+import json, sys
+s = json.load(open(sys.argv[1]))
+missing = [k for k, n in s["faults"].items() if n == 0]
+print(f"proxy: {s['requests']} requests, faults {s['faults']}", file=sys.stderr)
+sys.exit(1 if missing else 0)
+PY
+log "ok"
