@@ -21,6 +21,9 @@
 #   --no-cargo-test  skip cargo test
 #   --e2e-only       = --no-deps --no-build --no-cargo-test
 #   --keep           keep every test's temp dir (DESKFS_TEST_KEEP=1)
+#   --long           the slow runs CI leaves out (hours): the power-loss test with 3,050
+#                    cut points (DESKFS_POWER_ITERS=50, DESKFS_POWER_IMAGES=60); a test's
+#                    "# e2e-long-timeout: SECONDS" line replaces its limit
 #   FILTER...        run only the e2e tests whose file name contains one of these strings
 # Environment:
 #   DESKFS_TEST_S3_PORT  Garage S3 port (default: 3900 if 3900/3901/3903 are free, else the
@@ -48,6 +51,7 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
 DO_DEPS=1 DO_BUILD=1 DO_CARGO_TEST=1
 FILTERS=()
+LONG=0
 while (($#)); do
   case "$1" in
     --no-deps) DO_DEPS=0 ;;
@@ -55,12 +59,18 @@ while (($#)); do
     --no-cargo-test) DO_CARGO_TEST=0 ;;
     --e2e-only) DO_DEPS=0 DO_BUILD=0 DO_CARGO_TEST=0 ;;
     --keep) export DESKFS_TEST_KEEP=1 ;;
+    --long) LONG=1 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "test.sh: unknown option $1" >&2; exit 2 ;;
     *) FILTERS+=("$1") ;;
   esac
   shift
 done
+
+if ((LONG)); then
+  export DESKFS_TEST_LONG=1
+  export DESKFS_POWER_ITERS=${DESKFS_POWER_ITERS:-50} DESKFS_POWER_IMAGES=${DESKFS_POWER_IMAGES:-60}
+fi
 
 MCP_SDK_VERSION=${MCP_SDK_VERSION:-2.3.0}
 TEST_VENV=${DESKFS_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/deskfs-test-venv}
@@ -403,6 +413,10 @@ for t_path in "$ROOT"/tests/e2e/[0-9]*.sh; do
     pgctl start > /dev/null 2>> "$LOGDIR/pg-start.log" || note "PostgreSQL restart failed"
   fi
   limit=$(sed -n 's/^# e2e-timeout: *\([0-9][0-9]*\).*/\1/p' "$t_path" | head -n 1)
+  if ((LONG)); then
+    long_limit=$(sed -n 's/^# e2e-long-timeout: *\([0-9][0-9]*\).*/\1/p' "$t_path" | head -n 1)
+    limit=${long_limit:-$limit}
+  fi
   limit=${limit:-${DESKFS_E2E_TIMEOUT:-600}}
   log=$LOGDIR/$name.log
   echo "--- $name (limit ${limit}s)"

@@ -12,19 +12,34 @@
 #   them) -> mount again -> powerload.py check (every fsynced file exact, every replaced
 #   target one of its journaled versions, every file readable, nothing unknown) ->
 #   deskfs fsck: 0 problems.
+# Between the start of the workload and the kill, each iteration also takes crash images
+# (`deskfs-lossfs ctl image`: what a power cut at that instant would leave of the disk,
+# with the bucket dir as it was then, copied under the model's lock while the workload
+# goes on) at random 10-50 ms intervals. After the iteration's own cut and check, each
+# image is restored into the backing directory, mounted (uploads held back, so the
+# bucket copy stays as it was), checked against the journal as it stood when the image
+# was taken, unmounted without uploading, and fsck'd; then the cut's own state is put
+# back and the next iteration goes on from it. A crash image is a power cut with the
+# daemon alive (the cut kills it): the same promises hold.
 # At the end: a normal mount, `deskfs sync`, and every fsynced file is in the bucket dir
 # with its content.
-#   DESKFS_POWER_ITERS  cut points (default 24)
-#   DESKFS_POWER_SEED   seed of the run (default random; printed)
+#   DESKFS_POWER_ITERS   kill-and-cut iterations (default 24)
+#   DESKFS_POWER_IMAGES  crash images per iteration (default 4: 24 + 96 = 120 cut points
+#                        per run; `scripts/test.sh --long` runs 50 x 60: 3,050). A cut
+#                        point's check reads the whole tree, which grows with the run:
+#                        at 12 images per iteration the 24 iterations took ~25 min here.
+#   DESKFS_POWER_SEED    seed of the run (default random; printed)
 # e2e-timeout: 900
+# e2e-long-timeout: 43200
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 
 PL=$ROOT/tests/tools/powerload.py
 ITERS=${DESKFS_POWER_ITERS:-24}
+IMAGES=${DESKFS_POWER_IMAGES:-4}
 SEED=${DESKFS_POWER_SEED:-$((RANDOM * 32768 + RANDOM))}
 RANDOM=$SEED
-log "seed $SEED, $ITERS power cuts (replay: DESKFS_POWER_SEED=$SEED DESKFS_POWER_ITERS=$ITERS)"
+log "seed $SEED, $ITERS power cuts + $((ITERS * IMAGES)) crash images (replay: DESKFS_POWER_SEED=$SEED DESKFS_POWER_ITERS=$ITERS DESKFS_POWER_IMAGES=$IMAGES)"
 
 JOURNAL=$T/journal    # real disk
 lossfs_start          # $T/disk survives a cut; $LFS is the power-loss file system over it
@@ -42,9 +57,9 @@ remove_dead_mount() {
   timeout 20 fusermount3 -u "$MNT" > /dev/null 2>&1 || force_unmount "$MNT" || fail "cannot remove the dead mount $MNT"
 }
 
-check_tree() { # WHEN
+check_tree() { # WHEN [JOURNAL PROMISED_BYTES]
   local rc=0
-  timeout -k 5 300 python3 "$PL" check --mnt "$MNT" --journal "$JOURNAL" > "$T/check.out" 2>&1 || rc=$?
+  timeout -k 5 300 python3 "$PL" check --mnt "$MNT" --journal "${2:-$JOURNAL}" ${3:+--promised-bytes "$3"} > "$T/check.out" 2>&1 || rc=$?
   ((rc == 0)) || fail "$1: the tree breaks a promise (seed $SEED): $(head -c 2500 "$T/check.out")"
   log "$1: $(head -n 1 "$T/check.out")"
 }
@@ -55,8 +70,54 @@ fsck_clean() { # WHEN
   ((rc == 0)) && grep -q '\b0 problems' <<< "$out" || fail "$1: deskfs fsck (exit $rc): $(head -c 1500 <<< "$out")"
 }
 
+sleep_ms() { sleep "$(($1 / 1000)).$(printf '%03d' $(($1 % 1000)))"; }
+
+IMG=$T/images
+# take_image NAME: a crash image now, with the journal's length before it (every line
+# in it is a promise made before the image) and after it (lines in between may or may
+# not have happened at the image's instant).
+take_image() {
+  local before out
+  before=$(stat -c %s "$JOURNAL")
+  out=$(ctl image "$IMG/$1" "$T/bucket") || fail "lossfs image failed: $out"
+  [[ $out == ok* ]] || fail "lossfs image: $out"
+  echo "$before $(stat -c %s "$JOURNAL")" > "$IMG/$1.jlen"
+}
+
+# restore_image NAME: the image becomes the disk (and the bucket dir); lossfs reloads it.
+restore_image() {
+  find "$T/disk" -mindepth 1 -maxdepth 1 -exec rm -rf {} +
+  cp -a "$IMG/$1/disk/." "$T/disk/"
+  rm -rf "$T/bucket"
+  # Hard links, as the image's: the objects keep their inode numbers and times, which
+  # file:// ETags are made of (objects are replaced by rename, never changed in place).
+  cp -al "$IMG/$1/bucket" "$T/bucket"
+  local out
+  out=$(ctl cut) || fail "lossfs reload of image $1 failed: $out"
+}
+
+# check_image NAME: mount what the image holds, check it against the journal as it stood
+# then, unmount without uploading, fsck.
+check_image() {
+  restore_image "$1"
+  local before after
+  read -r before after < "$IMG/$1.jlen"
+  python3 - "$JOURNAL" "$after" "$T/journal.img" <<'PY'
+import sys
+data = open(sys.argv[1], "rb").read()[: int(sys.argv[2])]
+open(sys.argv[3], "wb").write(data[: data.rfind(b"\n") + 1])
+PY
+  ws_mount_fg "$NAME" "$MNT" --cache-dir "$CACHE" --upload-delay-ms 3600000 > /dev/null 2>&1
+  check_tree "image $1" "$T/journal.img" "$before"
+  DFS_TIMEOUT=60 dfs_ok umount "$MNT" --no-wait > /dev/null
+  wait "$FG_PID" 2> /dev/null || true
+  remove_dead_mount
+  fsck_clean "image $1"
+}
+
 touch "$JOURNAL"
 REORDERED=0
+CHECKED_IMAGES=0
 for ((i = 1; i <= ITERS; i++)); do
   ws_mount_fg "$NAME" "$MNT" --cache-dir "$CACHE"
   DAEMON=$FG_PID
@@ -65,8 +126,13 @@ for ((i = 1; i <= ITERS; i++)); do
   WL=$!
   register_pid "$WL"
   wait_for 30 grep -q READY "$T/work.$i.out" || fail "cut $i: workload not ready: $(tail -n 5 "$T/work.$i.out")"
-  delay_ms=$((100 + RANDOM % 900))
-  sleep "$((delay_ms / 1000)).$(printf '%03d' $((delay_ms % 1000)))"
+  rm -rf "$IMG" && mkdir -p "$IMG"
+  for ((j = 1; j <= IMAGES; j++)); do
+    sleep_ms $((10 + RANDOM % 40))
+    take_image "$i.$j"
+  done
+  delay_ms=$((50 + RANDOM % (IMAGES > 0 ? 450 : 950)))
+  sleep_ms "$delay_ms"
   pid_running "$WL" || fail "cut $i: the workload died before the cut: $(tail -n 15 "$T/work.$i.out")"
   kill -KILL "$DAEMON"
   wait "$DAEMON" 2> /dev/null || true
@@ -81,7 +147,18 @@ for ((i = 1; i <= ITERS; i++)); do
   fi
   log "cut $i after ${delay_ms} ms: $(grep -c . "$JOURNAL") journal lines; ${out:0:160}"
   fsck_clean "after cut $i"
+  if ((IMAGES > 0)); then
+    # The cut's own state is kept aside while the images are looked at, then put back.
+    take_image "$i.cut"
+    for ((j = 1; j <= IMAGES; j++)); do
+      check_image "$i.$j"
+      CHECKED_IMAGES=$((CHECKED_IMAGES + 1))
+    done
+    restore_image "$i.cut"
+    log "cut $i: $IMAGES crash images taken during its workload checked"
+  fi
 done
+rm -rf "$IMG"
 
 log "final: mount, check, sync, bucket"
 ws_mount_fg "$NAME" "$MNT" --cache-dir "$CACHE"
@@ -96,4 +173,4 @@ while read -r kind rel h; do
 done < "$JOURNAL"
 kill -TERM "$FG_PID"
 wait "$FG_PID" 2> /dev/null || true
-log "PASS: $ITERS power cuts ($REORDERED reordered; seed $SEED), $n fsynced files exact in the bucket, fsck clean after every cut"
+log "PASS: $ITERS power cuts ($REORDERED reordered) and $CHECKED_IMAGES crash images: $((ITERS + CHECKED_IMAGES)) cut points (seed $SEED), $n fsynced files exact in the bucket, fsck clean after every one"

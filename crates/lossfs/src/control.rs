@@ -75,8 +75,15 @@ pub(crate) fn execute(line: &str, state: &Mutex<State>, notifier: Option<&Notifi
             Err(_) => format!("error bad count {count:?}"),
         },
         ["stats"] => format!("ok {}", lock(state).stats()),
+        ["image", dest, extra @ ..] => {
+            let extra: Vec<std::path::PathBuf> = extra.iter().map(Into::into).collect();
+            match lock(state).image(std::path::Path::new(dest), &extra) {
+                Ok(report) => format!("ok image {dest}: {report}"),
+                Err(e) => format!("error image {dest}: {e}"),
+            }
+        }
         _ => format!(
-            "error unknown command {line:?} (cut [--reorder SEED] | sync | fail-fsync PATTERN COUNT | fail-fsyncdir PATTERN COUNT | stats)"
+            "error unknown command {line:?} (cut [--reorder SEED] | sync | image DEST [DIR...] | fail-fsync PATTERN COUNT | fail-fsyncdir PATTERN COUNT | stats)"
         ),
     }
 }

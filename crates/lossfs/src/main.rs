@@ -9,8 +9,8 @@
 //!
 //! ```text
 //! deskfs-lossfs serve --backing DIR --control SOCK MOUNTPOINT [--allow-other]
-//! deskfs-lossfs ctl SOCK cut [--reorder SEED] | sync | fail-fsync PATTERN COUNT
-//!                        | fail-fsyncdir PATTERN COUNT | stats
+//! deskfs-lossfs ctl SOCK cut [--reorder SEED] | sync | image DEST [DIR...]
+//!                        | fail-fsync PATTERN COUNT | fail-fsyncdir PATTERN COUNT | stats
 //! ```
 //!
 //! # The model
@@ -42,6 +42,13 @@
 //!   before, so handles opened before the cut are stale: their reads, writes and fsyncs
 //!   fail with `EIO` (their cached pages are invalidated), their stats with `ESTALE`.
 //!   Between cuts an inode keeps its number (one per inode, never reused).
+//! * **Crash image** (`image DEST [DIR...]`): what a power cut now would leave, without
+//!   cutting: the backing directory is copied to `DEST/disk` (after each `DIR`, such as
+//!   a `file://` bucket outside this file system, hard-linked to `DEST/<its name>`: its
+//!   files must be replaced by rename, never changed in place), all under the
+//!   model's lock, so nothing becomes durable during the copy. The workload goes on; a
+//!   test restores an image into the backing directory and `cut`s to look at it later.
+//!   Many cut points per workload run, for the price of a copy each.
 //! * **Reordered power cut** (`cut --reorder SEED`): before dropping, as a disk may have
 //!   written some unsynced state: a random prefix of the log (length uniform in
 //!   `0..=pending`) is made durable; then, for each file with pending data that has a name
@@ -118,7 +125,7 @@ enum Cmd {
         /// The "disk": what is in it is what survived.
         #[arg(long, value_name = "DIR")]
         backing: PathBuf,
-        /// Unix socket taking control commands (cut, sync, fail-fsync, stats).
+        /// Unix socket taking control commands (cut, sync, image, fail-fsync, stats).
         #[arg(long, value_name = "SOCK")]
         control: PathBuf,
         /// Where to mount (an existing directory).

@@ -13,7 +13,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::names::{Names, ROOT};
 use crate::overlay::{Backing, Kept, Overlay};
-use crate::util::{matches, Rng};
+use crate::util::{matches, FileCopy, Rng};
 
 /// Result of a model operation: the errno on failure.
 pub(crate) type Res<T> = Result<T, i32>;
@@ -1586,6 +1586,42 @@ impl State {
         rules.retain(|r| r.left > 0);
     }
 
+    /// A crash image: what a power cut now would leave, copied to `dest/disk` (the
+    /// backing directory: only what was made durable; nothing pending), after each of
+    /// `extra` (directories outside this file system, such as a `file://` bucket, whose
+    /// files are replaced by rename and never changed in place: hard-linked to
+    /// `dest/<their name>`, so they keep their inode numbers and times, which a
+    /// `file://` bucket's ETags are made of) — all while the caller holds the state's lock, so no
+    /// operation becomes durable during the copy and the image is one instant. Returns a
+    /// report line. Errors: a failed copy (`dest` is then incomplete).
+    pub(crate) fn image(&self, dest: &Path, extra: &[PathBuf]) -> io::Result<String> {
+        std::fs::create_dir_all(dest)?;
+        let mut report = Vec::new();
+        for dir in extra {
+            let name = dir.file_name().ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("{} has no name", dir.display()),
+                )
+            })?;
+            let (files, _) = crate::util::copy_tree(dir, &dest.join(name), FileCopy::Link)?;
+            report.push(format!("{}: {files} files", name.to_string_lossy()));
+        }
+        let (files, skipped) =
+            crate::util::copy_tree(&self.backing, &dest.join("disk"), FileCopy::Bytes)?;
+        report.insert(
+            0,
+            format!(
+                "disk: {files} files ({} pending ops left out)",
+                self.log.len()
+            ),
+        );
+        if skipped > 0 {
+            report.push(format!("{skipped} special files skipped"));
+        }
+        Ok(report.join(", "))
+    }
+
     /// The `stats` command's JSON.
     pub(crate) fn stats(&self) -> serde_json::Value {
         let mut bytes = 0;
@@ -1645,6 +1681,45 @@ mod tests {
             cur = s.lookup(cur, part.as_bytes())?.ino;
         }
         Ok(cur)
+    }
+
+    #[test]
+    fn an_image_holds_what_a_cut_would_leave_and_the_view_goes_on() {
+        let (dir, mut s) = new_state();
+        let kept = create(&mut s, ROOT, "kept", b"durable");
+        s.fsync(kept, false).expect("fsync");
+        s.write(kept, 0, b"PENDING").expect("write");
+        let _lost = create(&mut s, ROOT, "lost", b"never synced");
+        let out = tempfile::tempdir().expect("tempdir");
+        let extra = tempfile::tempdir().expect("tempdir");
+        std::fs::write(extra.path().join("obj"), b"bucket object").expect("seed");
+        let dest = out.path().join("img");
+        let report = s
+            .image(&dest, &[extra.path().to_path_buf()])
+            .expect("image");
+        assert!(report.contains("pending ops left out"), "{report}");
+        assert_eq!(
+            std::fs::read(dest.join("disk/kept")).expect("read"),
+            b"durable"
+        );
+        assert!(
+            !dest.join("disk/lost").exists(),
+            "an unsynced create in the image"
+        );
+        let name = extra.path().file_name().expect("name");
+        assert_eq!(
+            std::fs::read(dest.join(name).join("obj")).expect("read"),
+            b"bucket object"
+        );
+        // The live view is untouched: the pending write and file are still there.
+        assert_eq!(read_all(&mut s, kept), b"PENDING");
+        assert!(lookup(&mut s, "lost").is_ok());
+        // Restored into the backing directory, a cut shows exactly the image.
+        s.cut(None).expect("cut");
+        let kept = lookup(&mut s, "kept").expect("lookup");
+        assert_eq!(read_all(&mut s, kept), b"durable");
+        assert_eq!(lookup(&mut s, "lost"), Err(libc::ENOENT));
+        let _ = dir;
     }
 
     #[test]

@@ -1,6 +1,9 @@
 //! Small helpers: a seeded random number generator and the path patterns of
 //! `fail-fsync`.
 
+use std::io;
+use std::path::Path;
+
 /// SplitMix64: a seeded generator, so a `cut --reorder SEED` is reproducible.
 #[derive(Debug, Clone)]
 pub(crate) struct Rng(u64);
@@ -63,6 +66,60 @@ pub(crate) fn matches(pattern: &str, path: &str) -> bool {
         pi += 1;
     }
     pi == p.len()
+}
+
+/// How [`copy_tree`] copies regular files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum FileCopy {
+    /// Their bytes (a file changed in place later keeps this copy as it was).
+    Bytes,
+    /// A hard link: the same inode, so the same inode number and times (a `file://`
+    /// bucket's ETags stay valid); only for trees whose files are replaced by rename,
+    /// never changed in place.
+    Link,
+}
+
+/// Copies the tree at `src` to `dst` (created; must not exist): directories, regular
+/// files (their bytes with their permission bits, or hard links: `how`) and symlinks.
+/// Returns the files copied and the entries of other kinds skipped (sockets, fifos,
+/// devices). Errors: the first failing read or write, with its path.
+pub(crate) fn copy_tree(src: &Path, dst: &Path, how: FileCopy) -> io::Result<(u64, u64)> {
+    let at = |p: &Path, e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", p.display()));
+    std::fs::create_dir(dst).map_err(|e| at(dst, e))?;
+    let (mut files, mut skipped) = (0, 0);
+    for entry in std::fs::read_dir(src).map_err(|e| at(src, e))? {
+        let entry = entry.map_err(|e| at(src, e))?;
+        let (from, to) = (entry.path(), dst.join(entry.file_name()));
+        // An entry gone since the listing (a directory outside this file system that
+        // another process changes, such as a bucket dir being uploaded to) is skipped.
+        let gone = |e: &io::Error| e.kind() == io::ErrorKind::NotFound;
+        let kind = match entry.file_type() {
+            Err(e) if gone(&e) => continue,
+            other => other.map_err(|e| at(&from, e))?,
+        };
+        let copied = if kind.is_dir() {
+            copy_tree(&from, &to, how).map(|(f, s)| {
+                files += f;
+                skipped += s;
+            })
+        } else if kind.is_file() {
+            match how {
+                FileCopy::Bytes => std::fs::copy(&from, &to).map(|_| ()),
+                FileCopy::Link => std::fs::hard_link(&from, &to),
+            }
+            .map(|()| files += 1)
+        } else if kind.is_symlink() {
+            std::fs::read_link(&from).and_then(|t| std::os::unix::fs::symlink(t, &to))
+        } else {
+            skipped += 1;
+            Ok(())
+        };
+        match copied {
+            Err(e) if gone(&e) => continue,
+            other => other.map_err(|e| at(&from, e))?,
+        }
+    }
+    Ok((files, skipped))
 }
 
 #[cfg(test)]
