@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """powerload.py: workload + checker for the power-loss test (tests/e2e/82l-power-loss.sh).
 
-  powerload.py work  --mnt DIR --journal FILE --iter N --seed S
+  powerload.py work  --mnt DIR --journal FILE --iter N --seed S [--keep-iters K]
   powerload.py check --mnt DIR --journal FILE [--promised-bytes N]
 
 `work` runs until it is killed, making files on DIR and appending a line to the journal
@@ -12,6 +12,11 @@ the call that makes a promise returned (and a `begin NAME` line before it create
   replaced TARGET SHA       after rename + fsync of the directory returned
   closed NAME               a new file written whole and closed, never fsynced: after a
                             power cut it may be absent, short, zeros or whole (POSIX)
+  retiring DIR / retired DIR  with --keep-iters K, at the start of `work`: before and
+                            after the removal (rm -r, then fsync of the mount's root) of an
+                            iteration's directory more than K iterations old; once
+                            retired, nothing under it may exist, while retiring its files
+                            may be gone (the tree, and each check's cost, stays bounded)
 Every file has self-verifying content: a header line
   "DESKFS-POWER name=<name> len=<payload length> sha=<sha256 of payload>\\n" + payload;
 SHA in the journal is the sha256 of the whole file.
@@ -33,6 +38,7 @@ import argparse
 import hashlib
 import os
 import random
+import shutil
 import sys
 
 MAGIC = b"DESKFS-POWER "
@@ -63,9 +69,34 @@ def write_file(path, data, rng, sync):
         os.close(fd)
 
 
+def fsync_dir(path):
+    dfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def retire(a, jfd):
+    """Removes the directories of iterations more than `--keep-iters` before this one,
+    so the tree (and every check's cost) stays bounded."""
+    if a.keep_iters is None:
+        return
+    for name in sorted(os.listdir(a.mnt)):
+        if not (name.startswith("i") and name[1:].isdigit()):
+            continue
+        if int(name[1:]) > a.iter - 1 - a.keep_iters:
+            continue
+        jwrite(jfd, f"retiring {name}")
+        shutil.rmtree(os.path.join(a.mnt, name))
+        fsync_dir(a.mnt)
+        jwrite(jfd, f"retired {name}")
+
+
 def work(a):
     rng = random.Random(a.seed)
     jfd = os.open(a.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    retire(a, jfd)
     d = os.path.join(a.mnt, f"i{a.iter:04d}")
     os.makedirs(d, exist_ok=True)
     print("READY", flush=True)
@@ -93,16 +124,13 @@ def work(a):
             h = hashlib.sha256(data).hexdigest()
             jwrite(jfd, f"replacing {target} {h} {tmp}")
             os.rename(os.path.join(a.mnt, tmp), os.path.join(a.mnt, target))
-            dfd = os.open(a.mnt, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(a.mnt)
             jwrite(jfd, f"replaced {target} {h}")
 
 
 def check(a):
     fsynced, closed, replaced, pending, tmps, begun = {}, set(), {}, {}, set(), set()
+    retiring, retired = set(), set()
     promised = a.promised_bytes if a.promised_bytes is not None else float("inf")
     at = 0
     with open(a.journal, "rb") as f:
@@ -120,7 +148,13 @@ def check(a):
                     p = ["begin", p[1]]
                 elif p[0] == "replaced":
                     p = ["replacing", p[1], p[2], ""]
-            if p[0] == "begin":
+                elif p[0] == "retired":
+                    p = ["retiring", p[1]]
+            if p[0] == "retiring":
+                retiring.add(p[1])
+            elif p[0] == "retired":
+                retired.add(p[1])
+            elif p[0] == "begin":
                 begun.add(p[1])
             elif p[0] == "fsynced":
                 fsynced[p[1]] = p[2]
@@ -139,9 +173,19 @@ def check(a):
         with open(os.path.join(a.mnt, rel), "rb") as f:
             return hashlib.sha256(f.read()).hexdigest()
 
+    def top(rel):
+        return rel.split("/", 1)[0]
+
     for rel, h in sorted(fsynced.items()):
+        if top(rel) in retired:
+            continue
         try:
             got = sha_of(rel)
+        except FileNotFoundError:
+            if top(rel) in retiring:
+                continue  # removed with its directory, the removal not yet promised
+            problems.append(f"fsynced file {rel}: missing")
+            continue
         except OSError as e:
             problems.append(f"fsynced file {rel}: {e}")
             continue
@@ -172,7 +216,9 @@ def check(a):
                 sha_of(rel)
             except OSError as e:
                 problems.append(f"{rel}: cannot be read: {e}")
-            if rel not in known:
+            if top(rel) in retired:
+                problems.append(f"{rel}: its directory was removed and the removal fsynced")
+            elif rel not in known:
                 problems.append(f"{rel}: a file nobody made")
     print(f"checked: {len(fsynced)} fsynced, {len(replaced)} replaced targets, {seen} files in the tree")
     if problems:
@@ -191,6 +237,7 @@ def main():
     ap.add_argument("--iter", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--promised-bytes", type=int, default=None)
+    ap.add_argument("--keep-iters", type=int, default=None)
     a = ap.parse_args()
     if a.cmd == "work":
         work(a)

@@ -295,12 +295,15 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 );
                 if lg("cache_space_short") > 0 || lg("cache_space_evictions") > 0 {
                     println!(
-                        "  disk          {}{} writes found the cache dir's file system full and evicted clean data first",
+                        "  disk          {}{} found the cache dir's file system full and evicted clean data first",
                         match lg("cache_space_short") {
                             0 => String::new(),
                             n => format!("LOW ON SPACE: {} short of the free-space reserve (clean data is being evicted); ", human(n)),
                         },
-                        lg("cache_space_evictions")
+                        match lg("cache_space_evictions") {
+                            1 => "1 write".to_string(),
+                            n => format!("{n} writes"),
+                        }
                     );
                 }
                 if lg("cache_fills") > 0 || lg("cache_fills_adopted") > 0 {
