@@ -76,6 +76,14 @@ pub struct MountArgs {
     /// are read and written by the kernel straight from it, on Linux >= 6.9 as root).
     #[arg(long)]
     pub no_passthrough: bool,
+    /// When reading moves a file's access time: `relatime` (once after each change, or
+    /// once a day, as ext4 by default) or `noatime` (never).
+    #[arg(long, default_value = "relatime", value_name = "relatime|noatime")]
+    pub atime: deskfs_vfs::AtimeMode,
+    /// How long, seconds, the files a mount expired for missing its lease had open stay
+    /// readable for it (it may only be paused): their inodes are not purged meanwhile.
+    #[arg(long, default_value_t = 86400, hide = true, value_parser = clap::value_parser!(u64).range(1..=30 * 86400))]
+    pub expired_open_grace: u64,
 }
 
 /// `--buffer-memory`: a size (see [`crate::size::parse_size`]) of at least 4 MiB.
@@ -536,6 +544,10 @@ pub fn mount(a: MountArgs) -> Result<()> {
         .arg(a.threads.to_string())
         .arg("--buffer-memory")
         .arg(a.buffer_memory.to_string())
+        .arg("--atime")
+        .arg(a.atime.to_string())
+        .arg("--expired-open-grace")
+        .arg(a.expired_open_grace.to_string())
         .arg("--lease")
         .arg(a.lease.to_string())
         .arg("--remote-wait")
@@ -644,6 +656,8 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         bucket_wait: Duration::from_secs(a.bucket_wait),
         passthrough: !a.no_passthrough,
         buffer_limit: a.buffer_memory,
+        atime: a.atime,
+        expired_open_grace: Duration::from_secs(a.expired_open_grace),
         ..VfsConfig::default()
     };
     let meta: Arc<dyn MetaEngine> = o.meta.clone();

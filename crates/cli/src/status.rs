@@ -314,6 +314,13 @@ pub fn run(a: StatusArgs) -> Result<()> {
                         lg("cache_fills_adopted")
                     );
                 }
+                if let Some(mode) = l.get("atime").and_then(Value::as_str) {
+                    println!(
+                        "  atime         {mode}: {} access times committed, {} queued",
+                        lg("atime_committed"),
+                        lg("atime_queued")
+                    );
+                }
                 if let Some(line) = buffers_line(l.get("buffers")) {
                     println!("  memory        {line}");
                 }

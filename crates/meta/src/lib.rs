@@ -17,7 +17,10 @@ mod suite;
 pub mod types;
 
 pub use error::{MetaError, TxnError};
-pub use ops::{AttrUpdate, Expect, Op, OpOut, XattrMode};
+pub use ops::{
+    held_opens_key, held_opens_session, AttrUpdate, Expect, HeldOpens, Op, OpOut, XattrMode,
+    HELD_OPENS_PREFIX,
+};
 pub use types::*;
 
 /// Result alias for metadata operations.
@@ -524,6 +527,8 @@ pub trait MetaTxn {
     fn get_kv(&mut self, key: &str) -> Result<Option<String>>;
     /// Writes a workspace-level setting.
     fn set_kv(&mut self, key: &str, value: &str) -> Result<()>;
+    /// The workspace records whose key starts with `prefix`, in key order.
+    fn kv_with_prefix(&mut self, prefix: &str) -> Result<Vec<(String, String)>>;
     /// Totals for statfs/status.
     fn usage(&mut self) -> Result<Usage>;
 

@@ -290,7 +290,16 @@ pub enum Op {
         id: u64,
         /// Heartbeat cutoff, ns.
         stale_before_ns: i64,
+        /// `Some`: the session may only be paused (it missed its lease; its process may
+        /// resume), so its open-file records are kept, moved to session `-id`, with this
+        /// record under [`held_opens_key`]`(id)` (when there were any): inodes it had
+        /// open stay unpurged until [`Op::ReleaseHeldOpens`]. `None`: they are deleted.
+        #[serde(default)]
+        hold_opens: Option<HeldOpens>,
     },
+    /// Deletes the open-file records kept for expired session `0` (see
+    /// [`Op::ExpireSession`]) and their time record. Yields [`OpOut::Done`]. Never fails.
+    ReleaseHeldOpens(u64),
 }
 
 /// What one step yields.
@@ -314,5 +323,49 @@ impl OpOut {
             OpOut::Row(r) => r.as_ref(),
             _ => None,
         }
+    }
+}
+
+/// Prefix of the workspace records (`kv`) naming expired sessions whose open-file records
+/// are held (see [`Op::ExpireSession`]).
+pub const HELD_OPENS_PREFIX: &str = "held_opens.";
+
+/// The `kv` key recording since when (database clock, ns, as decimal text) the open-file
+/// records of expired session `id` are held.
+pub fn held_opens_key(id: u64) -> String {
+    format!("{HELD_OPENS_PREFIX}{id}")
+}
+
+/// The session a [`held_opens_key`] names (`None` for any other key).
+pub fn held_opens_session(key: &str) -> Option<u64> {
+    key.strip_prefix(HELD_OPENS_PREFIX)?.parse().ok()
+}
+
+/// Why and since when the open-file records of an expired session are held (the value of
+/// its [`held_opens_key`] record, as `SINCE_NS PID HOST`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HeldOpens {
+    /// When the session was expired, database clock, ns.
+    pub since_ns: i64,
+    /// The expired session's daemon process (on `host`).
+    pub pid: u32,
+    /// The expired session's host name.
+    pub host: String,
+}
+
+impl HeldOpens {
+    /// The record's text.
+    pub fn record(&self) -> String {
+        format!("{} {} {}", self.since_ns, self.pid, self.host)
+    }
+
+    /// Parses [`HeldOpens::record`]'s text (`None` when malformed).
+    pub fn parse(text: &str) -> Option<HeldOpens> {
+        let mut it = text.splitn(3, ' ');
+        Some(HeldOpens {
+            since_ns: it.next()?.parse().ok()?,
+            pid: it.next()?.parse().ok()?,
+            host: it.next()?.to_string(),
+        })
     }
 }

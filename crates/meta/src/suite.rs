@@ -27,7 +27,7 @@ macro_rules! engine_suite {
             expectations, nlink_purge_and_opens, commit_content_versions, xattr_modes,
             mark_inode_hard_links, fencing, alloc_inos_unique, typed_errors_and_retries,
             dentries_and_cookies, pending_gen_and_seq, pending_under_a_dir, objects_subtree_range, change_feed,
-            sessions_locks_opens, wanted_uploads, concurrent_mounts, usage_and_orphans,
+            sessions_locks_opens, held_opens_of_expired_sessions, wanted_uploads, concurrent_mounts, usage_and_orphans,
             keyed_transactions_serialise, paths_up_to_path_max);
     };
     (@tests $make:expr; $($name:ident),* $(,)?) => {
@@ -1144,6 +1144,7 @@ pub(crate) fn sessions_locks_opens(f: &dyn Fixture) {
         .apply(&[Op::ExpireSession {
             id: s1,
             stale_before_ns: 50,
+            hold_opens: None,
         }])
         .unwrap();
     assert_eq!(
@@ -1155,12 +1156,106 @@ pub(crate) fn sessions_locks_opens(f: &dyn Fixture) {
         .apply(&[Op::ExpireSession {
             id: s1,
             stale_before_ns: i64::MAX,
+            hold_opens: None,
         }])
         .unwrap();
     assert_eq!(out, vec![OpOut::Purged(true)]);
     assert!(read(&*e, |t| t.sessions()).unwrap().is_empty());
     assert!(read(&*e, |t| t.locks_on(5)).unwrap().is_empty());
     assert!(!read(&*e, |t| t.open_elsewhere(9, 0)).unwrap());
+}
+
+/// A session expired for missing its lease (perhaps only paused) keeps its open-file
+/// records, moved aside with a time record: the orphans it holds are not purged until the
+/// records are released; one expired without a hold keeps nothing.
+pub(crate) fn held_opens_of_expired_sessions(f: &dyn Fixture) {
+    let e = f.engine();
+    let s1 = txn(&*e, |t| t.register_session("h1", 11, 10)).unwrap();
+    let s2 = txn(&*e, |t| t.register_session("h2", 12, 10)).unwrap();
+    let x = create(&*e, ROOT_INO, "x", Kind::File);
+    let unlink = |ino, name: &str| {
+        vec![
+            Op::DeleteDentry {
+                parent: ROOT_INO,
+                name: name.as_bytes().to_vec(),
+                ino,
+            },
+            Op::AddNlink {
+                ino,
+                delta: -1,
+                ctime_ns: 20,
+            },
+        ]
+    };
+    txn(&*e, |t| t.add_open(x, s1, 2)).unwrap();
+    let held = crate::HeldOpens {
+        since_ns: 30,
+        pid: 11,
+        host: "h1 with spaces".into(),
+    };
+    let out = e
+        .apply(&[Op::ExpireSession {
+            id: s1,
+            stale_before_ns: i64::MAX,
+            hold_opens: Some(held.clone()),
+        }])
+        .unwrap();
+    assert_eq!(out, vec![OpOut::Purged(true)]);
+    assert_eq!(
+        read(&*e, |t| t.sessions()).unwrap().len(),
+        1,
+        "the session row goes"
+    );
+    // Still open for every other session, and recorded with its time.
+    assert!(read(&*e, |t| t.open_elsewhere(x, s2)).unwrap());
+    let recs = read(&*e, |t| t.kv_with_prefix(crate::HELD_OPENS_PREFIX)).unwrap();
+    assert_eq!(recs.len(), 1);
+    assert_eq!(crate::held_opens_session(&recs[0].0), Some(s1));
+    assert_eq!(crate::HeldOpens::parse(&recs[0].1), Some(held));
+    let mut ops = unlink(x, "x");
+    ops.push(Op::Purge(x));
+    let out = e.apply(&ops).unwrap();
+    assert_eq!(
+        out[2],
+        OpOut::Purged(false),
+        "held open by the expired session"
+    );
+    e.apply(&[Op::ReleaseHeldOpens(s1)]).unwrap();
+    assert!(!read(&*e, |t| t.open_elsewhere(x, s2)).unwrap());
+    assert!(read(&*e, |t| t.kv_with_prefix(crate::HELD_OPENS_PREFIX))
+        .unwrap()
+        .is_empty());
+    assert_eq!(e.apply(&[Op::Purge(x)]).unwrap(), vec![OpOut::Purged(true)]);
+    // Expired without a hold (its daemon is known gone): nothing is kept, no record.
+    let y = create(&*e, ROOT_INO, "y", Kind::File);
+    txn(&*e, |t| t.add_open(y, s2, 1)).unwrap();
+    e.apply(&[Op::ExpireSession {
+        id: s2,
+        stale_before_ns: i64::MAX,
+        hold_opens: None,
+    }])
+    .unwrap();
+    let mut ops = unlink(y, "y");
+    ops.push(Op::Purge(y));
+    assert_eq!(e.apply(&ops).unwrap()[2], OpOut::Purged(true));
+    assert!(read(&*e, |t| t.kv_with_prefix(crate::HELD_OPENS_PREFIX))
+        .unwrap()
+        .is_empty());
+    // A held expiry of a session with nothing open writes no record.
+    let s3 = txn(&*e, |t| t.register_session("h3", 13, 10)).unwrap();
+    e.apply(&[Op::ExpireSession {
+        id: s3,
+        stale_before_ns: i64::MAX,
+        hold_opens: Some(crate::HeldOpens {
+            since_ns: 40,
+            pid: 13,
+            host: "h3".into(),
+        }),
+    }])
+    .unwrap();
+    assert!(read(&*e, |t| t.kv_with_prefix(crate::HELD_OPENS_PREFIX))
+        .unwrap()
+        .is_empty());
 }
 
 pub(crate) fn wanted_uploads(f: &dyn Fixture) {

@@ -234,6 +234,9 @@ impl Coherence {
 
     /// Records that session `lost` was fenced at `now_ns`.
     pub(crate) fn fenced(&self, lost: u64, now_ns: i64) {
+        // The records published under the lost session went with it: the new session
+        // publishes the open files to the peers again.
+        self.acked_peer.store(0, Ordering::SeqCst);
         let mut f = self.fences.lock().unwrap_or_else(|p| p.into_inner());
         f.count += 1;
         f.last = Some((lost, now_ns));

@@ -482,6 +482,9 @@ impl Vfs {
     fn open_inner(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Opened> {
         let acc = flags & libc::O_ACCMODE;
         let trunc = flags & libc::O_TRUNC != 0 && acc != libc::O_RDONLY;
+        // An open for reading is the access that moves atime (see `atime`).
+        let reads = acc != libc::O_WRONLY && flags & libc::O_NOATIME == 0;
+        let mut atime_queued = false;
         // The kernel's repeat of an open we answered ESTALE, through a fresh lookup: that
         // inode is served even if it lost its name since (see `kernel_refs`).
         let retry = self.retries.is_retry(ctx.pid, ino);
@@ -500,7 +503,17 @@ impl Vfs {
             let ask = (count.session.is_none() && self.shared()).then(|| self.coherence.session());
             let step = self.locked_for_open(ino, retry || waited, ask, |s, row| {
                 self.open_step(ino, s, row, acc, trunc, waited)
+                    .inspect(|step| {
+                        if reads && matches!(step, OpenStep::Opened { file: true, .. }) {
+                            atime_queued |= self.accessed_file(ino, s, row);
+                        }
+                    })
             })?;
+            if std::mem::take(&mut atime_queued) {
+                // Outside the state's lock; the kernel holds no lock of this inode during
+                // OPEN, and an attribute-only invalidation waits for nothing.
+                self.invalidate_now(&crate::Invalidation::Attrs(ino));
+            }
             count.session = count.session.or(ask);
             match step {
                 OpenStep::Remote(row) => {
@@ -538,6 +551,18 @@ impl Vfs {
                 }
             }
         }
+    }
+
+    /// An open of file `ino` for reading, under its state's lock: queues the access time
+    /// by the mount's rule, judged on the times including this mount's uncommitted writes.
+    /// Returns whether it was queued (the caller drops the kernel's cached attributes).
+    fn accessed_file(&self, ino: Ino, s: &InodeState, row: &InodeRow) -> bool {
+        let (mtime, ctime) = if s.loaded && s.uncommitted {
+            (s.mtime_ns.max(row.mtime_ns), s.ctime_ns.max(row.ctime_ns))
+        } else {
+            (row.mtime_ns, row.ctime_ns)
+        };
+        self.accessed(ino, row.atime_ns, mtime, ctime, now_ns())
     }
 
     /// One step of `open` under the inode's lock, from its committed `row`.

@@ -196,6 +196,7 @@ impl Vfs {
             self.invalidate_now(inv);
         }
         self.flush_releases();
+        self.flush_access_times();
         self.flush_purges();
         if sessions {
             if let Err(e) = self.observe_sessions() {

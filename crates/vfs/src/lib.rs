@@ -9,6 +9,7 @@
 //! in the background. Reads come from the staging file when the content is local, else
 //! from the block cache, filled by ranged GETs with sequential readahead.
 
+pub mod atime;
 pub mod buffers;
 pub mod change_ring;
 mod changes;
@@ -48,6 +49,7 @@ use deskfs_bucket::Bucket;
 use deskfs_cache::Cache;
 use deskfs_meta::{InodeRow, Local, MetaEngine, Op};
 
+pub use atime::AtimeMode;
 pub use change_ring::{Change, ChangeKind, ChangesPage};
 pub use coherence::Peers;
 pub use durability::Durability;
@@ -106,6 +108,12 @@ pub struct VfsConfig {
     /// Serve open files whose content is local through FUSE passthrough when the kernel
     /// allows it (see [`Vfs::set_passthrough`]).
     pub passthrough: bool,
+    /// When reads move `atime` (see [`atime`]).
+    pub atime: AtimeMode,
+    /// How long the open files of a mount expired for missing its lease (perhaps only
+    /// paused) stay unpurged, so that mount still reads them when it resumes (see
+    /// the `session` module).
+    pub expired_open_grace: Duration,
 }
 
 impl Default for VfsConfig {
@@ -124,6 +132,8 @@ impl Default for VfsConfig {
             durability: Durability::Local,
             bucket_wait: Duration::from_secs(30),
             passthrough: true,
+            atime: AtimeMode::Relatime,
+            expired_open_grace: Duration::from_secs(24 * 3600),
         }
     }
 }
@@ -163,6 +173,8 @@ pub struct Vfs {
     pub(crate) deferred: Mutex<Vec<Invalidation>>,
     /// Releases whose database work is still to do (see [`release`]).
     pub(crate) releases: release::ReleaseQueue,
+    /// Access times queued for the database (see [`atime`]).
+    pub(crate) atimes: atime::AccessTimes,
     /// Shared device flushes of the metadata log (see [`meta_flush`]).
     pub(crate) meta_flush: meta_flush::MetaFlush,
     /// Device flushes of staging files (`fsync`/`fdatasync`) run so far.
@@ -266,6 +278,7 @@ impl Vfs {
         pid: u32,
     ) -> Result<Arc<Vfs>> {
         let budget = buffers::BufferBudget::new(cfg.buffer_limit);
+        let atimes = atime::AccessTimes::new(cfg.atime);
         let vfs = Arc::new_cyclic(|this| Vfs {
             meta,
             bucket,
@@ -287,6 +300,7 @@ impl Vfs {
             namespace_barrier: std::sync::OnceLock::new(),
             deferred: Mutex::new(Vec::new()),
             releases: release::ReleaseQueue::default(),
+            atimes,
             meta_flush: meta_flush::MetaFlush::default(),
             data_flushes: Default::default(),
             flush_failures: Default::default(),
@@ -348,6 +362,8 @@ impl Vfs {
             let out = self.meta.apply(&ops)?;
             for (ino, o) in orphans.iter().zip(out) {
                 if o == deskfs_meta::OpOut::Purged(true) {
+                    // A copy of its content another mount uploaded for it goes too.
+                    self.forget_orphan_object(*ino);
                     self.cache.remove_staging(*ino)?;
                     self.cache.drop_blocks(*ino);
                 }
@@ -505,6 +521,7 @@ impl Vfs {
         self.uploader.stop();
         self.coherence.stop();
         self.flush_releases();
+        self.flush_access_times();
         self.flush_purges_after(Duration::ZERO);
         self.end_session();
         // Other processes (the next mount, the metadata backup's final flush) read the

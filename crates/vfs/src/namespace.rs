@@ -184,6 +184,10 @@ impl Vfs {
     /// Attributes with uncommitted in-memory size/mtime applied.
     pub(crate) fn overlay(&self, row: &InodeRow) -> Attr {
         let mut a = attr_of(row);
+        // An access time queued for the database (see `atime`) shows at once.
+        if let Some(t) = self.atimes.pending(row.ino) {
+            a.atime_ns = a.atime_ns.max(t);
+        }
         let st = self
             .inodes
             .lock()
@@ -608,53 +612,61 @@ impl Vfs {
                 return Ok(self.overlay(&row));
             }
         }
-        let row = self.change(|f| {
-            let cur = f.inode(ino)?.ok_or(VfsError::Stale)?;
-            let mut b = Batch::new(self);
-            let mut perm = set.mode.map(|m| m & 0o7777);
-            let changes_owner = set.uid.is_some_and(|u| u != cur.hint.uid)
-                || set.gid.is_some_and(|g| g != cur.hint.gid);
-            // chown clears setuid, and setgid when group-executable (Linux), judged on the
-            // mode it had: guarded.
-            if changes_owner && cur.hint.kind != Kind::Dir && set.mode.is_none() {
-                let mut p = cur.hint.perm & !0o4000;
-                if p & 0o010 != 0 {
-                    p &= !0o2000;
+        let change = || {
+            self.change(|f| {
+                let cur = f.inode(ino)?.ok_or(VfsError::Stale)?;
+                let mut b = Batch::new(self);
+                let mut perm = set.mode.map(|m| m & 0o7777);
+                let changes_owner = set.uid.is_some_and(|u| u != cur.hint.uid)
+                    || set.gid.is_some_and(|g| g != cur.hint.gid);
+                // chown clears setuid, and setgid when group-executable (Linux), judged on the
+                // mode it had: guarded.
+                if changes_owner && cur.hint.kind != Kind::Dir && set.mode.is_none() {
+                    let mut p = cur.hint.perm & !0o4000;
+                    if p & 0o010 != 0 {
+                        p &= !0o2000;
+                    }
+                    if p != cur.hint.perm {
+                        b.guard(Op::ExpectAttrs {
+                            ino,
+                            perm: cur.hint.perm,
+                            uid: cur.hint.uid,
+                            gid: cur.hint.gid,
+                        });
+                        perm = Some(p);
+                    }
                 }
-                if p != cur.hint.perm {
-                    b.guard(Op::ExpectAttrs {
-                        ino,
-                        perm: cur.hint.perm,
-                        uid: cur.hint.uid,
-                        gid: cur.hint.gid,
-                    });
-                    perm = Some(p);
-                }
-            }
-            b.guard(Op::SetAttrs {
-                ino,
-                set: AttrUpdate {
-                    perm,
-                    uid: set.uid,
-                    gid: set.gid,
-                    atime_ns: set.atime.map(t_of),
-                    mtime_ns: set.mtime.map(t_of),
-                    ctime_ns: Some(now),
-                    ..Default::default()
-                },
-            });
-            if !marked_at_close {
-                b.guard(Op::MarkInode {
+                b.guard(Op::SetAttrs {
                     ino,
-                    not_before_ns: self.not_before(),
+                    set: AttrUpdate {
+                        perm,
+                        uid: set.uid,
+                        gid: set.gid,
+                        atime_ns: set.atime.map(t_of),
+                        mtime_ns: set.mtime.map(t_of),
+                        ctime_ns: Some(now),
+                        ..Default::default()
+                    },
                 });
-            }
-            let get = b.refresh(ino);
-            Ok(Plan::Apply(
-                b,
-                Box::new(move |out| out[get].row().cloned().ok_or(VfsError::Stale)),
-            ))
-        });
+                if !marked_at_close {
+                    b.guard(Op::MarkInode {
+                        ino,
+                        not_before_ns: self.not_before(),
+                    });
+                }
+                let get = b.refresh(ino);
+                Ok(Plan::Apply(
+                    b,
+                    Box::new(move |out| out[get].row().cloned().ok_or(VfsError::Stale)),
+                ))
+            })
+        };
+        // An explicit atime (`touch -a`, `utimensat`) stands over accesses queued before it.
+        let row = if set.atime.is_some() {
+            self.atimes.explicit(ino, change)
+        } else {
+            change()
+        };
         drop(held);
         let row = row?;
         self.with_state(ino, |st| {
@@ -1332,6 +1344,11 @@ impl Vfs {
             Ok::<_, VfsError>((dots, rows))
         })?;
         let mut out = Vec::with_capacity(rows.len() + 2);
+        if let Some((me, _)) = &dots {
+            // A listing is an access of the directory (ext4 `relatime`; see `atime`).
+            // (The kernel drops its cached atime after a readdir itself.)
+            self.accessed(ino, me.atime_ns, me.mtime_ns, me.ctime_ns, now_ns());
+        }
         if let Some((me, parent)) = dots {
             if offset < 1 {
                 out.push(DirEntry {

@@ -361,14 +361,24 @@ impl Vfs {
     }
 
     /// After `ino` was purged: the object of its content uploaded as an orphan (if any)
-    /// is deleted by the uploader.
+    /// is deleted by the uploader. The orphan object may be another mount's upload (it
+    /// served this mount's open while it lost the name; this mount purged at its last
+    /// close): its record is looked up when this mount did not upload it.
     pub(crate) fn forget_orphan_object(&self, ino: Ino) {
-        let had = self
+        let mine = self
             .uploader
             .orphan_objects
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&ino);
+        let had = mine
+            || match deskfs_meta::read(&*self.meta, |t| t.get_object(&orphan_path(ino))) {
+                Ok(o) => o.is_some(),
+                Err(e) => {
+                    tracing::warn!(ino, error = %e, "cannot look for an orphan's object; `deskfs fsck --repair` finds it");
+                    false
+                }
+            };
         if had {
             let p = orphan_path(ino);
             let r = deskfs_meta::txn(&*self.meta, |t| t.mark_pending(&p, false, now_ns()));

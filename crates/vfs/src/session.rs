@@ -7,10 +7,21 @@
 //! open-file records go with the session row, and the orphans (`nlink == 0`) nobody holds
 //! any more are purged. A mount that finds its own session gone was fenced (see
 //! [`crate::coherence`]).
+//!
+//! A session that only missed its lease may belong to a daemon that is paused (SIGSTOP,
+//! a suspended machine, a long stall) and resumes later, with files open whose names
+//! other mounts removed meanwhile. Its locks go at once (others must make progress), but
+//! its open-file records are *held* (moved to session `-id`, see
+//! [`deskfs_meta::Op::ExpireSession`]) for [`VfsConfig::expired_open_grace`](crate::VfsConfig):
+//! until then no mount purges those inodes, so the resumed daemon, fenced and registered
+//! anew, still reads what its processes hold open, as on ext4. Held records are released
+//! when the grace runs out, when their daemon registers again (fenced), or when their
+//! daemon is known dead (a gone process of this host). A session of this host whose
+//! process is gone is expired without a hold.
 
 use std::time::Duration;
 
-use deskfs_meta::{MetaError, Op, OpOut, SessionRow};
+use deskfs_meta::{HeldOpens, MetaError, Op, OpOut, SessionRow};
 
 use crate::{now_ns, Result, Vfs};
 
@@ -34,6 +45,16 @@ pub fn hostname() -> String {
 /// Whether process `pid` of this host exists (0 = unknown: treated as alive).
 pub(crate) fn pid_alive(pid: u32) -> bool {
     pid == 0 || std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// A session found dead, with what its expiry must do.
+struct Dead {
+    row: SessionRow,
+    /// Heartbeat cutoff its expiry checks (database clock, ns): a session that renews
+    /// meanwhile survives.
+    cutoff: i64,
+    /// `Some` when it may only be paused: its open-file records are held.
+    hold: Option<HeldOpens>,
 }
 
 impl Vfs {
@@ -72,12 +93,7 @@ impl Vfs {
     /// no heartbeat for a lease, or a daemon of this host that is gone (or this very
     /// process's old one). Each with the heartbeat cutoff its expiry must check, so a
     /// session that renews meanwhile survives.
-    fn dead_sessions(
-        &self,
-        sessions: &[SessionRow],
-        now: i64,
-        me: Option<u64>,
-    ) -> Vec<(SessionRow, i64)> {
+    fn dead_sessions(&self, sessions: &[SessionRow], now: i64, me: Option<u64>) -> Vec<Dead> {
         let host = hostname();
         let pid = self.pid;
         let lease = self.lease_ns();
@@ -86,9 +102,21 @@ impl Vfs {
             .filter(|s| Some(s.id) != me)
             .filter_map(|s| {
                 if s.host == host && (s.pid == pid || !pid_alive(s.pid)) {
-                    Some((s.clone(), i64::MAX))
+                    Some(Dead {
+                        row: s.clone(),
+                        cutoff: i64::MAX,
+                        hold: None,
+                    })
                 } else if now - s.heartbeat_ns > lease {
-                    Some((s.clone(), now - lease))
+                    Some(Dead {
+                        row: s.clone(),
+                        cutoff: now - lease,
+                        hold: Some(HeldOpens {
+                            since_ns: now,
+                            pid: s.pid,
+                            host: s.host.clone(),
+                        }),
+                    })
                 } else {
                     None
                 }
@@ -96,26 +124,70 @@ impl Vfs {
             .collect()
     }
 
+    /// The expired sessions whose held open-file records are due for release at
+    /// database time `now`: held longer than the grace, or of a daemon of this host that
+    /// is gone (the same rules as [`Vfs::dead_sessions`]).
+    fn held_due(&self, held: &[(String, String)], now: i64) -> Vec<u64> {
+        let host = hostname();
+        let grace = self.cfg.expired_open_grace.as_nanos() as i64;
+        held.iter()
+            .filter_map(|(k, v)| {
+                let id = deskfs_meta::held_opens_session(k)?;
+                // A malformed record holds nothing worth keeping.
+                let due = HeldOpens::parse(v).is_none_or(|h| {
+                    now.saturating_sub(h.since_ns) > grace || (h.host == host && !pid_alive(h.pid))
+                });
+                due.then_some(id)
+            })
+            .collect()
+    }
+
+    /// Releases the held open-file records of expired sessions `ids`, then purges the
+    /// orphans nobody holds any more.
+    fn release_held(&self, ids: &[u64]) {
+        if ids.is_empty() {
+            return;
+        }
+        let ops: Vec<Op> = ids.iter().map(|id| Op::ReleaseHeldOpens(*id)).collect();
+        match self.meta.apply(&ops) {
+            Ok(_) => {
+                tracing::info!(sessions = ?ids, "released the open files held for expired mount sessions");
+                if let Err(e) = self.purge_unheld_orphans() {
+                    tracing::warn!(error = %e, "cannot purge the orphans of expired sessions");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot release the open files held for expired sessions; retrying")
+            }
+        }
+    }
+
     /// Expires `dead` sessions (one batch), then purges the orphans nobody holds any
     /// more.
-    fn expire(&self, dead: &[(SessionRow, i64)]) {
+    fn expire(&self, dead: &[Dead]) {
         if dead.is_empty() {
             return;
         }
         let ops: Vec<Op> = dead
             .iter()
-            .map(|(s, cutoff)| Op::ExpireSession {
-                id: s.id,
-                stale_before_ns: *cutoff,
+            .map(|d| Op::ExpireSession {
+                id: d.row.id,
+                stale_before_ns: d.cutoff,
+                hold_opens: d.hold.clone(),
             })
             .collect();
         match self.meta.apply(&ops) {
             Ok(out) => {
                 let mut any = false;
-                for ((s, _), o) in dead.iter().zip(out) {
+                for (d, o) in dead.iter().zip(out) {
                     if o == OpOut::Purged(true) {
                         any = true;
-                        tracing::warn!(session = s.id, host = %s.host, pid = s.pid, "mount session expired: its locks, open-file records and orphans are released");
+                        let s = &d.row;
+                        if d.hold.is_some() {
+                            tracing::warn!(session = s.id, host = %s.host, pid = s.pid, grace_s = self.cfg.expired_open_grace.as_secs(), "mount session expired (missed its lease): its locks are released; the files it has open stay readable for it for the grace, in case it was only paused");
+                        } else {
+                            tracing::warn!(session = s.id, host = %s.host, pid = s.pid, "mount session expired (its daemon is gone): its locks, open-file records and orphans are released");
+                        }
                     }
                 }
                 if any {
@@ -140,13 +212,15 @@ impl Vfs {
             let now = t.db_now_ns()?;
             t.heartbeat(me, now)?;
             let dead = self.dead_sessions(&t.sessions()?, now, Some(me));
+            let held = self.held_due(&t.kv_with_prefix(deskfs_meta::HELD_OPENS_PREFIX)?, now);
             t.prune_changes(now / 1_000_000 - crate::feed::FEED_KEEP_MS)?;
-            Ok::<_, MetaError>(dead)
+            Ok::<_, MetaError>((dead, held))
         });
         match r {
-            Ok(dead) => {
+            Ok((dead, held)) => {
                 self.locks.renewed(began);
-                self.expire(&dead)
+                self.expire(&dead);
+                self.release_held(&held);
             }
             Err(MetaError::NotFound(_)) => self.fenced(me),
             Err(e) => tracing::warn!(error = %e, "lease renewal failed; retrying"),
@@ -174,7 +248,11 @@ impl Vfs {
         }
         if let Err(e) = self.start_session() {
             tracing::error!(error = %e, "cannot register a new session");
+            return;
         }
+        // Its opens are recorded under the new session (when others are live, as always):
+        // what the old one's expiry held for it goes.
+        self.release_held(&[lost]);
     }
 
     /// Purges orphans that no session records open and this mount does not hold (run

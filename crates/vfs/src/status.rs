@@ -98,6 +98,12 @@ pub struct VfsStatus {
     pub passthrough_opens: u64,
     /// Of those, opens given a complete whole-file fill (a file just read whole).
     pub passthrough_fill_opens: u64,
+    /// When accesses move atime: `relatime` or `noatime` (see [`crate::atime`]).
+    pub atime: String,
+    /// Access times queued for the database (committed within a feed tick).
+    pub atime_queued: usize,
+    /// Access times committed since the mount.
+    pub atime_committed: u64,
 }
 
 impl Vfs {
@@ -165,6 +171,9 @@ impl Vfs {
                 .fills
                 .fill_opens
                 .load(std::sync::atomic::Ordering::Relaxed),
+            atime: self.cfg.atime.to_string(),
+            atime_queued: self.atimes.queued(),
+            atime_committed: self.atimes.committed(),
         })
     }
 }

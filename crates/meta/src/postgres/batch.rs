@@ -306,15 +306,27 @@ fn plan<'a>(ops: &'a [Op]) -> Vec<Stmt<'a>> {
                 push(Q::RemoveXattrOp, vec![p(i(*ino)), p(name)], Out::Done)
             }
             Op::GetInode(ino) => push(Q::GetInode, vec![p(i(*ino))], Out::Row),
+            Op::ReleaseHeldOpens(id) => {
+                push(Q::ReleaseHeldOpenRows, vec![p(i(*id))], Out::Done);
+                push(Q::DeleteKv, vec![p(crate::held_opens_key(*id))], Out::Done);
+            }
             Op::ExpireSession {
                 id,
                 stale_before_ns,
+                hold_opens,
             } => {
                 push(
                     Q::ExpireSessionRow,
                     vec![p(i(*id)), p(*stale_before_ns)],
                     Out::Purged,
                 );
+                if let Some(held) = hold_opens {
+                    push(
+                        Q::HoldSessionOpens,
+                        vec![p(i(*id)), p(crate::held_opens_key(*id)), p(held.record())],
+                        Out::Done,
+                    );
+                }
                 push(Q::ExpireSessionOpens, vec![p(i(*id))], Out::Done);
                 push(Q::ExpireSessionLocks, vec![p(i(*id))], Out::Done);
             }

@@ -320,6 +320,17 @@ queries! {
         RETURNING 1) SELECT count(*) FROM d";
     ExpireSessionOpens = "DELETE FROM open_files WHERE session = $1
         AND NOT EXISTS (SELECT 1 FROM sessions WHERE id = $1)";
+    // A session that may only be paused: its open-file records move to session -id (the
+    // inodes stay unpurged until released), with the time under the held_opens.ID key.
+    HoldSessionOpens = "WITH m AS (SELECT ino, count FROM open_files WHERE session = $1
+        AND count > 0 AND NOT EXISTS (SELECT 1 FROM sessions WHERE id = $1)),
+        h AS (INSERT INTO open_files(ino, session, count) SELECT ino, -$1::bigint, count FROM m
+        ON CONFLICT (ino, session) DO UPDATE SET count = open_files.count + excluded.count)
+        INSERT INTO kv(key, value) SELECT $2, $3 WHERE EXISTS (SELECT 1 FROM m)
+        ON CONFLICT (key) DO UPDATE SET value = excluded.value";
+    ReleaseHeldOpenRows = "DELETE FROM open_files WHERE session = -$1::bigint";
+    KvPrefix = "SELECT key, value FROM kv WHERE starts_with(key, $1) ORDER BY key";
+    DeleteKv = "DELETE FROM kv WHERE key = $1";
     ExpireSessionLocks = "DELETE FROM locks WHERE session = $1
         AND NOT EXISTS (SELECT 1 FROM sessions WHERE id = $1)";
     CheckSessionTxn = "SELECT count(*) FROM (SELECT 1 FROM sessions WHERE id = $1 FOR KEY SHARE) s";

@@ -778,6 +778,13 @@ impl MetaTxn for PgTxn<'_> {
         Ok(())
     }
 
+    fn kv_with_prefix(&mut self, prefix: &str) -> Result<Vec<(String, String)>> {
+        self.query(Q::KvPrefix, &[&prefix])?
+            .iter()
+            .map(|r| Ok((col(r, 0)?, col(r, 1)?)))
+            .collect()
+    }
+
     fn usage(&mut self) -> Result<Usage> {
         let r = self.one(Q::Usage, &[])?;
         Ok(Usage {

@@ -442,11 +442,28 @@ fn apply_one(conn: &Connection, step: usize, op: &Op) -> Result<OpOut> {
         Op::ExpireSession {
             id,
             stale_before_ns,
+            hold_opens,
         } => {
             let n = conn
                 .prepare_cached("DELETE FROM sessions WHERE id=?1 AND heartbeat < ?2")?
                 .execute(params![*id as i64, stale_before_ns])?;
             if n > 0 {
+                if let Some(held) = hold_opens {
+                    let moved = conn
+                        .prepare_cached(
+                            "INSERT INTO open_files(ino,session,count)
+                             SELECT ino, -?1, count FROM open_files WHERE session=?1 AND count>0
+                             ON CONFLICT(ino,session) DO UPDATE SET count=count+excluded.count",
+                        )?
+                        .execute(params![*id as i64])?;
+                    if moved > 0 {
+                        conn.prepare_cached(
+                            "INSERT INTO kv(key,value) VALUES(?1,?2)
+                             ON CONFLICT(key) DO UPDATE SET value=excluded.value",
+                        )?
+                        .execute(params![crate::held_opens_key(*id), held.record()])?;
+                    }
+                }
                 for sql in [
                     "DELETE FROM open_files WHERE session=?1",
                     "DELETE FROM locks WHERE session=?1",
@@ -455,6 +472,12 @@ fn apply_one(conn: &Connection, step: usize, op: &Op) -> Result<OpOut> {
                 }
             }
             return Ok(OpOut::Purged(n > 0));
+        }
+        Op::ReleaseHeldOpens(id) => {
+            conn.prepare_cached("DELETE FROM open_files WHERE session=?1")?
+                .execute(params![-(*id as i64)])?;
+            conn.prepare_cached("DELETE FROM kv WHERE key=?1")?
+                .execute(params![crate::held_opens_key(*id)])?;
         }
         Op::GetInode(ino) => {
             let row = conn

@@ -788,6 +788,17 @@ impl MetaTxn for SqlTxn<'_> {
         Ok(())
     }
 
+    fn kv_with_prefix(&mut self, prefix: &str) -> Result<Vec<(String, String)>> {
+        // Keys are compared as text: `prefix` .. `prefix` followed by U+10FFFF bounds
+        // every key that starts with it (no LIKE: `_` and `%` in prefixes).
+        let end = format!("{prefix}\u{10FFFF}");
+        let mut st = self.conn.prepare_cached(
+            "SELECT key, value FROM kv WHERE key >= ?1 AND key < ?2 ORDER BY key",
+        )?;
+        let rows = st.query_map(params![prefix, end], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<std::result::Result<Vec<_>, _>>()?)
+    }
+
     fn usage(&mut self) -> Result<Usage> {
         usage_of(self.conn)
     }
