@@ -23,22 +23,22 @@
 # daemon alive (the cut kills it): the same promises hold.
 # At the end: a normal mount, `deskfs sync`, and every fsynced file is in the bucket dir
 # with its content.
-#   DESKFS_POWER_ITERS   kill-and-cut iterations (default 24)
-#   DESKFS_POWER_IMAGES  crash images per iteration (default 4: 24 + 96 = 120 cut points
-#                        per run; `scripts/test.sh --long` runs 50 x 60: 3,050). A cut
-#                        point's check reads the whole tree: the workload removes
-#                        iterations older than the last two, so it stays bounded (~450
-#                        files); still, a check costs 1.5-2 s there (mount, check, fsck),
-#                        so 12 images per iteration would take ~10 min.
+#   DESKFS_POWER_ITERS   kill-and-cut iterations (default 30)
+#   DESKFS_POWER_IMAGES  crash images per iteration (default 9: 30 + 270 = 300 cut points
+#                        per run, ~8.5 min here; `scripts/test.sh --long` runs 50 x 60:
+#                        3,050). A cut point's check reads the whole tree: the workload
+#                        removes iterations older than the last two, so it stays bounded
+#                        (~450 files); a check costs 1.1-1.5 s there (restore by moving
+#                        the image into place, mount, check, unmount, fsck).
 #   DESKFS_POWER_SEED    seed of the run (default random; printed)
-# e2e-timeout: 900
+# e2e-timeout: 1200
 # e2e-long-timeout: 43200
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 
 PL=$ROOT/tests/tools/powerload.py
-ITERS=${DESKFS_POWER_ITERS:-24}
-IMAGES=${DESKFS_POWER_IMAGES:-4}
+ITERS=${DESKFS_POWER_ITERS:-30}
+IMAGES=${DESKFS_POWER_IMAGES:-9}
 SEED=${DESKFS_POWER_SEED:-$((RANDOM * 32768 + RANDOM))}
 RANDOM=$SEED
 log "seed $SEED, $ITERS power cuts + $((ITERS * IMAGES)) crash images (replay: DESKFS_POWER_SEED=$SEED DESKFS_POWER_ITERS=$ITERS DESKFS_POWER_IMAGES=$IMAGES)"
@@ -87,13 +87,18 @@ take_image() {
 }
 
 # restore_image NAME: the image becomes the disk (and the bucket dir); lossfs reloads it.
+# Each image is restored once, so its files are moved into place, not copied (the bucket
+# dir's objects are the image's hard links: they keep their inode numbers and times,
+# which file:// ETags are made of; objects are replaced by rename, never changed in
+# place). What they replace is removed in the background.
 restore_image() {
-  find "$T/disk" -mindepth 1 -maxdepth 1 -exec rm -rf {} +
-  cp -a "$IMG/$1/disk/." "$T/disk/"
-  rm -rf "$T/bucket"
-  # Hard links, as the image's: the objects keep their inode numbers and times, which
-  # file:// ETags are made of (objects are replaced by rename, never changed in place).
-  cp -al "$IMG/$1/bucket" "$T/bucket"
+  local old=$T/old.$1
+  mkdir -p "$old"
+  find "$T/disk" -mindepth 1 -maxdepth 1 -exec mv -t "$old" {} +
+  find "$IMG/$1/disk" -mindepth 1 -maxdepth 1 -exec mv -t "$T/disk" {} +
+  mv "$T/bucket" "$old/bucket"
+  mv "$IMG/$1/bucket" "$T/bucket"
+  rm -rf "$old" &
   local out
   out=$(ctl cut) || fail "lossfs reload of image $1 failed: $out"
 }
