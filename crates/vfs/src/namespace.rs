@@ -1356,7 +1356,8 @@ impl Vfs {
                     offset: 1,
                     kind: Kind::Dir,
                     name: b".".to_vec(),
-                    attr: plus.then(|| attr_of(&me)),
+                    // With the access time this listing queued.
+                    attr: plus.then(|| self.overlay(&me)),
                 });
             }
             out.push(DirEntry {
