@@ -31,16 +31,20 @@ pub struct Generation {
 }
 
 /// Parses a key under [`META_DIR`]: `(generation, None)` for a snapshot,
-/// `(generation, Some(to_seq))` for a delta; `None` for anything else.
+/// `(generation, Some(to_seq))` for a delta; `None` for anything else — also for a key
+/// that names the same numbers in another form than [`snapshot_key`] and [`delta_key`]
+/// write (`g7`, `g+0000000007`, a short `d…` name), which no backup file has.
 pub fn parse_key(key: &str) -> Option<(u64, Option<u64>)> {
     let rest = key.strip_prefix(META_DIR)?.strip_prefix("/g")?;
     let (gen, file) = rest.split_once('/')?;
     let gen: u64 = gen.parse().ok()?;
-    if file == "snapshot.dbk" {
-        return Some((gen, None));
-    }
-    let seq = file.strip_prefix('d')?.strip_suffix(".dbk")?.parse().ok()?;
-    Some((gen, Some(seq)))
+    let (seq, written) = if file == "snapshot.dbk" {
+        (None, snapshot_key(gen))
+    } else {
+        let seq = file.strip_prefix('d')?.strip_suffix(".dbk")?.parse().ok()?;
+        (Some(seq), delta_key(gen, seq))
+    };
+    (written == key).then_some((gen, seq))
 }
 
 /// Every generation in the bucket, by number.
@@ -72,6 +76,22 @@ mod tests {
         assert_eq!(parse_key(&delta_key(7, 123)), Some((7, Some(123))));
         assert_eq!(parse_key(".deskfs/meta/g1/other"), None);
         assert_eq!(parse_key(".deskfs/format.json"), None);
+        assert_eq!(parse_key(&snapshot_key(u64::MAX)), Some((u64::MAX, None)));
+        assert_eq!(
+            parse_key(&delta_key(0, u64::MAX)),
+            Some((0, Some(u64::MAX)))
+        );
+        // Found by fuzz/fuzz_targets/meta_backup.rs: other spellings of the same numbers
+        // were read as backup files of that generation.
+        for other in [
+            ".deskfs/meta/g0000000007/d000000000.dbk",
+            ".deskfs/meta/g7/snapshot.dbk",
+            ".deskfs/meta/g+000000007/snapshot.dbk",
+            ".deskfs/meta/g00000000007/snapshot.dbk",
+            ".deskfs/meta/g0000000007/d+000000000000123.dbk",
+        ] {
+            assert_eq!(parse_key(other), None, "{other}");
+        }
         // Lexical order of keys is numeric order (fixed widths).
         assert!(delta_key(1, 9) < delta_key(1, 10));
         assert!(snapshot_key(9) < snapshot_key(10));

@@ -57,14 +57,10 @@ pub fn from_bucket(a: AttachArgs) -> Result<()> {
             spec.url
         )
     })?;
-    if record.get("meta").and_then(|m| m.as_str()) == Some("postgres") {
+    if record.is_postgres() {
         bail!("the workspace in bucket {} keeps its metadata in PostgreSQL; join it with `deskfs attach {} --meta postgres://…`", spec.url, a.name);
     }
-    let id = record
-        .get("id")
-        .and_then(|i| i.as_str())
-        .unwrap_or_default()
-        .to_string();
+    let id = record.id.unwrap_or_default();
     // Refuse early (nothing created yet) while another machine has it mounted.
     let now = now_ns();
     if let Some(l) = rt.block_on(lease::read(&bucket))? {

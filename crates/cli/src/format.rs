@@ -12,6 +12,9 @@ use deskfs_bucket::{Bucket, BucketSpec};
 use crate::home::{check_name, ws_dir, WorkspaceConfig};
 use crate::metadb::{new_id, MetaUrl, Record};
 
+pub(crate) mod record;
+use record::FormatRecord;
+
 /// Arguments of `deskfs format`.
 #[derive(Args, Debug)]
 pub struct FormatArgs {
@@ -77,8 +80,8 @@ pub struct AttachArgs {
     pub secret_key: Option<String>,
 }
 
-/// The bucket's format record (`.deskfs/format.json`).
-pub(crate) const FORMAT_RECORD: &str = ".deskfs/format.json";
+/// The bucket's format record (`.deskfs/format.json`, see [`record`]).
+pub(crate) const FORMAT_RECORD: &str = record::KEY;
 
 /// Runs `deskfs format`.
 pub fn run(a: FormatArgs) -> Result<()> {
@@ -126,19 +129,21 @@ pub(crate) fn open_bucket(
     Ok(bucket)
 }
 
-/// The workspace id in the bucket's format record, if there is one.
+/// The bucket's format record, if there is one (every field absent when its body cannot
+/// be read or is not a JSON object).
 pub(crate) fn bucket_workspace(
     bucket: &Bucket,
     rt: &tokio::runtime::Runtime,
-) -> Result<Option<serde_json::Value>> {
+) -> Result<Option<FormatRecord>> {
     if rt.block_on(bucket.head(FORMAT_RECORD))?.is_none() {
         return Ok(None);
     }
-    let body = rt.block_on(bucket.get_range(FORMAT_RECORD, 0..64 << 10, None));
-    Ok(body
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .or(Some(serde_json::Value::Null)))
+    let body = rt.block_on(bucket.get_range(FORMAT_RECORD, 0..record::MAX_LEN, None));
+    Ok(Some(
+        body.ok()
+            .and_then(|b| FormatRecord::parse(&b).ok())
+            .unwrap_or_default(),
+    ))
 }
 
 /// Where a bucket URL puts objects, to tell whether two locations overlap: a resolved
@@ -350,14 +355,7 @@ fn format_inner(a: &FormatArgs) -> Result<()> {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     let id = new_id();
-    let record = serde_json::json!({
-        "format": "deskfs",
-        "version": 1,
-        "workspace": a.name,
-        "id": id,
-        "meta": if meta_url.is_shared() { "postgres" } else { "sqlite" },
-        "created": now.as_secs(),
-    });
+    let record = FormatRecord::new(&a.name, &id, meta_url.is_shared(), now.as_secs());
     let uid = nix::unistd::getuid().as_raw();
     let gid = nix::unistd::getgid().as_raw();
     let meta = meta_url.create(uid, gid, now.as_nanos() as i64)?;
@@ -390,7 +388,7 @@ fn format_inner(a: &FormatArgs) -> Result<()> {
         }
     };
     drop(meta);
-    if let Err(e) = rt.block_on(bucket.put_bytes(FORMAT_RECORD, record.to_string().into(), None)) {
+    if let Err(e) = rt.block_on(bucket.put_bytes(FORMAT_RECORD, record.to_bytes().into(), None)) {
         undo(&meta_url);
         return Err(anyhow::Error::from(e).context(format!("cannot write to bucket {}", spec.url)));
     }
@@ -516,11 +514,7 @@ pub fn attach(a: AttachArgs) -> Result<()> {
         .build()?;
     let bucket = open_bucket(&spec, &rt, false)?;
     match bucket_workspace(&bucket, &rt)? {
-        Some(v)
-            if v.get("id")
-                .and_then(|i| i.as_str())
-                .is_some_and(|i| i != rec.id) =>
-        {
+        Some(v) if v.id.as_ref().is_some_and(|i| *i != rec.id) => {
             bail!(
                 "bucket {} holds another deskfs workspace than the one {} records; check both URLs",
                 spec.url,

@@ -185,7 +185,7 @@ fn rebuild_from_bucket(
     {
         Some(id) => id,
         None => crate::format::bucket_workspace(&bucket, &rt)?
-            .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string))
+            .and_then(|v| v.id)
             .unwrap_or_default(),
     };
     let record = crate::metadb::Record {

@@ -121,13 +121,83 @@ fn block_text(body: &str) -> String {
 }
 
 /// The machine block (markers included) for `m`.
-fn render_block(m: &MachinePart) -> Result<String, toml::ser::Error> {
-    let body = toml::to_string(m)?;
+fn render_block(m: &MachinePart) -> Result<String, String> {
+    let body = render_body(m);
+    // A line of the body that starts a fence or the end marker would end the block early
+    // when it is read back (every value is one line: this cannot happen; kept as a guard).
+    if let Some(line) = body
+        .lines()
+        .find(|l| l.starts_with("```") || l.starts_with(END))
+    {
+        return Err(format!("a line of the TOML would end the block: {line:?}"));
+    }
     Ok(block_text(if body.trim().is_empty() {
         EMPTY_BODY
     } else {
         &body
     }))
+}
+
+/// The TOML of `m`, laid out as `toml::to_string` lays it out (one `[[tool]]` or
+/// `[[repo]]` table after the other, a blank line between two, the fields in the order of
+/// their structs), with every string on one line ([`toml_str`]): a value holding line
+/// breaks (a multi-line test command) would otherwise be written as a multi-line
+/// string, and one of its lines could start with ```` ``` ```` or the end marker, ending
+/// the block early when it is read back. New fields of [`ToolEntry`] and [`RepoEntry`]
+/// must be written here too (`every_field_round_trips` checks every field).
+fn render_body(m: &MachinePart) -> String {
+    let mut tables = Vec::new();
+    for t in &m.tools {
+        let mut s = String::from("[[tool]]\n");
+        field(&mut s, "name", Some(&t.name));
+        field(&mut s, "version", Some(&t.version));
+        field(&mut s, "version_cmd", Some(&t.version_cmd));
+        field(&mut s, "recorded", t.recorded.as_deref());
+        tables.push(s);
+    }
+    for r in &m.repos {
+        let mut s = String::from("[[repo]]\n");
+        field(&mut s, "name", Some(&r.name));
+        field(&mut s, "test_cmd", r.test_cmd.as_deref());
+        field(&mut s, "build_cmd", r.build_cmd.as_deref());
+        tables.push(s);
+    }
+    tables.join("\n")
+}
+
+/// `key = VALUE` and a newline, when there is a value.
+fn field(out: &mut String, key: &str, value: Option<&str>) {
+    if let Some(v) = value {
+        out.push_str(key);
+        out.push_str(" = ");
+        out.push_str(&toml_str(v));
+        out.push('\n');
+    }
+}
+
+/// `s` as a one-line TOML string: a literal string `'…'` when `s` holds `"` and no `'` or
+/// control character (as `toml` writes those), else a basic string `"…"` with quotes,
+/// backslashes, line breaks and every other control character escaped.
+fn toml_str(s: &str) -> String {
+    let control = |c: char| (c < ' ' && c != '\t') || c == '\u{7f}';
+    if s.contains('"') && !s.contains('\'') && !s.chars().any(control) {
+        return format!("'{s}'");
+    }
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if control(c) => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// Byte offset of the first line of `text` (from `from`) that starts with `prefix`.
@@ -537,6 +607,64 @@ mod tests {
         let again = m3.render(p, &MachinePart::default()).unwrap();
         assert!(again.starts_with("x\r\n  trailing  \n"));
         assert!(again.ends_with("\nafter\n\n\tend"));
+    }
+
+    /// Found by `fuzz/fuzz_targets/agents_manual.rs` (`scripts/fuzz.sh agents_manual`):
+    /// values with line breaks were written as TOML multi-line strings, and a line of one
+    /// that started with ```` ``` ```` (or the end marker) ended the block early: the file
+    /// `manual repo`/`record` had just written no longer parsed.
+    #[test]
+    fn values_with_line_breaks_stay_inside_the_block() {
+        let p = Path::new("AGENTS.md");
+        let m = Manual::parse(p, template("a")).unwrap();
+        let mut mp = MachinePart::default();
+        mp.repos.push(RepoEntry {
+            name: "app".into(),
+            test_cmd: Some("make\n```\nmake check".into()),
+            build_cmd: Some(format!("x\n{END}\n{BEGIN} \"q\" 'q' \\ \t\r\u{1}\u{7f}é")),
+        });
+        mp.tools.push(ToolEntry {
+            name: "n\n```toml\n".into(),
+            version: "v\"1\"".into(),
+            version_cmd: "a'b".into(),
+            recorded: Some(String::new()),
+        });
+        let out = m.render(p, &mp).unwrap();
+        let back = Manual::parse(p, out.clone()).unwrap();
+        assert_eq!(back.machine, mp);
+        assert_eq!(back.human(), m.human());
+        assert_eq!(back.render(p, &mp).unwrap(), out);
+    }
+
+    #[test]
+    fn every_field_round_trips_in_the_layout_toml_writes() {
+        let mp = MachinePart {
+            tools: vec![
+                ToolEntry {
+                    name: "rg".into(),
+                    version: "ripgrep 14.1.0".into(),
+                    version_cmd: "rg --version".into(),
+                    recorded: Some("2026-12-04T10:00:00Z".into()),
+                },
+                ToolEntry {
+                    name: "jq".into(),
+                    version: "jq-1.7".into(),
+                    version_cmd: "jq --version".into(),
+                    recorded: None,
+                },
+            ],
+            repos: vec![
+                RepoEntry {
+                    name: "app".into(),
+                    test_cmd: Some("pytest -k \"not slow\"".into()),
+                    build_cmd: Some("make".into()),
+                },
+                RepoEntry::default(),
+            ],
+        };
+        let body = render_body(&mp);
+        assert_eq!(body, toml::to_string(&mp).unwrap());
+        assert_eq!(toml::from_str::<MachinePart>(&body).unwrap(), mp);
     }
 
     #[test]
