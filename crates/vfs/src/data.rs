@@ -136,6 +136,15 @@ pub(crate) struct Inflight {
     map: Arc<Mutex<HashMap<BlockKey, BlockFuture>>>,
 }
 
+impl Inflight {
+    /// Whether a fetch of every block of `keys` is in flight (started, or completed with
+    /// its block not yet kept: see [`Vfs::keep_block`]).
+    pub(crate) fn all_in_flight(&self, mut keys: impl Iterator<Item = BlockKey>) -> bool {
+        let map = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        keys.all(|k| map.contains_key(&k))
+    }
+}
+
 fn io_err(msg: impl Into<String>) -> VfsError {
     VfsError::Io(std::io::Error::other(msg.into()))
 }

@@ -112,6 +112,14 @@ impl Fill {
             .unwrap_or(false)
     }
 
+    /// The blocks not in the file yet (indices).
+    fn missing_blocks(&self) -> Vec<u64> {
+        let st = self.state();
+        (0..st.present.len() as u64)
+            .filter(|i| !st.present[*i as usize])
+            .collect()
+    }
+
     /// Every block is in the file (flushed or not), and it is not taken.
     pub(crate) fn complete(&self) -> bool {
         matches!(self.stage(), Stage::Complete | Stage::Synced)
@@ -254,6 +262,10 @@ pub(crate) struct Fills {
     /// in the background.
     #[cfg(test)]
     pub(crate) hold_adoption: Arc<std::sync::atomic::AtomicBool>,
+    /// Tests: a fetched block is kept (put into its fill) this many ms after the reader
+    /// got it, as on a loaded machine.
+    #[cfg(test)]
+    pub(crate) keep_delay_ms: Arc<AtomicU64>,
 }
 
 /// A complete fill is flushed once its inode was not open for this many ticks in a row…
@@ -392,6 +404,10 @@ impl Vfs {
     /// Keeps a fetched block: in the inode's fill when one is in use for its version,
     /// else in the block cache.
     pub(crate) fn keep_block(&self, k: BlockKey, data: &[u8]) {
+        #[cfg(test)]
+        std::thread::sleep(std::time::Duration::from_millis(
+            self.fills.keep_delay_ms.load(Ordering::SeqCst),
+        ));
         if let Some(fill) = self.fills.get(k.ino, k.version) {
             return self.fill_put(&fill, k.index, data);
         }
@@ -519,12 +535,24 @@ impl Vfs {
         Ok(Some(fill.path.clone()))
     }
 
-    /// At the last close of `ino` (state `s`): a fill that is not complete, or of another
-    /// version than the state's, is discarded (its blocks go to the block cache).
+    /// At the last close of `ino` (state `s`): a fill of another version than the
+    /// state's, or one that is not complete and will not be, is discarded (its blocks go
+    /// to the block cache). A fill whose every missing block is being fetched is kept:
+    /// a reader gets a fetched block before it is put into the fill, so a process that
+    /// read the file whole and closed it at once would otherwise lose the fill to that
+    /// moment; those puts complete it and it is adopted as usual.
     pub(crate) fn fill_closed(&self, ino: Ino, s: &InodeState) {
         let fill = self.fills.map().get(&ino).cloned();
         if let Some(fill) = fill {
-            if fill.version != s.version || fill.stage() == Stage::Filling {
+            let finishing = || {
+                self.fetches
+                    .all_in_flight(fill.missing_blocks().into_iter().map(|index| BlockKey {
+                        ino,
+                        version: fill.version,
+                        index,
+                    }))
+            };
+            if fill.version != s.version || (fill.stage() == Stage::Filling && !finishing()) {
                 self.fills.forget(&fill);
                 self.discard_fill(&fill);
             }

@@ -51,6 +51,23 @@ fn part_files(h: &Harness) -> Vec<String> {
         .collect()
 }
 
+/// A reader gets a fetched block before it is put into the fill: a process that reads the
+/// file whole and closes it at once (`cat`) closes before the last puts. The fill is kept
+/// for them (fails without: discarded at the last close, never adopted).
+#[test]
+fn a_file_read_whole_and_closed_before_its_last_blocks_are_kept_still_becomes_local() {
+    let (h, a, data) = cold_file();
+    h.fills.keep_delay_ms.store(300, Ordering::SeqCst);
+    let fh = read_whole(&h, a.ino, &data);
+    h.release(a.ino, fh).unwrap();
+    assert!(
+        wait_until(SYNC_TIMEOUT, || h.row(a.ino).unwrap().local == h.here()),
+        "the fill is adopted although its last blocks were kept after the close"
+    );
+    h.fills.keep_delay_ms.store(0, Ordering::SeqCst);
+    assert_eq!(h.cat(a.ino), data);
+}
+
 #[test]
 fn a_file_read_whole_becomes_a_flushed_local_copy_opened_through_passthrough() {
     let (h, a, data) = cold_file();
