@@ -363,7 +363,7 @@ impl Vfs {
             for (ino, o) in orphans.iter().zip(out) {
                 if o == deskfs_meta::OpOut::Purged(true) {
                     // A copy of its content another mount uploaded for it goes too.
-                    self.forget_orphan_object(*ino);
+                    self.forget_earlier_orphan_object(*ino);
                     self.cache.remove_staging(*ino)?;
                     self.cache.drop_blocks(*ino);
                 }

@@ -363,7 +363,10 @@ impl Vfs {
     /// After `ino` was purged: the object of its content uploaded as an orphan (if any)
     /// is deleted by the uploader. The orphan object may be another mount's upload (it
     /// served this mount's open while it lost the name; this mount purged at its last
-    /// close): its record is looked up when this mount did not upload it.
+    /// close): its record is looked up when this mount did not upload it — unless this
+    /// mount was alone since it started (no other mount could have asked for one), so
+    /// an `unlink` while alone costs no extra read. Crash recovery, which purges orphans
+    /// of earlier mounts, always looks ([`Vfs::forget_earlier_orphan_object`]).
     pub(crate) fn forget_orphan_object(&self, ino: Ino) {
         let mine = self
             .uploader
@@ -371,14 +374,27 @@ impl Vfs {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(&ino);
+        let maybe_theirs = self.coherence.alone_period() != Some(0);
+        self.forget_orphan_record(ino, mine, maybe_theirs);
+    }
+
+    /// [`Vfs::forget_orphan_object`] for an orphan a mount before this one left.
+    pub(crate) fn forget_earlier_orphan_object(&self, ino: Ino) {
+        self.forget_orphan_record(ino, false, true);
+    }
+
+    /// Queues the deletion of `ino`'s orphan object when this mount uploaded it (`mine`)
+    /// or, when `look`, its record exists.
+    fn forget_orphan_record(&self, ino: Ino, mine: bool, look: bool) {
         let had = mine
-            || match deskfs_meta::read(&*self.meta, |t| t.get_object(&orphan_path(ino))) {
-                Ok(o) => o.is_some(),
-                Err(e) => {
-                    tracing::warn!(ino, error = %e, "cannot look for an orphan's object; `deskfs fsck --repair` finds it");
-                    false
-                }
-            };
+            || look
+                && match deskfs_meta::read(&*self.meta, |t| t.get_object(&orphan_path(ino))) {
+                    Ok(o) => o.is_some(),
+                    Err(e) => {
+                        tracing::warn!(ino, error = %e, "cannot look for an orphan's object; `deskfs fsck --repair` finds it");
+                        false
+                    }
+                };
         if had {
             let p = orphan_path(ino);
             let r = deskfs_meta::txn(&*self.meta, |t| t.mark_pending(&p, false, now_ns()));
