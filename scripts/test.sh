@@ -114,8 +114,26 @@ summary() {
     printf '  %-4s %-28s %5ss  %s\n' "${R_STATUS[$i]}" "${R_NAMES[$i]}" "${R_SECS[$i]}" "${R_DETAIL[$i]}"
     case "${R_STATUS[$i]}" in PASS) p=$((p + 1)) ;; FAIL) f=$((f + 1)) ;; *) s=$((s + 1)) ;; esac
   done
+  if [[ -s $LOGDIR/failure-details ]]; then
+    # What failed and why, again at the very end (where a CI tail shows it).
+    echo
+    echo "=== failure details"
+    head -c 6000 "$LOGDIR/failure-details"
+  fi
   echo "$p passed, $f failed, $s skipped"
   ((f == 0))
+}
+
+# The failed tests of a cargo test log: their names on one line, and (appended to
+# $LOGDIR/failure-details) each one's panic message, for the end of the summary.
+cargo_failures() { # LOG LABEL
+  local names
+  names=$(sed -n 's/^test \(.*\) \.\.\. FAILED$/\1/p' "$1" | tr '\n' ' ')
+  {
+    echo "--- $2: ${names:-no failed test named (build error or crash?)}"
+    awk '/^---- .* stdout ----$/ { n = 12 } n > 0 { print; n-- }' "$1" | cut -c1-300 | head -n 60
+  } >> "$LOGDIR/failure-details"
+  printf '%s' "${names:-see the log}"
 }
 
 # ------------------------------------------------------------ cleanup (EXIT trap)
@@ -369,7 +387,7 @@ if ((DO_CARGO_TEST)); then
   else
     grep -E '^(test .* FAILED|failures:|---- |error(\[|:))' "$LOGDIR/cargo-test.log" | head -n 60
     tail -n 20 "$LOGDIR/cargo-test.log"
-    record "cargo test" FAIL $((SECONDS - t)) "see target/test-logs/cargo-test.log"
+    record "cargo test" FAIL $((SECONDS - t)) "failed: $(cargo_failures "$LOGDIR/cargo-test.log" "cargo test") (target/test-logs/cargo-test.log)"
   fi
   # The VFS tests again, every one of them on the PostgreSQL engine (fresh schema each).
   t=$SECONDS
@@ -381,7 +399,7 @@ if ((DO_CARGO_TEST)); then
     record "cargo test vfs@postgres" PASS $((SECONDS - t)) "$(grep -E '^test result:' "$LOGDIR/cargo-test-vfs-postgres.log" | awk '{p += $4; i += $8} END {printf "%d tests, %d ignored", p, i}')"
   else
     grep -E '^(test .* FAILED|failures:|---- )' "$LOGDIR/cargo-test-vfs-postgres.log" | head -n 40
-    record "cargo test vfs@postgres" FAIL $((SECONDS - t)) "see target/test-logs/cargo-test-vfs-postgres.log"
+    record "cargo test vfs@postgres" FAIL $((SECONDS - t)) "failed: $(cargo_failures "$LOGDIR/cargo-test-vfs-postgres.log" "cargo test vfs@postgres") (target/test-logs/cargo-test-vfs-postgres.log)"
   fi
 fi
 
@@ -441,6 +459,10 @@ for t_path in "$ROOT"/tests/e2e/[0-9]*.sh; do
     77) record "$name" SKIP "$secs" "${reason:-skipped}" ;;
     124|137) record "$name" FAIL "$secs" "timed out after ${limit}s${reason:+; $reason}" ;;
     *) record "$name" FAIL "$secs" "${reason:-exit status $trc}" ;;
+  esac
+  case $trc in
+    0|77) ;;
+    *) { echo "--- $name: last lines of its log"; tail -n 12 "$log" | cut -c1-300; } >> "$LOGDIR/failure-details" ;;
   esac
   if awk -v p="$RUN/" 'index($5, p) == 1 { f = 1 } END { exit !f }' /proc/self/mountinfo || [[ -s $RUN/pids || -s $RUN/net ]]; then
     cleanup_leftovers

@@ -92,7 +92,7 @@ b1=$(at "$MNT/big")
 ((b1 > b0)) || fail "a cold read of a file never read left its atime at $b1"
 committed=$(live atime_committed)
 ((committed >= 1)) || fail "status counts $committed committed access times"
-dfs status "$NAME" | grep -q "atime         relatime" || fail "status has no atime line: $(dfs status "$NAME")"
+grep -q "atime         relatime" <<< "$(dfs status "$NAME")" || fail "status has no atime line: $(dfs status "$NAME")"
 ws_umount "$MNT"
 
 log "reads from the kernel's page cache (no passthrough) show the new atime at once"
@@ -120,7 +120,7 @@ cat "$F" > /dev/null
 ls "$MNT/d" > /dev/null
 assert_eq "$(at "$F")" "$n0" "atime under noatime after a write and a read"
 assert_eq "$(at "$MNT/d")" "$da1" "directory atime under noatime after ls"
-dfs status "$NAME" | grep -q "atime         noatime" || fail "status does not say noatime"
+grep -q "atime         noatime" <<< "$(dfs status "$NAME")" || fail "status does not say noatime: $(dfs status "$NAME")"
 ws_umount "$MNT"
 
 log "bad --atime: one line, non-zero, nothing mounted"

@@ -130,11 +130,11 @@ git -C "$D2/tasks/feat" -c user.name=t -c user.email=t@x commit -qm "second moun
 git -C "$D2/repos/app" worktree prune
 git -C "$D2/tasks/fix" worktree prune
 [[ -d $D2/repos/app/.git/worktrees/feat && -d $D2/repos/app/.git/worktrees/fix ]] || fail "git worktree prune dropped a task registration"
-git -C "$D2/repos/app" worktree list | grep -q "tasks/feat .* \[feat\] locked" || fail "worktree list: $(git -C "$D2/repos/app" worktree list)"
+grep -q "tasks/feat .* \[feat\] locked" <<< "$(git -C "$D2/repos/app" worktree list)" || fail "worktree list: $(git -C "$D2/repos/app" worktree list)"
 # The first deskfs command at the new place repairs the back links.
 dfs_ok task list alice
 assert_eq "$D2/tasks/feat/.git" "$(cat "$D2/repos/app/.git/worktrees/feat/gitdir")" "back link repaired to the second mount point"
-git -C "$D2/repos/app" worktree list | grep -q "^$D2/tasks/fix " || fail "worktree list after repair: $(git -C "$D2/repos/app" worktree list)"
+grep -q "^$D2/tasks/fix " <<< "$(git -C "$D2/repos/app" worktree list)" || fail "worktree list after repair: $(git -C "$D2/repos/app" worktree list)"
 # Inside exec the desk is at /desk.
 out=$(dfs exec alice --task feat -- sh -c 'git status --porcelain; git log -1 --format=%s; git -C /desk/repos/app worktree list | wc -l; git worktree prune; test -d /desk/repos/app/.git/worktrees/feat && echo kept') \
   || fail "git inside exec failed: $out"

@@ -127,13 +127,13 @@ dfs --root "$T/plain-root" desk create carol > "$T/plain.out" 2> "$T/plain.err" 
 [[ $(wc -l < "$T/plain.err") == 1 ]] && grep -q "^deskfs: warning: desk root $T/plain-root is not on a deskfs mount" "$T/plain.err" \
   || fail "expected one warning line for a non-deskfs root, got: $(cat "$T/plain.err")"
 [[ -f $T/plain-root/carol/desk.toml ]] || fail "the desk on a plain dir was not created"
-DESKFS_ROOT=$T/plain-root dfs desk list 2> /dev/null | grep -q "^carol	" || fail "DESKFS_ROOT is not honoured"
+grep -q "^carol	" <<< "$(DESKFS_ROOT=$T/plain-root dfs desk list 2> /dev/null)" || fail "DESKFS_ROOT is not honoured"
 
 # Two workspaces mounted: the default root is ambiguous.
 ws_format other
 ws_mount other "$MNT2"
 expect_error "*several deskfs workspaces are mounted*$MNT*$MNT2*--root*" desk list
-dfs desk --root "$MNT/desks" list | grep -q "^bob	" || fail "--root does not pick the desk root"
+grep -q "^bob	" <<< "$(dfs desk --root "$MNT/desks" list)" || fail "--root does not pick the desk root"
 ws_umount "$MNT2"
 
 # ---------------------------------------------------------------- manual drift
@@ -159,7 +159,7 @@ dfs manual check bob > "$T/check.out" 2> "$T/check.err" || rc=$?
 grep -q '^drift: tool mytool: `mytool --version` failed (exit 127' "$T/check.out" || fail "manual check report: $(cat "$T/check.out")"
 [[ $(wc -l < "$T/check.err") == 1 ]] && grep -q "^deskfs: error: the manual of desk bob has 1 drift item" "$T/check.err" \
   || fail "manual check error line: $(cat "$T/check.err")"
-dfs resume bob | grep -q "^! manual drift: tool mytool" || fail "resume does not warn about the drift"
+grep -q "^! manual drift: tool mytool" <<< "$(dfs resume bob)" || fail "resume does not warn about the drift"
 
 # ---------------------------------------------------------------- symlinks out of the desk
 # A repo whose .git is a symlink to a repository outside the desk: refused by task start

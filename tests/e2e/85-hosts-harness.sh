@@ -32,7 +32,7 @@ need_cmd psql
 hosts_up 3
 assert_eq "h1 h2 h3" "${HOSTS_NAMES[*]}" "host names"
 [[ $HOSTS_BRIDGE_IP =~ ^10\.[0-9]+\.[0-9]+\.1$ ]] || fail "bridge address $HOSTS_BRIDGE_IP is not 10.A.B.1"
-ip -o addr show dev "$HOSTS_BRIDGE" | grep -q "inet $HOSTS_BRIDGE_IP/24" || fail "bridge $HOSTS_BRIDGE has no $HOSTS_BRIDGE_IP/24"
+grep -q "inet $HOSTS_BRIDGE_IP/24" <<< "$(ip -o addr show dev "$HOSTS_BRIDGE")" || fail "bridge $HOSTS_BRIDGE has no $HOSTS_BRIDGE_IP/24"
 for h in "${HOSTS_NAMES[@]}"; do
   [[ -e /run/netns/$(host_netns "$h") ]] || fail "no network namespace for $h"
 done

@@ -98,7 +98,7 @@ cp "$T/big" "$B/big2"
 ws_sync "$NAME"
 reader "$A/big2" 2
 pause_and_unlink big2
-wait_for 30 eval 'cat "$LOGS"/mount-*.log | grep -q "released the open files held"' \
+wait_for 30 eval 'grep -q "released the open files held" "$LOGS"/mount-*.log' \
   || fail "B did not release the held open files after the 3 s grace"
 bucket_keys() { (cd "$BUCKET" && find . -type f ! -path './.deskfs*' | sort | tr '\n' ' '); }
 wait_for 30 eval '[[ $(bucket_keys) == "./keep " ]]' || fail "the orphan's object is still in the bucket: $(bucket_keys)"

@@ -114,7 +114,7 @@ hmount() {
   pid=$(sed -n 's/.*daemon pid \([0-9]*\).*/\1/p' "$out")
   HLOG[$h]=$(sed -n 's/.*, log \(.*\))$/\1/p' "$out")
   [[ -n $pid && -n ${HLOG[$h]} ]] || fail "cannot find the daemon pid and log in the output of deskfs mount on $h: $(cat "$out")"
-  host_pids "$h" | grep -qx "$pid" || fail "the daemon of $h (pid $pid) does not run in $h's network namespace"
+  grep -qx "$pid" <<< "$(host_pids "$h")" || fail "the daemon of $h (pid $pid) does not run in $h's network namespace"
   HPID[$h]=$pid
   register_pid "$pid"
 }

@@ -49,7 +49,7 @@ check_serve() { # NAME MOUNTPOINT
   revoked=$(dfs token create alice 2> /dev/null) || fail "token create (to revoke)"
   id=$(dfs token list --json | python3 -c 'import json,sys; print(json.load(sys.stdin)[-1]["id"])')
   dfs token revoke "$id" > /dev/null || fail "token revoke $id"
-  dfs token list | grep -q "revoked" || fail "token list does not show the revocation"
+  grep -q "revoked" <<< "$(dfs token list)" || fail "token list does not show the revocation"
   [[ $(stat -c %a "$root/.deskfs-tokens.toml") == 600 ]] || fail "token store is not mode 0600"
   ! grep -q "$rw" "$root/.deskfs-tokens.toml" || fail "a token is stored in clear"
   sleep 1.1 # the expired token's second passes

@@ -99,7 +99,15 @@ pub fn decode(data: &[u8]) -> Result<Decoded, BackupError> {
     let mut raw_len = [0u8; 8];
     raw_len.copy_from_slice(&content[hend..hend + 8]);
     let raw_len = u64::from_le_bytes(raw_len);
-    let body = zstd::stream::decode_all(&content[hend + 8..])?;
+    // Decompressed no further than the header's length plus one byte: a stream that
+    // would expand past it (a forged or broken file) is refused without being expanded.
+    let mut body = Vec::with_capacity(raw_len.min(1 << 24) as usize);
+    {
+        use std::io::Read;
+        zstd::stream::read::Decoder::new(&content[hend + 8..])?
+            .take(raw_len.saturating_add(1))
+            .read_to_end(&mut body)?;
+    }
     if body.len() as u64 != raw_len {
         return Err(BackupError::corrupt(format!(
             "{} record bytes, header says {raw_len}",
@@ -154,5 +162,26 @@ mod tests {
             assert!(decode(&bad).is_err(), "flip at {i} accepted");
         }
         assert!(decode(&data[..data.len() - 1]).is_err());
+    }
+
+    /// A file whose records expand far past the length its header gives (sealed with a
+    /// valid checksum, as anyone can) is refused having expanded at most that length + 1.
+    #[test]
+    fn a_stream_longer_than_its_stated_length_is_refused_unexpanded() {
+        let head = serde_json::to_vec(&header()).unwrap();
+        let bomb = zstd::stream::encode_all(&vec![0u8; 64 << 20][..], 19).unwrap();
+        assert!(bomb.len() < 64 << 10, "64 MiB of zeros compress well");
+        let mut out = Vec::new();
+        out.extend_from_slice(MAGIC);
+        out.extend_from_slice(&(head.len() as u32).to_le_bytes());
+        out.extend_from_slice(&head);
+        out.extend_from_slice(&16u64.to_le_bytes());
+        out.extend_from_slice(&bomb);
+        let sum = Sha256::digest(&out);
+        out.extend_from_slice(&sum);
+        match decode(&out) {
+            Err(BackupError::Corrupt(m)) => assert_eq!(m, "17 record bytes, header says 16"),
+            other => panic!("expected a refusal, got {other:?}"),
+        }
     }
 }

@@ -57,6 +57,7 @@ impl Model {
     }
 
     /// Keeps only what is reachable from the root through entries whose inodes exist
+    /// and whose names a directory can hold ([`is_file_name`])
     /// (an open-but-unlinked file, or an entry left by a torn record set, is dropped),
     /// then sets every link count from the entries: files = number of names,
     /// directories = 2 + subdirectories (POSIX, as ext4 counts them).
@@ -74,6 +75,9 @@ impl Model {
             while let Some(dir) = stack.pop() {
                 let base = path_of.get(&dir).cloned().unwrap_or_default();
                 for (name, ino) in children.remove(&dir).unwrap_or_default() {
+                    if !is_file_name(&name) {
+                        continue; // no file system could hold it (a forged or broken file)
+                    }
                     let Some(rec) = self.inodes.get(&ino) else {
                         continue;
                     };
@@ -120,5 +124,66 @@ impl Model {
                 names.get(ino).copied().unwrap_or(0)
             };
         }
+    }
+}
+
+/// Whether `name` can be one entry of a directory (POSIX: not empty, `.` or `..`, no `/`
+/// or NUL byte; at most 255 bytes, Linux `NAME_MAX`).
+pub fn is_file_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() <= 255
+        && name != b"."
+        && name != b".."
+        && !name.iter().any(|&b| b == b'/' || b == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inode(ino: Ino, kind: Kind) -> Record {
+        Record::Inode(InodeRec {
+            ino,
+            kind,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            nlink: 1,
+            size: 0,
+            atime_ns: 0,
+            mtime_ns: 0,
+            ctime_ns: 0,
+            btime_ns: 0,
+            data_version: 0,
+            target: None,
+        })
+    }
+
+    #[test]
+    fn entries_no_directory_could_hold_are_dropped() {
+        let mut m = Model::default();
+        m.apply(inode(ROOT_INO, Kind::Dir));
+        let long = vec![b'n'; 256];
+        let bad: [&[u8]; 7] = [b"", b".", b"..", b"/", b"a/b", b"a\0b", &long];
+        for (i, name) in bad.iter().enumerate() {
+            let ino = 100 + i as Ino;
+            m.apply(inode(ino, Kind::File));
+            m.apply(Record::Dentry {
+                parent: ROOT_INO,
+                name: name.to_vec(),
+                ino,
+            });
+        }
+        m.apply(inode(200, Kind::File));
+        m.apply(Record::Dentry {
+            parent: ROOT_INO,
+            name: vec![b'n'; 255],
+            ino: 200,
+        });
+        let paths = m.prune_and_count();
+        assert_eq!(m.dentries.len(), 1, "{:?}", m.dentries.keys());
+        assert_eq!(paths.get(&200), Some(&vec![b'n'; 255]));
+        assert_eq!(m.inodes.len(), 2, "the root and the one named file");
     }
 }

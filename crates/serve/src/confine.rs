@@ -736,11 +736,21 @@ impl DeskDir {
             return check(unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) })
                 .map_err(|e| ServeError::io("create directory", &p.display(), e));
         }
+        // Walked down one level at a time from the directory made (or found) just above,
+        // never following a link, so the cost grows with the depth, not its square: the
+        // first level is checked against `.desk` by name (it is in the desk's root); no
+        // level below can be under `.desk` without a link, and a link in the way is
+        // refused (`exists`); the deepest directory is then walked up to the root once,
+        // which also finds a directory moved out of the desk meanwhile.
+        let mut held: Option<OwnedFd> = None;
         let mut at = RelPath::root();
         for part in &p.parts {
             at = at.join(part);
-            let (dir, name) = self.parent(&at, "create directory")?;
-            self.refuse_state_of(&at, &dir, &name, "create directory")?;
+            let name = cstr(part)?;
+            let dir = held.as_ref().unwrap_or(&self.fd);
+            if held.is_none() {
+                self.refuse_state_of(&at, dir, &name, "create directory")?;
+            }
             // SAFETY: as above.
             let rc = unsafe { libc::mkdirat(dir.as_raw_fd(), name.as_ptr(), 0o755) };
             if rc != 0 {
@@ -748,19 +758,34 @@ impl DeskDir {
                 if e.raw_os_error() != Some(libc::EEXIST) {
                     return Err(ServeError::io("create directory", &at.display(), e));
                 }
-                let st = fstatat(dir.as_raw_fd(), &name, libc::AT_SYMLINK_NOFOLLOW)
-                    .map_err(|e| ServeError::io("create directory", &at.display(), e))?;
-                if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
-                    return Err(ServeError::new(
+            }
+            // SAFETY: valid C string, a descriptor we own; a new descriptor or -1.
+            let fd = unsafe {
+                libc::openat(
+                    dir.as_raw_fd(),
+                    name.as_ptr(),
+                    libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+                )
+            };
+            if fd < 0 {
+                let e = last_err();
+                return Err(match e.raw_os_error() {
+                    Some(libc::ENOTDIR | libc::ELOOP) => ServeError::new(
                         Code::Exists,
                         format!(
                             "cannot create directory {}: {} exists and is not a directory",
                             p.display(),
                             at.display()
                         ),
-                    ));
-                }
+                    ),
+                    _ => ServeError::io("create directory", &at.display(), e),
+                });
             }
+            // SAFETY: a descriptor the kernel just gave us.
+            held = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+        if let Some(deepest) = &held {
+            self.refuse_state(deepest, c"", "create directory", &p.display())?;
         }
         Ok(())
     }
@@ -1362,6 +1387,34 @@ mod tests {
         }
         assert_intact(&desk);
         assert!(desk.join("notes/n").is_file());
+    }
+
+    #[test]
+    fn mkdir_with_parents_makes_a_deep_tree_level_by_level() {
+        let (_t, desk, d) = desk();
+        // 2,000 levels: the longest path the interfaces take (4,000 of 4,096 bytes)
+        let deep = "d/".repeat(2000);
+        d.mkdir(&rel(&deep), true).expect("mkdir -p deep");
+        assert!(desk.join(&deep).is_dir());
+        // again: every level exists, which is fine
+        d.mkdir(&rel(&deep), true).expect("mkdir -p again");
+        // a file in the way, at the first level or deep down
+        std::fs::write(desk.join("f"), b"x").expect("write");
+        assert_eq!(code(d.mkdir(&rel("f/a"), true)), Code::Exists);
+        let mid = format!("{}file", "d/".repeat(100));
+        std::fs::write(desk.join(&mid), b"x").expect("write");
+        assert_eq!(
+            code(d.mkdir(&rel(&format!("{mid}/a/b")), true)),
+            Code::Exists
+        );
+        assert!(!desk.join(&mid).is_dir());
+        // a link to a directory inside the desk, deep down, is not looked through
+        symlink("..", desk.join("d/d/up")).expect("symlink");
+        assert_eq!(code(d.mkdir(&rel("d/d/up/new"), true)), Code::Exists);
+        assert!(!desk.join("d/new").exists());
+        // a new branch beside existing levels
+        d.mkdir(&rel("d/d/e/f"), true).expect("mkdir -p branch");
+        assert!(desk.join("d/d/e/f").is_dir());
     }
 
     #[test]

@@ -630,11 +630,19 @@ fn relisting_a_directory_costs_round_trips_per_listing_not_per_entry() {
     assert_eq!(h.ls(d.ino).len(), 300);
     std::thread::sleep(Duration::from_millis(20)); // a different mtime, so a different ETag
     std::fs::write(h.bucket_dir().join("d/f007"), b"replaced").unwrap();
+    let retries_before = h.meta.counters().retries;
     let before = deskfs_meta::thread_round_trips();
     let fh = h.opendir(d.ino).unwrap();
     let spent = deskfs_meta::thread_round_trips() - before;
+    // A transaction run again after a serialization failure (PostgreSQL, with a
+    // background commit such as the directory's access time) repeats its round trips.
+    let runs = 1 + h.meta.counters().retries - retries_before;
     h.releasedir(d.ino, fh).unwrap();
-    assert!(spent < 20, "{spent} round trips to re-list 300 entries");
+    assert!(
+        spent < 20 * runs,
+        "{spent} round trips to re-list 300 entries ({} transactions run again)",
+        runs - 1
+    );
     assert_eq!(
         h.walk("d/f007").unwrap().size,
         8,
