@@ -19,7 +19,7 @@
 #           -> refused, naming both places; nothing mounted, nothing created in them;
 #           two mounts of one workspace on one cache dir keep working
 #   format: a file:// bucket that resolves to the root through a symlink, an empty
-#           file:// path, the deskfs home (or a dir containing it, or inside it), a dir
+#           file:// path, a dir on a deskfs mount, the deskfs home (or a dir containing it, or inside it), a dir
 #           inside a cache dir; a bucket location equal to, inside or containing another
 #           workspace's of this home (file://, also through a symlink, and S3 prefixes),
 #           also for attach -> refused, naming the other workspace; no workspace dir or
@@ -89,6 +89,11 @@ fi
 ws_format dup
 ws_mount dup "$MNT"
 echo "keep me" > "$MNT/keep.txt"
+# A file:// bucket on a deskfs mount (its own or another workspace's): refused.
+expect_error "format with a bucket dir on a deskfs mount" "bucket directory $MNT/b lies on a deskfs mount .deskfs:dup at $MNT.: " \
+  "$DESKFS" format onmount --bucket "file://$MNT/b"
+no_workspace onmount "format with a bucket dir on a deskfs mount"
+[[ ! -e $MNT/b ]] || fail "the refused format made its bucket dir on the mount"
 ws_umount "$MNT"
 (cd "$WSD/dup" && find . -type f ! -name '*-shm' -print0 | sort -z | xargs -0 sha256sum) > "$T/dup.before"
 expect_error "format of an existing name" 'exist|already' "$DESKFS" format dup

@@ -5,7 +5,8 @@
 # with its own cache dir, --lease 3:
 #   1. B writes a 40 MiB file and it is uploaded; a reader on A opens it and reads 4 KiB
 #      in its middle (the rest is only in the bucket); A's daemon is stopped; B expires A's session
-#      (its log says so: locks released, open files held); B unlinks the file; A resumes:
+#      (its log says so: locks released, open files held; `deskfs status` lists the held
+#      session and when its hold ends); B unlinks the file; A resumes:
 #      it finds itself fenced, registers anew, and the reader reads the whole file with
 #      the right sha256. After the reader closes, the orphan is purged: once both mounts
 #      are gone the bucket holds only the files still named, and fsck is clean.
@@ -81,6 +82,11 @@ ws_sync "$NAME"
 reader "$A/big" 1
 pause_and_unlink big
 sleep 2   # B's heartbeats and purges run meanwhile
+# (the paused daemon does not answer: status gives up on it after 10 s and asks B)
+dfs status "$NAME" > "$T/status.paused"
+grep -q "held opens    session [0-9]* (pid $APID on .*) expired .* its open files are kept for it, released in [0-9]" "$T/status.paused" \
+  || fail "status does not list the paused mount's held open files: $(grep -v '^ *$' "$T/status.paused" | tr -s ' ' | tail -n 25 | tr '\n' '|')"
+log "status: $(grep "held opens" "$T/status.paused" | tr -s ' ' | head -n 1)"
 kill -CONT "$APID"
 log "A resumed"
 echo go > "$T/go.1"

@@ -120,18 +120,42 @@ fn not_deskfs_warning(root: &Path) -> Option<String> {
     warning_for(root, &probe, mountinfo())
 }
 
-/// The warning for `root` (resolved to the existing path `probe`) given the mount table.
-fn warning_for(root: &Path, probe: &Path, mounts: Vec<MountLine>) -> Option<String> {
-    // The deepest mount point holding `probe`; among equals the last one (later mounts
-    // stack on earlier ones).
-    let m = mounts
+/// The deepest mount point holding `probe`; among equals the last one (later mounts
+/// stack on earlier ones).
+fn holding_mount(probe: &Path, mounts: Vec<MountLine>) -> Option<MountLine> {
+    mounts
         .into_iter()
         .filter(|m| probe.starts_with(&m.point))
         .fold(None::<MountLine>, |best, m| match best {
             Some(b) if b.point.components().count() > m.point.components().count() => Some(b),
             _ => Some(m),
-        })?;
-    if m.fstype.starts_with("fuse") && m.source.starts_with("deskfs") {
+        })
+}
+
+impl MountLine {
+    fn is_deskfs(&self) -> bool {
+        self.fstype.starts_with("fuse") && self.source.starts_with("deskfs")
+    }
+}
+
+/// The deskfs mount `path` (or its nearest existing ancestor, resolved) lies on: its
+/// mount point and source (`deskfs:WORKSPACE`), or `None` when it is on another file
+/// system.
+pub(crate) fn on_deskfs_mount(path: &Path) -> Option<(PathBuf, String)> {
+    let mut probe = path.to_path_buf();
+    while !probe.exists() {
+        probe = probe.parent()?.to_path_buf();
+    }
+    let probe = std::fs::canonicalize(&probe).unwrap_or(probe);
+    holding_mount(&probe, mountinfo())
+        .filter(MountLine::is_deskfs)
+        .map(|m| (m.point, m.source))
+}
+
+/// The warning for `root` (resolved to the existing path `probe`) given the mount table.
+fn warning_for(root: &Path, probe: &Path, mounts: Vec<MountLine>) -> Option<String> {
+    let m = holding_mount(probe, mounts)?;
+    if m.is_deskfs() {
         return None;
     }
     Some(format!(

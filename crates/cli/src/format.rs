@@ -229,7 +229,7 @@ impl Place {
 /// Refuses a bucket location workspace `name` must not have (checked before anything is
 /// created, by `format` and `attach`):
 /// * a `file://` directory that resolves to the file system root (through a symlink),
-///   that is, contains or lies inside the deskfs home (other than in a workspace's own
+///   that lies on a deskfs mount, that is, contains or lies inside the deskfs home (other than in a workspace's own
 ///   `bucket/` dir), or that lies inside a cache dir (one with a `cache-id`, or one a
 ///   live mount uses) or contains a live mount's cache dir: the objects would be written
 ///   over, or mixed with, deskfs's own files;
@@ -253,6 +253,9 @@ pub(crate) fn check_bucket_place(name: &str, spec: &BucketSpec) -> Result<()> {
             if !own_bucket {
                 bail!("bucket directory {} lies inside the deskfs home {} (only a workspace's own workspaces/NAME/bucket may): objects would mix with deskfs's files; give a directory outside it", dir.display(), home.display());
             }
+        }
+        if let Some((point, source)) = crate::desk_root::on_deskfs_mount(dir) {
+            bail!("bucket directory {} lies on a deskfs mount ({source} at {}): a workspace's objects cannot live inside a deskfs workspace (its uploads would go through another mount, or wait on themselves); give a directory on a local disk", dir.display(), point.display());
         }
         if let Some(cache) = dir.ancestors().find(|a| a.join("cache-id").is_file()) {
             bail!("bucket directory {} lies inside the deskfs cache dir {}: objects would mix with cached files (and be evicted); give a directory outside it", dir.display(), cache.display());

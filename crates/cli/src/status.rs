@@ -163,6 +163,46 @@ fn buffers_line(b: Option<&Value>) -> Option<String> {
 
 /// "session 7, other hosts live; database: 1,234 round trips, 2 retries; fenced 1 time
 /// (last 5 min ago), 1 conflict copy" from a daemon's status.
+/// One line per expired mount session whose open files are held for it (design record
+/// 0018): who it was, how long ago it expired, when the hold ends.
+fn held_lines(l: &Value) -> Vec<String> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0);
+    l.get("held_sessions")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .map(|h| {
+                    let n = |k: &str| h.get(k).and_then(Value::as_i64).unwrap_or(0);
+                    let ago = now.saturating_sub(n("since_ns")).max(0) / 1_000_000_000;
+                    let release = match n("release_in_s") {
+                        s if s <= 0 => "released at the next heartbeat".to_string(),
+                        s => format!("released in {} unless it comes back", secs_text(s)),
+                    };
+                    format!(
+                        "session {} (pid {} on {}) expired {} ago, paused or cut off: its open files are kept for it, {release}",
+                        n("session"),
+                        n("pid"),
+                        h.get("host").and_then(Value::as_str).unwrap_or("?"),
+                        secs_text(ago),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `s` seconds as `3 s`, `4 min 2 s`, `23 h 59 min`.
+fn secs_text(s: i64) -> String {
+    match s {
+        s if s < 60 => format!("{s} s"),
+        s if s < 3600 => format!("{} min {} s", s / 60, s % 60),
+        s => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
 fn sharing_line(l: &Value) -> Option<String> {
     let session = l.get("session")?.as_u64()?;
     let peers = match l.get("peers")?.as_str()? {
@@ -329,6 +369,9 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 }
                 if let Some(line) = sharing_line(l) {
                     println!("  sharing       {line}");
+                }
+                for line in held_lines(l) {
+                    println!("  held opens    {line}");
                 }
                 match lg("background_relists") {
                     0 => {}

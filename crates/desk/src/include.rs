@@ -342,3 +342,194 @@ mod safe {
         Ok(true)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsStr;
+    use std::fs;
+    use std::os::fd::OwnedFd;
+    use std::os::unix::fs::{symlink, PermissionsExt};
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use super::safe::{self, Refused};
+
+    /// A checkout `src`, a worktree `dst` and a directory `out` outside both.
+    fn places() -> (tempfile::TempDir, PathBuf, PathBuf, PathBuf) {
+        let t = tempfile::tempdir().expect("tempdir");
+        let (src, dst, out) = (
+            t.path().join("src"),
+            t.path().join("dst"),
+            t.path().join("out"),
+        );
+        for d in [&src, &dst, &out] {
+            fs::create_dir(d).expect("mkdir");
+        }
+        (t, src, dst, out)
+    }
+
+    fn dir_fd(p: &Path) -> OwnedFd {
+        safe::open_dir(None, p.as_os_str()).expect("open dir")
+    }
+
+    /// [`safe::copy_one`] of `rel` as one word: `copied`, `skipped`, `symlink in SIDE`,
+    /// `OP: errno N`.
+    fn copy(src: &Path, dst: &Path, rel: &str) -> String {
+        let parts: Vec<&OsStr> = rel.split('/').map(OsStr::new).collect();
+        let (name, dirs) = parts.split_last().expect("a name");
+        match safe::copy_one(&dir_fd(src), &dir_fd(dst), dirs, name) {
+            Ok(true) => "copied".into(),
+            Ok(false) => "skipped".into(),
+            Err(Refused::Symlink(side)) => format!("symlink in {side}"),
+            Err(Refused::Io(op, e)) => format!("{op}: errno {}", e.raw_os_error().unwrap_or(0)),
+        }
+    }
+
+    #[test]
+    fn files_and_links_are_copied_into_directories_made_on_the_way() {
+        let (_t, src, dst, _) = places();
+        fs::create_dir_all(src.join("a/b")).unwrap();
+        fs::write(src.join("a/b/.env"), b"SECRET=1").unwrap();
+        fs::set_permissions(src.join("a/b/.env"), fs::Permissions::from_mode(0o4750)).unwrap();
+        symlink("some/target", src.join("a/link")).unwrap();
+        assert_eq!(copy(&src, &dst, "a/b/.env"), "copied");
+        assert_eq!(fs::read(dst.join("a/b/.env")).unwrap(), b"SECRET=1");
+        let mode = fs::metadata(dst.join("a/b/.env"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o7777, 0o750, "permission bits kept, setuid dropped");
+        assert_eq!(copy(&src, &dst, "a/link"), "copied");
+        assert_eq!(
+            fs::read_link(dst.join("a/link")).unwrap(),
+            Path::new("some/target"),
+            "a symlink is copied as a symlink, never followed"
+        );
+    }
+
+    #[test]
+    fn what_exists_in_the_worktree_is_kept() {
+        let (_t, src, dst, _) = places();
+        fs::write(src.join("f"), b"new").unwrap();
+        fs::write(dst.join("f"), b"mine").unwrap();
+        symlink("new-target", src.join("l")).unwrap();
+        symlink("my-target", dst.join("l")).unwrap();
+        assert_eq!(copy(&src, &dst, "f"), "skipped");
+        assert_eq!(copy(&src, &dst, "l"), "skipped");
+        assert_eq!(fs::read(dst.join("f")).unwrap(), b"mine");
+        assert_eq!(
+            fs::read_link(dst.join("l")).unwrap(),
+            Path::new("my-target")
+        );
+    }
+
+    #[test]
+    fn a_symlink_on_either_side_is_never_gone_through() {
+        let (_t, src, dst, out) = places();
+        fs::write(out.join(".env"), b"outside").unwrap();
+        // the checkout's `conf` leads out: nothing is read through it
+        symlink(&out, src.join("conf")).unwrap();
+        assert_eq!(copy(&src, &dst, "conf/.env"), "symlink in repo checkout");
+        assert!(!dst.join("conf").exists());
+        // the worktree's `real` (a branch committed it as a link) leads out: nothing lands
+        fs::create_dir(src.join("real")).unwrap();
+        fs::write(src.join("real/new.env"), b"x").unwrap();
+        symlink(&out, dst.join("real")).unwrap();
+        assert_eq!(copy(&src, &dst, "real/new.env"), "symlink in task worktree");
+        assert!(
+            !out.join("new.env").exists(),
+            "a file landed outside the worktree"
+        );
+        // a regular file where a directory is expected is refused the same way
+        fs::write(src.join("plain"), b"x").unwrap();
+        assert_eq!(copy(&src, &dst, "plain/x"), "symlink in repo checkout");
+    }
+
+    #[test]
+    fn what_is_gone_or_not_a_file_is_skipped_and_other_errors_are_told() {
+        let (_t, src, dst, _) = places();
+        assert_eq!(copy(&src, &dst, "nope/x"), "skipped", "a missing directory");
+        fs::create_dir(src.join("d")).unwrap();
+        assert_eq!(copy(&src, &dst, "d/missing"), "skipped", "a missing file");
+        assert_eq!(copy(&src, &dst, "d"), "skipped", "a directory");
+        let fifo =
+            std::ffi::CString::new(src.join("fifo").into_os_string().into_encoded_bytes()).unwrap();
+        // SAFETY: a valid C string.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+        assert_eq!(copy(&src, &dst, "fifo"), "skipped", "a FIFO");
+        assert!(!dst.join("fifo").exists() && !dst.join("d").exists());
+        let long = "n".repeat(256);
+        assert_eq!(
+            copy(&src, &dst, &format!("{long}/x")),
+            format!("open: errno {}", libc::ENAMETOOLONG)
+        );
+        assert_eq!(
+            copy(&src, &dst, &format!("d/{long}")),
+            format!("stat: errno {}", libc::ENAMETOOLONG)
+        );
+    }
+
+    #[test]
+    fn open_dir_opens_only_a_real_directory() {
+        let (_t, src, _, out) = places();
+        fs::write(src.join("f"), b"x").unwrap();
+        symlink(&out, src.join("l")).unwrap();
+        let fd = dir_fd(&src);
+        assert!(
+            safe::open_dir(Some(&fd), OsStr::new("f")).is_err(),
+            "a file"
+        );
+        assert!(
+            safe::open_dir(Some(&fd), OsStr::new("l")).is_err(),
+            "a link to a directory"
+        );
+        assert!(safe::open_dir(None, src.join("l").as_os_str()).is_err());
+        assert!(safe::open_dir(Some(&fd), OsStr::new(".")).is_ok());
+    }
+
+    fn git(dir: &Path, args: &[&str]) {
+        let st = Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .status()
+            .expect("git runs");
+        assert!(st.success(), "git {args:?}");
+    }
+
+    #[test]
+    fn selected_is_what_the_patterns_name_and_git_ignores() {
+        let t = tempfile::tempdir().expect("tempdir");
+        let repo = t.path();
+        git(repo, &["init", "-q"]);
+        fs::write(repo.join(".gitignore"), ".env\nbuild/\n").unwrap();
+        fs::write(repo.join(".env"), b"S=1").unwrap();
+        fs::write(repo.join("notes.txt"), b"untracked, not ignored").unwrap();
+        fs::create_dir(repo.join("build")).unwrap();
+        fs::write(repo.join("build/out.bin"), b"x").unwrap();
+        assert!(
+            super::selected(repo).unwrap().is_empty(),
+            "no .worktreeinclude"
+        );
+        fs::write(repo.join(super::FILE), "# comment\n.env\n*.txt\n").unwrap();
+        assert_eq!(super::selected(repo).unwrap(), [PathBuf::from(".env")]);
+        // patterns naming only files git does not ignore: nothing (git check-ignore
+        // exits 1), not an error
+        fs::write(repo.join(super::FILE), "*.txt\n").unwrap();
+        assert!(super::selected(repo).unwrap().is_empty());
+        // a .worktreeinclude that is a symlink is not read
+        fs::remove_file(repo.join(super::FILE)).unwrap();
+        fs::write(repo.join("patterns"), ".env\n").unwrap();
+        symlink("patterns", repo.join(super::FILE)).unwrap();
+        assert!(super::selected(repo).unwrap().is_empty());
+        let dest = t.path().join("wt");
+        fs::create_dir(&dest).unwrap();
+        let (copied, warnings) = super::copy(repo, &dest).unwrap();
+        assert!(copied.is_empty());
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0].contains("is a symlink: not read"),
+            "{warnings:?}"
+        );
+    }
+}

@@ -104,6 +104,25 @@ pub struct VfsStatus {
     pub atime_queued: usize,
     /// Access times committed since the mount.
     pub atime_committed: u64,
+    /// Expired mount sessions whose open files are held for them (a paused daemon may
+    /// come back and read on; see `session`), oldest first.
+    pub held_sessions: Vec<HeldSession>,
+}
+
+/// One expired session whose open-file records are held (design record 0018).
+#[derive(Clone, Debug, Serialize)]
+pub struct HeldSession {
+    /// Its session id.
+    pub session: u64,
+    /// Its daemon's process id, on `host`.
+    pub pid: u32,
+    /// Its host name.
+    pub host: String,
+    /// Since when its open files are held (expired), ns since the epoch (database clock).
+    pub since_ns: i64,
+    /// Seconds until the grace (`--expired-open-grace`) runs out and they are released
+    /// (negative: due at the next heartbeat).
+    pub release_in_s: i64,
 }
 
 impl Vfs {
@@ -111,8 +130,12 @@ impl Vfs {
     pub fn status(&self) -> Result<VfsStatus> {
         // The inode scan off the engine's connection (see `MetaEngine::usage`).
         let usage = self.meta.usage()?;
-        let (pending, failed) = deskfs_meta::read(&*self.meta, |t| {
-            Ok::<_, crate::VfsError>((t.pending_stats()?, t.failed_pending(10)?))
+        let (pending, failed, held) = deskfs_meta::read(&*self.meta, |t| {
+            Ok::<_, crate::VfsError>((
+                t.pending_stats()?,
+                t.failed_pending(10)?,
+                t.kv_with_prefix(deskfs_meta::HELD_OPENS_PREFIX)?,
+            ))
         })?;
         let c = self.cache.stats();
         let (fills, fill_bytes) = self.fills.usage();
@@ -174,7 +197,34 @@ impl Vfs {
             atime: self.cfg.atime.to_string(),
             atime_queued: self.atimes.queued(),
             atime_committed: self.atimes.committed(),
+            held_sessions: self.held_sessions(&held),
         })
+    }
+
+    /// The held-session records `held` (`kv` rows) as [`HeldSession`]s, oldest first.
+    fn held_sessions(&self, held: &[(String, String)]) -> Vec<HeldSession> {
+        let now = crate::now_ns();
+        let grace = i64::try_from(self.cfg.expired_open_grace.as_nanos()).unwrap_or(i64::MAX);
+        let mut out: Vec<HeldSession> = held
+            .iter()
+            .filter_map(|(k, v)| {
+                let session = deskfs_meta::held_opens_session(k)?;
+                let h = deskfs_meta::HeldOpens::parse(v)?;
+                Some(HeldSession {
+                    session,
+                    pid: h.pid,
+                    host: h.host,
+                    since_ns: h.since_ns,
+                    release_in_s: h
+                        .since_ns
+                        .saturating_add(grace)
+                        .saturating_sub(now)
+                        .div_euclid(1_000_000_000),
+                })
+            })
+            .collect();
+        out.sort_by_key(|h| h.since_ns);
+        out
     }
 }
 
