@@ -722,6 +722,81 @@ fn repos_whose_git_dir_leaves_the_desk_are_refused() {
     );
 }
 
+/// A repo's git directory must stay on the desk however `.git` reaches it: a `gitdir:`
+/// file pointing out, a `.git/worktrees` that is a symlink, and a plain directory that
+/// git takes for part of a repository outside the desk are refused (`UnsafeRepo`, one line
+/// saying which); a `gitdir:` file pointing inside the desk is a repo like any other.
+#[test]
+fn repos_reaching_git_outside_the_desk_by_any_way_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    // The desks live inside a repository of their own: a directory under repos/ without
+    // a .git is part of it to git, and its git directory is outside the desk.
+    let outer = t.path().join("outer");
+    fs::create_dir(&outer).unwrap();
+    git(&outer, &["init", "-q"]);
+    let (_root, desk) = desk_with_repo(&outer);
+    let src = outer.join("src");
+    let refused = |repo: &str, says: &str| {
+        let e = task::start(&desk, "t", repo, None).unwrap_err();
+        assert!(matches!(e, DeskError::UnsafeRepo { .. }), "{repo}: {e}");
+        assert!(e.to_string().contains(says), "{repo}: {e}");
+    };
+    // `gitdir:` out of the desk
+    let out_git = t.path().join("sep-out.git");
+    git(
+        t.path(),
+        &[
+            "clone",
+            "-q",
+            &format!("--separate-git-dir={}", out_git.display()),
+            src.to_str().unwrap(),
+            desk.repo_dir("sepout").to_str().unwrap(),
+        ],
+    );
+    refused("sepout", "its .git file points outside the desk");
+    // `.git/worktrees` a symlink out of the desk
+    let wt = desk.repo_dir("wtlink");
+    git(
+        t.path(),
+        &["clone", "-q", src.to_str().unwrap(), wt.to_str().unwrap()],
+    );
+    let elsewhere = t.path().join("elsewhere");
+    fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, wt.join(".git/worktrees")).unwrap();
+    refused("wtlink", "its .git/worktrees is a symlink");
+    assert_eq!(fs::read_dir(&elsewhere).unwrap().count(), 0);
+    // a plain directory: git finds the outer repository
+    fs::create_dir(desk.repo_dir("plain")).unwrap();
+    refused("plain", "is outside the desk");
+    assert!(desk.task_names().is_empty());
+    // `gitdir:` inside the desk: fine
+    let in_git = desk.dir().join("notes/sep-in.git");
+    git(
+        t.path(),
+        &[
+            "clone",
+            "-q",
+            &format!("--separate-git-dir={}", in_git.display()),
+            src.to_str().unwrap(),
+            desk.repo_dir("sepin").to_str().unwrap(),
+        ],
+    );
+    task::start(&desk, "t", "sepin", None).unwrap();
+    assert_eq!(desk.task_names(), ["t"]);
+}
+
+/// A task name may be up to [`deskfs_desk::names::MAX_TASK_LEN`] bytes, not one more.
+#[test]
+fn task_names_up_to_the_limit_are_taken() {
+    let max = deskfs_desk::names::MAX_TASK_LEN;
+    assert!(deskfs_desk::names::check_task(&"t".repeat(max)).is_ok());
+    let e = deskfs_desk::names::check_task(&"t".repeat(max + 1)).unwrap_err();
+    assert!(
+        e.to_string().contains(&format!("longer than {max} bytes")),
+        "{e}"
+    );
+}
+
 /// Finding: task names that are git's special refs (`FETCH_HEAD`, `ORIG_HEAD`, in any
 /// case) were accepted; a task of that name checked out the pseudoref instead of a branch.
 #[test]
