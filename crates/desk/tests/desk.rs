@@ -741,18 +741,21 @@ fn repos_reaching_git_outside_the_desk_by_any_way_are_refused() {
         assert!(matches!(e, DeskError::UnsafeRepo { .. }), "{repo}: {e}");
         assert!(e.to_string().contains(says), "{repo}: {e}");
     };
-    // `gitdir:` out of the desk
-    let out_git = t.path().join("sep-out.git");
-    git(
-        t.path(),
-        &[
+    // repos/NAME cloned with its git directory at `gitdir` (a `.git` file naming it)
+    let clone_with_git_dir = |name: &str, gitdir: &Path| {
+        let sep = format!("--separate-git-dir={}", gitdir.display());
+        let to = desk.repo_dir(name);
+        let args = [
             "clone",
             "-q",
-            &format!("--separate-git-dir={}", out_git.display()),
+            &sep,
             src.to_str().unwrap(),
-            desk.repo_dir("sepout").to_str().unwrap(),
-        ],
-    );
+            to.to_str().unwrap(),
+        ];
+        git(t.path(), &args);
+    };
+    // `gitdir:` out of the desk
+    clone_with_git_dir("sepout", &t.path().join("sep-out.git"));
     refused("sepout", "its .git file points outside the desk");
     // `.git/worktrees` a symlink out of the desk
     let wt = desk.repo_dir("wtlink");
@@ -770,17 +773,7 @@ fn repos_reaching_git_outside_the_desk_by_any_way_are_refused() {
     refused("plain", "is outside the desk");
     assert!(desk.task_names().is_empty());
     // `gitdir:` inside the desk: fine
-    let in_git = desk.dir().join("notes/sep-in.git");
-    git(
-        t.path(),
-        &[
-            "clone",
-            "-q",
-            &format!("--separate-git-dir={}", in_git.display()),
-            src.to_str().unwrap(),
-            desk.repo_dir("sepin").to_str().unwrap(),
-        ],
-    );
+    clone_with_git_dir("sepin", &desk.dir().join("notes/sep-in.git"));
     task::start(&desk, "t", "sepin", None).unwrap();
     assert_eq!(desk.task_names(), ["t"]);
 }
