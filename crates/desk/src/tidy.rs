@@ -379,3 +379,34 @@ fn caches(c: &mut Collector, cap: u64) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        assert_eq!(
+            DEFAULT_CACHE_CAP,
+            2 * 1024 * 1024 * 1024,
+            "2 GiB per package cache"
+        );
+        assert_eq!(DEFAULT_TMP_AGE, 86_400, "a day");
+        assert_eq!(TidyOptions::default().cache_cap, DEFAULT_CACHE_CAP);
+    }
+
+    #[test]
+    fn scratch_names_are_editor_and_temporary_leftovers() {
+        for n in [
+            "a.tmp",
+            "draft.md~",
+            ".#draft.md",
+            &format!("x{TMP_SUFFIX}"),
+        ] {
+            assert!(is_scratch(n), "{n}");
+        }
+        for n in ["a.txt", "tmp", "a.tmpx", "#a#", "notes.md"] {
+            assert!(!is_scratch(n), "{n}");
+        }
+    }
+}

@@ -206,6 +206,58 @@ fn task_lifecycle_resume_finish_tidy() {
     assert!(tidy(&desk, &TidyOptions::default()).unwrap().is_empty());
 }
 
+/// The note `task finish` writes says what `--discard` dropped, and only when it dropped
+/// something.
+#[test]
+fn finish_notes_say_what_was_discarded() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    task::start(&desk, "clean", "app", None).unwrap();
+    let f = task::finish(&desk, "clean", true, None).unwrap();
+    let note = fs::read_to_string(&f.note).unwrap();
+    assert_eq!(f.discarded, 0);
+    assert!(!note.contains("discarded"), "{note}");
+    task::start(&desk, "dirty", "app", None).unwrap();
+    fs::write(desk.task_dir("dirty").join("scratch.txt"), "x").unwrap();
+    let f = task::finish(&desk, "dirty", true, None).unwrap();
+    let note = fs::read_to_string(&f.note).unwrap();
+    assert_eq!(f.discarded, 1);
+    assert!(
+        note.contains("- discarded 1 uncommitted change(s): scratch.txt"),
+        "{note}"
+    );
+}
+
+/// `desk tidy` deletes the merged branch of a finished task, but never the repo's default
+/// branch, nor a branch checked out in a worktree.
+#[test]
+fn tidy_keeps_the_default_branch_and_checked_out_ones() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    let app = desk.repo_dir("app");
+    // A task that worked on `main` itself (the checkout lets go of it first).
+    git(&app, &["checkout", "-q", "--detach"]);
+    task::start(&desk, "onmain", "app", Some("main")).unwrap();
+    task::finish(&desk, "onmain", false, None).unwrap();
+    // A task whose merged branch is then checked out in the repo's own checkout.
+    task::start(&desk, "co", "app", Some("feat")).unwrap();
+    task::finish(&desk, "co", false, None).unwrap();
+    git(&app, &["checkout", "-q", "feat"]);
+    let dry = TidyOptions {
+        dry_run: true,
+        ..TidyOptions::default()
+    };
+    let items = tidy(&desk, &dry).unwrap();
+    assert!(items.iter().all(|i| i.kind != "merged-branch"), "{items:?}");
+    // Once `feat` is no longer checked out, it goes; `main` stays.
+    git(&app, &["checkout", "-q", "--detach"]);
+    let items = tidy(&desk, &TidyOptions::default()).unwrap();
+    let what: Vec<(&str, &str)> = items.iter().map(|i| (i.kind, i.what.as_str())).collect();
+    assert_eq!(what, [("merged-branch", "app:feat")], "{items:?}");
+    assert!(git(&app, &["branch", "--list", "feat"]).is_empty());
+    assert!(!git(&app, &["branch", "--list", "main"]).is_empty());
+}
+
 #[test]
 fn worktree_links_survive_a_move() {
     let t = tempfile::tempdir().unwrap();
