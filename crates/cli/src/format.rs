@@ -146,6 +146,29 @@ pub(crate) fn bucket_workspace(
     ))
 }
 
+/// The server an S3 endpoint URL names, spelled one way: scheme and host in lower case,
+/// the scheme's default port dropped (`:80` for http, `:443` for https), no trailing `/`,
+/// and every loopback name (`localhost`, `127.0.0.1`, `[::1]`) as `localhost`. Not a URL
+/// (or empty): the text itself, lower case.
+fn endpoint_identity(ep: &str) -> String {
+    let Ok(u) = url::Url::parse(ep.trim()) else {
+        return ep.trim().trim_end_matches('/').to_ascii_lowercase();
+    };
+    let host = match u.host() {
+        Some(url::Host::Domain(d)) if d.eq_ignore_ascii_case("localhost") => "localhost".into(),
+        Some(url::Host::Ipv4(ip)) if ip.is_loopback() => "localhost".into(),
+        Some(url::Host::Ipv6(ip)) if ip.is_loopback() => "localhost".into(),
+        Some(h) => h.to_string().to_ascii_lowercase(),
+        None => String::new(),
+    };
+    let port = u.port().map(|p| format!(":{p}")).unwrap_or_default();
+    format!(
+        "{}://{host}{port}{}",
+        u.scheme(),
+        u.path().trim_end_matches('/')
+    )
+}
+
 /// Where a bucket URL puts objects, to tell whether two locations overlap: a resolved
 /// directory (`file://`), or a store (kind, and for S3 the endpoint), a bucket and a
 /// key prefix.
@@ -175,7 +198,7 @@ impl Place {
                     .clone()
                     .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
                     .unwrap_or_default();
-                format!("s3 {}", ep.trim_end_matches('/').to_ascii_lowercase())
+                format!("s3 {}", endpoint_identity(&ep))
             }
             Some(Scheme::Gcs) => "gs".to_string(),
             Some(Scheme::Azure) => "az".to_string(),
@@ -588,6 +611,32 @@ mod unit {
             Some("is")
         );
         assert_eq!(place("gs://b/agents", None).relation(&agents), None);
+        // One server, spelled differently: loopback names, default ports.
+        for same in [
+            "http://localhost:3900",
+            "http://[::1]:3900/",
+            "http://LocalHost:3900",
+        ] {
+            assert_eq!(
+                place("s3://b/agents", Some(same)).relation(&agents),
+                Some("is"),
+                "{same}"
+            );
+        }
+        let https = place("s3://b/x", Some("https://S3.example.com:443/"));
+        assert_eq!(
+            place("s3://b/x", Some("https://s3.example.com")).relation(&https),
+            Some("is")
+        );
+        assert_eq!(
+            place("s3://b/x", Some("http://s3.example.com")).relation(&https),
+            None,
+            "another scheme is another server (port 80)"
+        );
+        assert_eq!(
+            place("s3://b/agents", Some("http://127.0.0.1:3901")).relation(&agents),
+            None
+        );
 
         let t = crate::home::test_dir("places");
         let x = format!("file://{}/x", t.display());
