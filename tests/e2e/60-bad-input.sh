@@ -11,7 +11,8 @@
 #           -> nothing mounted, the database file is left exactly as it was
 #           another cache dir while files written through the first wait for upload
 #           -> refused, naming the cache dir to use; nothing mounted
-#           the cache dir of another workspace (recorded in it, or from before records),
+#           the cache dir of another workspace (recorded in it, or from before records;
+#           also for `fsck --repair --cache-dir`),
 #           a cache dir inside the mount point or the mount point inside it (also through
 #           a symlink, a relative path, or the same dir), a mount point holding the
 #           workspace's data dir, a file:// bucket dir overlapping the cache dir or the
@@ -235,6 +236,14 @@ ws_umount "$T/m-ca"
 grep -q '"cachea"' "$T/cache-shared/workspace.json" || fail "A did not record itself in its cache dir"
 ws_mount cacheb "$T/m-cb" --cache-dir "$T/cache-b-own"
 ws_umount "$T/m-cb"
+# fsck of B given A's cache dir: refused before anything is checked or repaired.
+state "$T/cache-shared" > "$T/cs.before"
+expect_error "fsck --repair of workspace B with A's cache dir" \
+  "cache dir $T/cache-shared belongs to workspace \"cachea\", not \"cacheb\"" \
+  "$DESKFS" fsck cacheb --repair --cache-dir "$T/cache-shared"
+state "$T/cache-shared" > "$T/cs.after"
+diff "$T/cs.before" "$T/cs.after" > "$T/cs.diff" || fail "the refused fsck changed A's cache dir: $(cat "$T/cs.diff")"
+dfs_ok fsck cachea --cache-dir "$T/cache-shared" > /dev/null
 
 # A cache dir inside the mount point, or the mount point inside the cache dir.
 ws_format places

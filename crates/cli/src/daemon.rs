@@ -270,11 +270,11 @@ fn dead_fuse_mount(mnt: &Path) -> bool {
 }
 
 /// Where the cache dir of cache `id` is (kv `cache.<id>` = `HOST:PATH`).
-fn cache_location(o: &Opened, id: u64) -> Result<Option<(String, PathBuf)>> {
-    let v = deskfs_meta::read(&*o.meta, |t| t.get_kv(&format!("cache.{id}")))?;
+fn cache_location(meta: &dyn MetaEngine, id: u64) -> Result<Option<(String, PathBuf)>> {
+    let v = deskfs_meta::read(meta, |t| t.get_kv(&format!("cache.{id}")))?;
     let legacy = if id == 1 {
         // Caches from before ids: the workspace recorded one cache dir.
-        deskfs_meta::read(&*o.meta, |t| t.get_kv("cache_dir"))?
+        deskfs_meta::read(meta, |t| t.get_kv("cache_dir"))?
             .map(|p| format!("{}:{p}", deskfs_vfs::hostname()))
     } else {
         None
@@ -301,14 +301,14 @@ struct CacheOwner {
 }
 
 impl CacheOwner {
-    /// The owner record of workspace `o`.
-    fn of(o: &Opened) -> Result<CacheOwner> {
-        let id = crate::metadb::Record::read(&*o.meta)?
+    /// The owner record of workspace `cfg` (database `meta`).
+    fn of(cfg: &WorkspaceConfig, meta: &dyn MetaEngine) -> Result<CacheOwner> {
+        let id = crate::metadb::Record::read(meta)?
             .map(|r| r.id)
             .filter(|i| !i.is_empty())
-            .unwrap_or_else(|| format!("bucket:{}", o.cfg.bucket));
+            .unwrap_or_else(|| format!("bucket:{}", cfg.bucket));
         Ok(CacheOwner {
-            workspace: o.cfg.name.clone(),
+            workspace: cfg.name.clone(),
             id,
         })
     }
@@ -386,7 +386,12 @@ impl CacheOwner {
 /// cache id is one the workspace's metadata knows, or when it holds no cached file (made
 /// by an offline command); one from before records with another id and files in it is
 /// refused (another workspace's, or left from an earlier format).
-fn check_cache_owner(o: &Opened, me: &CacheOwner, dir: &Path) -> Result<()> {
+pub(crate) fn check_cache_owner(
+    cfg: &WorkspaceConfig,
+    meta: &dyn MetaEngine,
+    dir: &Path,
+) -> Result<()> {
+    let me = &CacheOwner::of(cfg, meta)?;
     if let Some(owner) = CacheOwner::read(dir)? {
         return me.check(dir, Some(&owner));
     }
@@ -397,7 +402,7 @@ fn check_cache_owner(o: &Opened, me: &CacheOwner, dir: &Path) -> Result<()> {
         // New (or an unreadable id, which opening the cache reports).
         return Ok(());
     };
-    if cache_location(o, id)?.is_some() {
+    if cache_location(meta, id)?.is_some() {
         return Ok(());
     }
     let has_files =
@@ -406,8 +411,8 @@ fn check_cache_owner(o: &Opened, me: &CacheOwner, dir: &Path) -> Result<()> {
         bail!(
             "cache dir {} holds the cache of another workspace (its cache id {id} is not one of workspace {:?}): two workspaces cannot share a cache dir (its files are named by inode number); mount {} with another --cache-dir",
             dir.display(),
-            o.cfg.name,
-            o.cfg.name
+            cfg.name,
+            cfg.name
         );
     }
     Ok(())
@@ -420,7 +425,7 @@ fn cache_dir_for(o: &Opened, requested: Option<&Path>) -> Result<PathBuf> {
     let dir = requested
         .map(crate::absolute)
         .unwrap_or_else(|| ws_dir(&o.cfg.name).join("cache"));
-    check_cache_owner(o, &CacheOwner::of(o)?, &dir)?;
+    check_cache_owner(&o.cfg, &*o.meta, &dir)?;
     // The caches holding unuploaded files: a few index seeks, not the dirty rows (a
     // million at scale).
     let caches = deskfs_meta::read(&*o.meta, |t| t.dirty_caches())?;
@@ -431,7 +436,7 @@ fn cache_dir_for(o: &Opened, requested: Option<&Path>) -> Result<PathBuf> {
         .map(|m| m.cache_dir)
         .collect();
     for id in caches {
-        if let Some((h, p)) = cache_location(o, id)? {
+        if let Some((h, p)) = cache_location(&*o.meta, id)? {
             if h == host && p != dir && p.join("cache-id").exists() && !served.contains(&p) {
                 let in_use = std::fs::read_to_string(dir.join("cache-id"))
                     .ok()
@@ -618,7 +623,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     let cache_dir = cache_dir_for(&o, a.cache_dir.as_deref())?;
     check_places(&o, &mnt, &cache_dir)?;
     // (`deskfs mount` warned of a non-empty mount point.)
-    CacheOwner::of(&o)?.claim(&cache_dir)?;
+    CacheOwner::of(&o.cfg, &*o.meta)?.claim(&cache_dir)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(4)
         .enable_all()
@@ -1080,7 +1085,7 @@ fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
     let mut cache_dir = ws_dir(name).join("cache");
     for r in &dirty {
         if let deskfs_meta::Local::At(c) = r.local {
-            if let Some((h, p)) = cache_location(&o, c)? {
+            if let Some((h, p)) = cache_location(&*o.meta, c)? {
                 if h == host {
                     cache_dir = p;
                     break;
@@ -1088,8 +1093,8 @@ fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
             }
         }
     }
-    let me = CacheOwner::of(&o)?;
-    check_cache_owner(&o, &me, &cache_dir)?;
+    let me = CacheOwner::of(&o.cfg, &*o.meta)?;
+    check_cache_owner(&o.cfg, &*o.meta, &cache_dir)?;
     me.claim(&cache_dir)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

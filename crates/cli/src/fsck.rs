@@ -80,6 +80,9 @@ pub fn run(a: FsckArgs) -> Result<()> {
         .map(|p| crate::absolute(&p))
         .or(recorded.map(PathBuf::from))
         .unwrap_or_else(|| ws_dir(&a.name).join("cache"));
+    // Another workspace's cache dir names other inodes: checked (and repaired) against
+    // this namespace it would look broken, and `--repair` would drop its files.
+    crate::daemon::check_cache_owner(&cfg, &*meta, &cache_dir)?;
     let cache = Cache::open(&cache_dir, u64::MAX, deskfs_cache::DEFAULT_BLOCK_SIZE)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
