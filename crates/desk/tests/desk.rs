@@ -902,6 +902,37 @@ fn manual_repo_names_are_checked() {
     manual::record_repo(&desk, "app", Some("make test"), None).unwrap();
 }
 
+/// A task whose `.git` names a registration that claims a repo on the desk (its
+/// `commondir`) but lies outside that repo's git directory is not finished: git would
+/// act on the forged registration.
+#[test]
+fn a_task_registration_outside_its_repos_git_dir_is_not_finished() {
+    let t = tempfile::tempdir().unwrap();
+    let (_root, desk) = desk_with_repo(t.path());
+    task::start(&desk, "t", "app", None).unwrap();
+    let real_admin = desk.repo_dir("app").join(".git/worktrees/t");
+    let fake = desk.tmp_dir().join("fake-admin");
+    fs::create_dir_all(&fake).unwrap();
+    for f in ["HEAD", "gitdir"] {
+        fs::copy(real_admin.join(f), fake.join(f)).unwrap();
+    }
+    let common = desk.repo_dir("app").join(".git");
+    fs::write(fake.join("commondir"), format!("{}\n", common.display())).unwrap();
+    fs::write(
+        desk.task_dir("t").join(".git"),
+        format!("gitdir: {}\n", fake.display()),
+    )
+    .unwrap();
+    let e = task::finish(&desk, "t", true, None).unwrap_err();
+    assert!(matches!(e, DeskError::BrokenTask { .. }), "{e}");
+    assert!(
+        e.to_string()
+            .contains("is not inside its repo's git directory"),
+        "{e}"
+    );
+    assert!(desk.task_dir("t").is_dir() && fake.join("HEAD").is_file());
+}
+
 /// A task directory whose `.git` names a worktree registration of a repository outside
 /// the desk: link repair does not write there and `task finish` refuses to run git in that
 /// repository (it would remove the outside registration).
