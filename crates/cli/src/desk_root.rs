@@ -109,15 +109,19 @@ fn parse_mountinfo(text: &str) -> Vec<MountLine> {
         .collect()
 }
 
-/// The warning for a root not on a deskfs mount, or `None` when it is on one.
-fn not_deskfs_warning(root: &Path) -> Option<String> {
-    // The nearest existing ancestor, resolved (the root may not exist yet).
-    let mut probe = root.to_path_buf();
+/// The nearest existing ancestor of `path` (itself included), resolved: where a path
+/// that may not exist yet would live.
+fn existing_ancestor(path: &Path) -> Option<PathBuf> {
+    let mut probe = path.to_path_buf();
     while !probe.exists() {
         probe = probe.parent()?.to_path_buf();
     }
-    let probe = std::fs::canonicalize(&probe).unwrap_or(probe);
-    warning_for(root, &probe, mountinfo())
+    Some(std::fs::canonicalize(&probe).unwrap_or(probe))
+}
+
+/// The warning for a root not on a deskfs mount, or `None` when it is on one.
+fn not_deskfs_warning(root: &Path) -> Option<String> {
+    warning_for(root, &existing_ancestor(root)?, mountinfo())
 }
 
 /// The deepest mount point holding `probe`; among equals the last one (later mounts
@@ -142,12 +146,7 @@ impl MountLine {
 /// mount point and source (`deskfs:WORKSPACE`), or `None` when it is on another file
 /// system.
 pub(crate) fn on_deskfs_mount(path: &Path) -> Option<(PathBuf, String)> {
-    let mut probe = path.to_path_buf();
-    while !probe.exists() {
-        probe = probe.parent()?.to_path_buf();
-    }
-    let probe = std::fs::canonicalize(&probe).unwrap_or(probe);
-    holding_mount(&probe, mountinfo())
+    holding_mount(&existing_ancestor(path)?, mountinfo())
         .filter(MountLine::is_deskfs)
         .map(|m| (m.point, m.source))
 }

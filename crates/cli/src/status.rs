@@ -166,10 +166,7 @@ fn buffers_line(b: Option<&Value>) -> Option<String> {
 /// One line per expired mount session whose open files are held for it (design record
 /// 0018): who it was, how long ago it expired, when the hold ends.
 fn held_lines(l: &Value) -> Vec<String> {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0);
+    let now = deskfs_vfs::now_ns();
     l.get("held_sessions")
         .and_then(Value::as_array)
         .map(|a| {

@@ -759,30 +759,19 @@ impl DeskDir {
                     return Err(ServeError::io("create directory", &at.display(), e));
                 }
             }
-            // SAFETY: valid C string, a descriptor we own; a new descriptor or -1.
-            let fd = unsafe {
-                libc::openat(
-                    dir.as_raw_fd(),
-                    name.as_ptr(),
-                    libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-                )
-            };
-            if fd < 0 {
-                let e = last_err();
-                return Err(match e.raw_os_error() {
-                    Some(libc::ENOTDIR | libc::ELOOP) => ServeError::new(
-                        Code::Exists,
-                        format!(
-                            "cannot create directory {}: {} exists and is not a directory",
-                            p.display(),
-                            at.display()
-                        ),
+            let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW;
+            let level = openat2(dir.as_raw_fd(), &name, flags, 0, self.resolve);
+            held = Some(level.map_err(|e| match e.raw_os_error() {
+                Some(libc::ENOTDIR | libc::ELOOP) => ServeError::new(
+                    Code::Exists,
+                    format!(
+                        "cannot create directory {}: {} exists and is not a directory",
+                        p.display(),
+                        at.display()
                     ),
-                    _ => ServeError::io("create directory", &at.display(), e),
-                });
-            }
-            // SAFETY: a descriptor the kernel just gave us.
-            held = Some(unsafe { OwnedFd::from_raw_fd(fd) });
+                ),
+                _ => ServeError::io("create directory", &at.display(), e),
+            })?);
         }
         if let Some(deepest) = &held {
             self.refuse_state(deepest, c"", "create directory", &p.display())?;
