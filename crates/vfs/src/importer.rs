@@ -139,6 +139,50 @@ impl ListingPlan {
     }
 }
 
+/// Whether this mount (or another, sharing the database) still has bucket work at or
+/// under a listed name the namespace does not have: a pending path, or an upload in
+/// flight. Such a name's objects are the leftovers of a local removal or rename, not
+/// another tool's writes (an upload that landed after its file and directory were
+/// removed, before the uploader deleted it again; one that landed unrecorded before a
+/// crash), and importing them would bring back what was removed here. They are not
+/// imported while that work is pending; what the bucket still holds there once it is
+/// done is another tool's, and the next listing takes it.
+/// One read per listing when nothing is pending at or under the listed directory (the
+/// usual case), one per new name otherwise.
+struct OwnWork {
+    /// Whether any pending row lies at or under the listed directory, or covers it.
+    any: bool,
+}
+
+/// Every pending mark, whatever its sequence number ([`MetaTxn::pending_under`]'s bound;
+/// engines store sequence numbers as signed 64-bit integers).
+const ANY_SEQ: u64 = i64::MAX as u64;
+
+impl OwnWork {
+    fn read(t: &mut dyn MetaTxn, dir_path: &[u8]) -> Result<OwnWork> {
+        let any = t.is_pending(dir_path)? || !t.pending_under(dir_path, ANY_SEQ, 1)?.is_empty();
+        Ok(OwnWork { any })
+    }
+
+    /// Whether `path` (a listed name with neither an entry nor an object row) has work
+    /// of ours; with `subtree`, anywhere under it too (a listed directory prefix).
+    fn at(
+        &mut self,
+        t: &mut dyn MetaTxn,
+        path: &[u8],
+        uploader: &crate::uploader::UploaderShared,
+        subtree: bool,
+    ) -> Result<bool> {
+        if subtree && uploader.uploading_under(path) || !subtree && uploader.uploading(path) {
+            return Ok(true);
+        }
+        if !self.any {
+            return Ok(false);
+        }
+        Ok(t.is_pending(path)? || subtree && !t.pending_under(path, ANY_SEQ, 1)?.is_empty())
+    }
+}
+
 /// Inserts `row` as entry `name` of directory `dir` and records `obj` (its `ino` filled
 /// in) as the object holding it; returns the new inode's number.
 fn insert_imported(
@@ -418,6 +462,7 @@ impl Vfs {
         let mut out = Applied::default();
         deskfs_meta::txn(&*self.meta, |t| {
             out = Applied::default();
+            let mut ours = OwnWork::read(t, path)?;
             for (i, planned) in &plan.changed {
                 let (name, info) = &files[*i];
                 let cpath = join(path, name.as_bytes());
@@ -433,7 +478,10 @@ impl Vfs {
                 let (name, info) = &files[i];
                 let nb = name.as_bytes();
                 let cpath = join(path, nb);
-                if t.lookup(dir, nb)?.is_some() || t.get_object(&cpath)?.is_some() {
+                if t.lookup(dir, nb)?.is_some()
+                    || t.get_object(&cpath)?.is_some()
+                    || ours.at(t, &cpath, &self.uploader, false)?
+                {
                     continue;
                 }
                 let (posix, target) = attrs.get(name).cloned().unwrap_or((None, None));
@@ -444,7 +492,10 @@ impl Vfs {
             for &j in &plan.new_dirs {
                 let nb = dirs[j].as_bytes();
                 let cpath = join(path, nb);
-                if t.lookup(dir, nb)?.is_some() || t.get_object(&cpath)?.is_some() {
+                if t.lookup(dir, nb)?.is_some()
+                    || t.get_object(&cpath)?.is_some()
+                    || ours.at(t, &cpath, &self.uploader, true)?
+                {
                     continue;
                 }
                 self.import_dir(t, dir, nb, cpath)?;

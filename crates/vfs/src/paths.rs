@@ -30,6 +30,12 @@ pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
     p
 }
 
+/// Whether workspace path `path` is `dir` itself or lies under it (whole segments:
+/// `a/bc` is not under `a/b`).
+pub fn is_at_or_under(path: &[u8], dir: &[u8]) -> bool {
+    path.starts_with(dir) && (path.len() == dir.len() || path[dir.len()] == b'/')
+}
+
 /// The object key of `path`, given the bucket prefix length (to respect [`MAX_KEY_LEN`]).
 /// Directory markers add one byte (`/`), accounted for here.
 pub fn key_of(path: &[u8], prefix_len: usize) -> String {

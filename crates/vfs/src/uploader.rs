@@ -95,6 +95,14 @@ impl UploaderShared {
         self.inflight().contains(path)
     }
 
+    /// Whether an upload of `dir` itself or of a path under it runs now (`dir` empty:
+    /// any upload).
+    pub(crate) fn uploading_under(&self, dir: &[u8]) -> bool {
+        self.inflight()
+            .iter()
+            .any(|p| dir.is_empty() || crate::paths::is_at_or_under(p, dir))
+    }
+
     /// Starts an upload of `path`; `false` when one runs already.
     fn begin_upload(&self, path: &[u8]) -> bool {
         self.inflight().insert(path.to_vec())
@@ -513,7 +521,8 @@ async fn reconcile(vfs: &Arc<Vfs>, row: &PendingRow) -> Result<Outcome> {
 /// After the recorded objects under a path that is no directory any more (removed or
 /// renamed) are reconciled: deletes what the bucket still holds under it at paths the
 /// namespace does not have — objects whose upload raced with their removal and were
-/// left unrecorded, and (local bucket) the empty directories they leave. Without this, a
+/// left unrecorded, and (local bucket) the empty directories they leave, the removed
+/// one included when nothing records it. Without this, a
 /// removed directory's marker could never go (`file://`: "not empty yet") and the
 /// leftovers came back as files at the next listing. One listing per removed directory;
 /// paths the namespace has are never touched, nor anything under `.deskfs/`.
@@ -523,8 +532,13 @@ async fn sweep_removed_dir(vfs: &Arc<Vfs>, path: &[u8]) -> Result<()> {
         return Ok(());
     }
     let listed = vfs.bucket.list_all(&key).await?;
-    // Local bucket: its directories too (empty ones are not listed as objects).
+    // Local bucket: its directories too (empty ones are not listed as objects), and the
+    // removed directory itself: with no record of its own (its marker already deleted,
+    // an upload landed under it since), nothing else would remove it.
     let mut dirs: BTreeSet<String> = vfs.bucket.local_dirs_under(&key)?.into_iter().collect();
+    if vfs.bucket.is_local() {
+        dirs.insert(key.clone());
+    }
     let mut leftovers = Vec::new();
     for o in listed {
         if crate::paths::is_escaped(&o.key) || !o.key.starts_with(&format!("{key}/")) {
@@ -1156,6 +1170,7 @@ async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
                             ..cur.clone()
                         })?;
                         t.mark_pending(&cur.path, false, now_ns())?;
+                        sweep_again_if_removed(t, &cur.path)?;
                     }
                     Ok::<_, crate::VfsError>(())
                 })?;
@@ -1364,7 +1379,10 @@ fn record_checked(
             t.mark_pending(&row.path, false, now_ns())?;
             return Ok(Landing::Overwritten);
         }
-        Some(false) => return Ok(Landing::Superseded),
+        Some(false) => {
+            sweep_again_if_removed(t, &row.path)?;
+            return Ok(Landing::Superseded);
+        }
         _ => {}
     }
     record_in(t, row)?;
@@ -1373,6 +1391,7 @@ fn record_checked(
         // it): the record says what the bucket holds, and the holder of the newest
         // content uploads it again — dirty until then, so its copy is never evicted.
         t.mark_pending(&row.path, false, now_ns())?;
+        sweep_again_if_removed(t, &row.path)?;
         if let Some(ino) = resolve(t, &row.path)? {
             if let Some(mut i) = t.get_inode(ino)? {
                 if i.kind == Kind::File && !i.dirty && matches!(i.local, Local::At(_)) {
@@ -1391,6 +1410,34 @@ fn record_checked(
         }
         _ => Ok(Landing::Recorded(None)),
     }
+}
+
+/// After a put to `path` that is not the path's current content landed: when a
+/// directory above `path` was removed meanwhile, its removal is reconciled again, so
+/// what the put left there goes too (the object if it is still there, and a local
+/// bucket's directories, which a put creates and a delete of the object leaves).
+fn sweep_again_if_removed(t: &mut dyn deskfs_meta::MetaTxn, path: &[u8]) -> Result<()> {
+    if let Some(gone) = first_missing_ancestor(t, path)? {
+        t.mark_pending(&gone, true, now_ns())?;
+    }
+    Ok(())
+}
+
+/// The shallowest directory path above `path` that the namespace does not have (`a/b`
+/// for `a/b/c/f` when `a` exists and `a/b` does not); `None` when every ancestor exists.
+fn first_missing_ancestor(
+    t: &mut dyn deskfs_meta::MetaTxn,
+    path: &[u8],
+) -> Result<Option<Vec<u8>>> {
+    let mut end = 0;
+    while let Some(i) = path[end..].iter().position(|&b| b == b'/') {
+        let dir = &path[..end + i];
+        if resolve(t, dir)?.is_none() {
+            return Ok(Some(dir.to_vec()));
+        }
+        end += i + 1;
+    }
+    Ok(None)
 }
 
 /// If another mount waits for `ino`'s content, tell it the upload is done.

@@ -322,6 +322,104 @@ fn a_local_delete_is_not_undone_by_a_relisting() {
     assert!(h.ls(d.ino).is_empty());
 }
 
+/// The same for a directory: removed here (`rm -r`) while its objects are still in the
+/// bucket (their deletes not yet sent), a relisting of its parent must not bring it back.
+#[test]
+fn a_local_rmdir_is_not_undone_by_a_relisting() {
+    let h = Harness::build(
+        VfsConfig {
+            list_ttl: Duration::ZERO,
+            upload_delay: Duration::from_secs(3600),
+            ..test_cfg()
+        },
+        |b| put(b, "top/d/f", b"x"),
+    );
+    let top = h.lk(ROOT_INO, "top").unwrap();
+    let d = h.lk(top.ino, "d").unwrap();
+    assert_eq!(h.ls(d.ino), ["f"]);
+    h.unlink(&CTX, d.ino, b"f").unwrap();
+    h.rmdir(&CTX, top.ino, b"d").unwrap();
+    assert!(h.bucket_file("top/d/f").is_some());
+    assert!(
+        h.ls(top.ino).is_empty(),
+        "a relisting revived the removed directory"
+    );
+    assert_eq!(errno(h.lk(top.ino, "d")), libc::ENOENT);
+    h.sync_all();
+    assert!(h.bucket_file("top/d/f").is_none());
+    assert!(h.ls(top.ino).is_empty());
+}
+
+/// An upload that lands after its file and directory were removed here, and after the
+/// directory's own object was already deleted, leaves an object under the removed
+/// directory until the uploader deletes it again: a relisting of the parent meanwhile
+/// must not import the directory as new (it was removed here; the object is this mount's
+/// own leftover, recorded and pending), and the uploader removes the leftover and, in a
+/// local bucket, the directory it left. Found by e2e/82s-soak: a directory journaled
+/// removed was back after `kill -9` and a remount.
+#[test]
+fn an_upload_landing_under_a_removed_directory_does_not_revive_it() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let h = Harness::build(
+        VfsConfig {
+            list_ttl: Duration::ZERO,
+            upload_delay: Duration::ZERO,
+            ..test_cfg()
+        },
+        |b| put(b, "top/d/f", b"original"),
+    );
+    let top = h.lk(ROOT_INO, "top").unwrap();
+    let d = h.lk(top.ino, "d").unwrap();
+    assert_eq!(h.ls(d.ino), ["f"]);
+    let f = h.lk(d.ino, "f").unwrap();
+    let gate = super::converge::hold(&h, "top/d/f", crate::uploader::GatePoint::BeforePut);
+    let fh = h.op(f.ino, libc::O_WRONLY | libc::O_TRUNC);
+    h.put(f.ino, fh, 0, b"rewritten");
+    h.release(f.ino, fh).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || gate.reached.load(SeqCst)),
+        "the upload of the rewrite reached its PUT"
+    );
+    h.unlink(&CTX, d.ino, b"f").unwrap();
+    h.rmdir(&CTX, top.ino, b"d").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            read(&*h.meta, |t| t.get_object(b"top/d"))
+                .unwrap()
+                .is_none()
+                && h.bucket_file("top/d/f").is_none()
+        }),
+        "the removed directory's objects were deleted"
+    );
+    gate.released.store(true, SeqCst);
+    // (A delete of the path that was still under way may remove the landed object at
+    // once; then the relisting below has nothing to revive from, and passes trivially.)
+    assert!(
+        wait_until(Duration::from_secs(10), || h
+            .bucket_file("top/d/f")
+            .is_some()
+            || !h.uploader.uploading(b"top/d/f")),
+        "the held upload landed"
+    );
+    assert!(
+        h.ls(top.ino).is_empty(),
+        "a relisting revived the removed directory"
+    );
+    assert_eq!(errno(h.lk(top.ino, "d")), libc::ENOENT);
+    // The uploader deletes the leftover and, in a local bucket, the directory the put
+    // made (racing deletes of the path may finish after the upload's record, so this is
+    // waited for rather than a `sync`, whose barrier is the pending marks made before it).
+    h.sync_all();
+    assert!(
+        wait_until(Duration::from_secs(20), || h
+            .bucket_file("top/d/f")
+            .is_none()
+            && !h.bucket_is_dir("top/d")),
+        "the leftover object or the local bucket's directory was left behind"
+    );
+    assert!(h.ls(top.ino).is_empty());
+}
+
 /// Renaming an imported directory whose content was never listed must move that content
 /// with it (`mv` of a directory nobody looked into yet).
 #[test]
