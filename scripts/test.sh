@@ -24,7 +24,8 @@
 #   --long           the slow runs CI leaves out (hours): the power-loss test with 3,050
 #                    cut points (DESKFS_POWER_ITERS=50, DESKFS_POWER_IMAGES=60); a test's
 #                    "# e2e-long-timeout: SECONDS" line replaces its limit; the fuzz
-#                    targets 600 s each (tests/e2e/68-fuzz.sh)
+#                    targets 600 s each (tests/e2e/68-fuzz.sh); the soak of every fault
+#                    at once 1,800 s (tests/e2e/82s-soak.sh)
 #   FILTER...        run only the e2e tests whose file name contains one of these strings
 # Environment:
 #   DESKFS_TEST_S3_PORT  Garage S3 port (default: 3900 if 3900/3901/3903 are free, else the
