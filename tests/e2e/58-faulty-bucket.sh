@@ -5,7 +5,9 @@
 # then a burst in which every request gets 503 SlowDown.
 #   - imports and reads converge: a prefilled prefix (300 small objects, one of 24 MiB,
 #     put there by rclone straight into Garage) lists whole and every file reads back
-#     right, cold, through the faults;
+#     right, cold, through the faults; then 120 more cold files read back right while 40 %
+#     of requests fail fast (more than the HTTP client's own retries absorb: deskfs tries
+#     each read again, and status counts those retries);
 #   - uploads converge and nothing acknowledged is lost: 200 small files, two of 20 MiB
 #     (multipart), renames and deletes made under faults and during the burst are, after
 #     `deskfs sync`, exactly what Garage holds (checked straight at Garage, not through
@@ -40,6 +42,17 @@ for i in range(300):
         f.write(os.urandom(100 + i * 37))
 PY
 head -c $((24 << 20)) /dev/urandom > "$PRE/big.bin"
+STORM=$T/storm-prefill
+mkdir -p "$STORM"
+python3 - "$STORM" <<'PY'
+import os, sys
+for i in range(120):
+    with open(os.path.join(sys.argv[1], f"r{i:03d}.bin"), "wb") as f:
+        f.write(os.urandom(2000 + i * 61))
+PY
+(cd "$STORM" && find . -type f -printf '%P\0' | sort -z | xargs -0 sha256sum) > "$T/storm.sha"
+rc copy --transfers 16 --checkers 16 "$STORM" "$(rc_path "$S3_PREFIX/storm")" >> "$T/rclone.log" 2>&1 \
+  || fail "rclone copy of the storm prefix failed: $(tail -n 20 "$T/rclone.log")"
 (cd "$PRE" && find . -type f -printf '%P\0' | sort -z | xargs -0 sha256sum) > "$T/pre.sha"
 rc copy --transfers 16 --checkers 16 "$PRE" "$(rc_path "$S3_PREFIX/pre")" > "$T/rclone.log" 2>&1 \
   || fail "rclone copy failed: $(tail -n 20 "$T/rclone.log")"
@@ -53,6 +66,19 @@ log "import and cold reads through the faults"
 (cd "$MNT/pre" && sha256sum --quiet -c "$T/pre.sha") > "$T/pre.check" 2>&1 \
   || fail "the prefilled prefix does not read back right through the faults: $(head -n 10 "$T/pre.check")"
 assert_eq 301 "$(find "$MNT/pre" -type f | wc -l)" "files imported from the prefilled prefix"
+
+# 40 % of requests failing fast: one request in 16 fails three times in a row, which is
+# all the HTTP client retries, so without deskfs's own read retries some of these 121
+# reads (a listing and 120 cold files) would reach the reader as EIO.
+log "a storm of read faults: 40 % of requests answered 500/503, reset or cut short"
+faults '{"rate": 0.4, "kinds": ["500", "503", "reset", "truncate"]}'
+(cd "$MNT/storm" && sha256sum --quiet -c "$T/storm.sha") > "$T/storm.check" 2>&1 \
+  || fail "cold reads did not converge through the storm of faults: $(head -n 10 "$T/storm.check")"
+faults "{\"rate\": $RATE}"
+dfs status "$NAME" > "$T/status.storm.txt" || fail "status failed after the storm"
+grep -qE "bucket reads +[1-9][0-9]* tried again after a transient failure, 0 failed" "$T/status.storm.txt" \
+  || fail "status does not show the bucket reads tried again (and none failed): $(grep -E 'bucket reads' "$T/status.storm.txt" || echo 'no bucket reads line')"
+log "status after the storm: $(grep -E 'bucket reads' "$T/status.storm.txt" | tr -s ' ')"
 
 log "writes, renames and deletes through the faults"
 W=$T/want
@@ -112,7 +138,7 @@ mkdir -p "$T/got"
 rc copy --transfers 16 "$(rc_path "$S3_PREFIX")" "$T/got" --exclude '.deskfs/**' > "$T/rclone-get.log" 2>&1 \
   || fail "rclone copy back failed: $(tail -n 20 "$T/rclone-get.log")"
 (cd "$W" && find . -type f -printf '%P\0' | sort -z | xargs -0 sha256sum) > "$T/want.sha"
-(cd "$T/got" && find . -path ./pre -prune -o -type f -printf '%P\0' | sort -z | xargs -0 sha256sum) > "$T/got.sha"
+(cd "$T/got" && find . \( -path ./pre -o -path ./storm \) -prune -o -type f -printf '%P\0' | sort -z | xargs -0 sha256sum) > "$T/got.sha"
 diff "$T/want.sha" "$T/got.sha" > "$T/bucket.diff" || fail "the bucket differs from what was written (< written, > bucket): $(head -n 20 "$T/bucket.diff")"
 
 ws_umount "$MNT"

@@ -20,7 +20,8 @@ request, with probability --rate, one of --kinds happens instead:
   slow       forwarded, the answer held 0.3 s.
 
 --control FILE, re-read every 0.2 s when it changes, is JSON that overrides the above:
-{"rate": 0.3} changes the rate, {"burst": "503"} makes every request get that fault
+{"rate": 0.3} changes the rate, {"kinds": ["503", "reset"]} the kinds drawn (unknown
+ones ignored; none known: --kinds), {"burst": "503"} makes every request get that fault
 until the file says otherwise, {"rate": 0} turns faults off. --stats FILE is rewritten
 every 0.5 s with {"requests": N, "faults": {"503": n, ...}}. The draws follow --seed.
 
@@ -51,6 +52,7 @@ class Faults:
         self.rate = rate
         self.base_rate = rate
         self.kinds = kinds
+        self.base_kinds = kinds
         self.rng = random.Random(seed)
         self.control = control
         self.burst = None
@@ -75,6 +77,8 @@ class Faults:
             print(f"faultys3: control file unreadable, kept the old settings: {e}", file=sys.stderr)
             return
         self.rate = float(c.get("rate", self.base_rate))
+        k = [x for x in c.get("kinds", self.base_kinds) if x in KINDS]
+        self.kinds = tuple(k) or self.base_kinds
         b = c.get("burst")
         self.burst = b if b in KINDS else None
 

@@ -14,11 +14,13 @@
 pub mod error;
 mod http;
 pub mod posix;
+pub mod read_retry;
 mod store;
 mod url_spec;
 
 pub use error::BucketError;
 pub use posix::PosixMeta;
+pub use read_retry::ReadCounters;
 pub use store::{Bucket, Listing, ObjectInfo, PutIf, PutInfo};
 pub use url_spec::{BucketSpec, Scheme};
 

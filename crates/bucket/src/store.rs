@@ -78,6 +78,8 @@ pub struct Bucket {
     spec: BucketSpec,
     /// For `file://`: the root directory (markers are real directories there).
     local_root: Option<PathBuf>,
+    /// Retries of reads past the HTTP client's own, and their counters (shared by clones).
+    reads: Arc<crate::read_retry::ReadRetry>,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -226,6 +228,7 @@ impl Bucket {
             store,
             spec: spec.clone(),
             local_root,
+            reads: Arc::default(),
         })
     }
 
@@ -571,17 +574,24 @@ impl Bucket {
         if range.start >= range.end {
             return Ok(Bytes::new());
         }
-        let opts = GetOptions {
-            range: Some(GetRange::Bounded(range)),
-            if_match: etag.map(str::to_string),
-            ..Default::default()
-        };
-        let r = self
-            .store
-            .get_opts(&self.path(key)?, opts)
+        let path = self.path(key)?;
+        self.reads
+            .run("get", || async {
+                let opts = GetOptions {
+                    range: Some(GetRange::Bounded(range.clone())),
+                    if_match: etag.map(str::to_string),
+                    ..Default::default()
+                };
+                let r = self.store.get_opts(&path, opts).await.map_err(store_err)?;
+                r.bytes().await.map_err(store_err)
+            })
             .await
-            .map_err(store_err)?;
-        r.bytes().await.map_err(store_err)
+    }
+
+    /// Counts of reads tried again after a transient failure, and of reads that failed
+    /// after their last try, since the bucket was opened (see [`crate::read_retry`]).
+    pub fn read_counters(&self) -> crate::ReadCounters {
+        self.reads.counters()
     }
 
     /// Metadata of `key`, or `None` if it does not exist.
@@ -591,6 +601,13 @@ impl Bucket {
 
     /// HEAD of the object at store path `p`, reported under `key`.
     async fn head_at(&self, p: &Path, key: String) -> Result<Option<ObjectInfo>> {
+        self.reads
+            .run("head", || self.head_once(p, key.clone()))
+            .await
+    }
+
+    /// One try of [`Bucket::head_at`].
+    async fn head_once(&self, p: &Path, key: String) -> Result<Option<ObjectInfo>> {
         let opts = GetOptions {
             head: true,
             ..Default::default()
@@ -616,15 +633,16 @@ impl Bucket {
     /// The directory's own marker is not reported.
     pub async fn list_dir(&self, dir_key: &str) -> Result<Listing> {
         let base = self.path(dir_key)?;
+        let prefix = (!base.as_ref().is_empty()).then_some(&base);
         let r = self
-            .store
-            .list_with_delimiter(if base.as_ref().is_empty() {
-                None
-            } else {
-                Some(&base)
+            .reads
+            .run("list", || async {
+                self.store
+                    .list_with_delimiter(prefix)
+                    .await
+                    .map_err(store_err)
             })
-            .await
-            .map_err(store_err)?;
+            .await?;
         let base_s = self.rel_key(&base);
         let name_of = |rel: &str| -> Option<String> {
             let tail = if base_s.is_empty() {
@@ -666,24 +684,25 @@ impl Bucket {
     /// Every object under `dir_key/` recursively (used by fsck and tests).
     pub async fn list_all(&self, dir_key: &str) -> Result<Vec<ObjectInfo>> {
         let base = self.path(dir_key)?;
-        let mut s = self.store.list(if base.as_ref().is_empty() {
-            None
-        } else {
-            Some(&base)
-        });
-        let mut out = Vec::new();
-        while let Some(o) = s.next().await {
-            let o = o.map_err(store_err)?;
-            let mtime_ns = to_ns_meta(&o);
-            out.push(ObjectInfo {
-                key: self.rel_key(&o.location),
-                size: o.size,
-                etag: o.e_tag,
-                mtime_ns,
-                posix: None,
-            });
-        }
-        Ok(out)
+        let prefix = (!base.as_ref().is_empty()).then_some(&base);
+        self.reads
+            .run("list", || async {
+                let mut s = self.store.list(prefix);
+                let mut out = Vec::new();
+                while let Some(o) = s.next().await {
+                    let o = o.map_err(store_err)?;
+                    let mtime_ns = to_ns_meta(&o);
+                    out.push(ObjectInfo {
+                        key: self.rel_key(&o.location),
+                        size: o.size,
+                        etag: o.e_tag,
+                        mtime_ns,
+                        posix: None,
+                    });
+                }
+                Ok(out)
+            })
+            .await
     }
 }
 

@@ -161,6 +161,23 @@ fn buffers_line(b: Option<&Value>) -> Option<String> {
     Some(s)
 }
 
+/// "12 tried again after a transient failure, 1 failed after 5 tries" from a daemon's
+/// bucket read counters, or `None` while every read succeeded at its first try.
+fn bucket_reads_line(v: Option<&Value>) -> Option<String> {
+    let n = |k: &str| {
+        v.and_then(|v| v.get(k))
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+    };
+    let (retried, failed) = (n("retried"), n("failed"));
+    (retried + failed > 0).then(|| {
+        format!(
+            "{retried} tried again after a transient failure, {failed} failed after {} tries (the error reached the reader)",
+            deskfs_bucket::read_retry::READ_ATTEMPTS
+        )
+    })
+}
+
 /// "session 7, other hosts live; database: 1,234 round trips, 2 retries; fenced 1 time
 /// (last 5 min ago), 1 conflict copy" from a daemon's status.
 /// One line per expired mount session whose open files are held for it (design record
@@ -360,6 +377,9 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 }
                 if let Some(line) = buffers_line(l.get("buffers")) {
                     println!("  memory        {line}");
+                }
+                if let Some(line) = bucket_reads_line(l.get("bucket_reads")) {
+                    println!("  bucket reads  {line}");
                 }
                 if let Some(line) = requests_line(l.get("requests")) {
                     println!("  requests      {line}");

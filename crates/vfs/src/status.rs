@@ -96,6 +96,9 @@ pub struct VfsStatus {
     pub buffers: crate::buffers::BufferStats,
     /// Opens served through passthrough so far.
     pub passthrough_opens: u64,
+    /// Bucket reads (GET, HEAD, LIST) tried again after a transient failure, and those
+    /// that failed after their last try (see `deskfs_bucket::read_retry`).
+    pub bucket_reads: deskfs_bucket::ReadCounters,
     /// Of those, opens given a complete whole-file fill (a file just read whole).
     pub passthrough_fill_opens: u64,
     /// When accesses move atime: `relatime` or `noatime` (see [`crate::atime`]).
@@ -186,6 +189,7 @@ impl Vfs {
             passthrough: self.passthrough_on(),
             background_relists: self.relists.running(),
             buffers: self.buffers.stats(),
+            bucket_reads: self.bucket.read_counters(),
             passthrough_opens: self
                 .fills
                 .passthrough_opens
