@@ -30,6 +30,12 @@ pub type Result<T, E = MetaError> = std::result::Result<T, E>;
 /// ([`MetaError::is_retryable`]) before giving up.
 pub const TXN_ATTEMPTS: u32 = 50;
 
+/// A pending-row sequence bound `upto` as the engines store sequence numbers (signed
+/// 64-bit, all positive): bounds past `i64::MAX` mean "every row", not a negative number.
+pub(crate) fn seq_bound(upto: u64) -> i64 {
+    i64::try_from(upto).unwrap_or(i64::MAX)
+}
+
 /// The backoff before attempt `n` (1-based) of a retried transaction: 1 ms doubling up
 /// to 100 ms, with jitter (so two contending mounts do not retry in lock step).
 pub fn retry_backoff(attempt: u32) -> std::time::Duration {
@@ -429,6 +435,18 @@ pub trait MetaTxn {
     /// with the bucket, not before `not_before_ns` (coalescing delay). Returns the sequence
     /// number given to this mark (monotonic; used by sync barriers).
     fn mark_pending(&mut self, path: &[u8], recursive: bool, not_before_ns: i64) -> Result<u64>;
+    /// Marks `path` as [`MetaTxn::mark_pending`] does, but under sequence number `seq` —
+    /// that of the mark whose reconciliation found this work (an upload that landed under
+    /// a directory removed meanwhile, say) — or the row's own, whichever is older. A sync
+    /// barrier taken after that first mark then waits for this work too, though it was
+    /// found after the barrier.
+    fn remark_pending(
+        &mut self,
+        path: &[u8],
+        recursive: bool,
+        not_before_ns: i64,
+        seq: u64,
+    ) -> Result<()>;
     /// Up to `limit` pending paths due at `now_ns`, oldest due first.
     fn due_pending(&mut self, now_ns: i64, limit: usize) -> Result<Vec<PendingRow>>;
     /// [`MetaTxn::due_pending`] for mount session `me` when other mounts share the
@@ -469,13 +487,14 @@ pub trait MetaTxn {
     /// The sequence number of the newest pending mark ever made ([`PendingStats::last_seq`])
     /// without counting rows: one read, whatever the backlog.
     fn pending_last_seq(&mut self) -> Result<u64>;
-    /// Whether any pending row has `seq <= upto`.
+    /// Whether any pending row has `seq <= upto` (`u64::MAX`: any row).
     fn pending_upto(&mut self, upto: u64) -> Result<bool>;
     /// The most recent failures (path, attempts, error), newest first.
     fn failed_pending(&mut self, limit: usize) -> Result<Vec<PendingRow>>;
     /// Up to `limit` pending rows marked at or before sequence number `upto` whose path
-    /// is `dir` itself or lies under it (`dir` empty: every path), oldest mark first. Used
-    /// by `fsync` of a directory under bucket durability.
+    /// is `dir` itself or lies under it (`dir` empty: every path), oldest mark first
+    /// (`upto` = `u64::MAX`: whenever marked). Used by `fsync` of a directory under bucket
+    /// durability and by listings (no import where this workspace has work pending).
     fn pending_under(&mut self, dir: &[u8], upto: u64, limit: usize) -> Result<Vec<PendingRow>>;
 
     // ---- sessions (leases), open files, locks ----

@@ -26,7 +26,7 @@ macro_rules! engine_suite {
             root_and_direct_reads, batch_create_and_lookup, batch_is_atomic,
             expectations, nlink_purge_and_opens, commit_content_versions, xattr_modes,
             mark_inode_hard_links, fencing, alloc_inos_unique, typed_errors_and_retries,
-            dentries_and_cookies, pending_gen_and_seq, pending_under_a_dir, objects_subtree_range, change_feed,
+            dentries_and_cookies, pending_gen_and_seq, remarks_keep_the_older_seq, pending_under_a_dir, objects_subtree_range, change_feed,
             sessions_locks_opens, held_opens_of_expired_sessions, wanted_uploads, concurrent_mounts, usage_and_orphans,
             keyed_transactions_serialise, paths_up_to_path_max);
     };
@@ -835,6 +835,52 @@ pub(crate) fn pending_gen_and_seq(f: &dyn Fixture) {
     assert!(!read(&*e, |t| t.pending_upto(s2)).unwrap());
 }
 
+/// Work found by reconciling a mark is marked under that mark's sequence number, so a
+/// barrier taken after the first mark covers it: a new row takes the given number; a
+/// live row keeps the older of its own and the given one; either way the row is marked
+/// again (gen moves, recursive only grows).
+pub(crate) fn remarks_keep_the_older_seq(f: &dyn Fixture) {
+    let e = f.engine();
+    let cause = txn(&*e, |t| t.mark_pending(b"d/f", false, 10)).unwrap();
+    let barrier = txn(&*e, |t| t.mark_pending(b"other", false, 10)).unwrap();
+    txn(&*e, |t| t.remark_pending(b"d", true, 10, cause)).unwrap();
+    let row = |p: &[u8]| {
+        read(&*e, |t| t.due_pending(i64::MAX, 100))
+            .unwrap()
+            .into_iter()
+            .find(|r| r.path == p)
+            .expect("row")
+    };
+    let d = row(b"d");
+    assert_eq!(
+        (d.seq, d.recursive),
+        (cause, true),
+        "a new row takes the cause's seq"
+    );
+    assert!(barrier > cause);
+    txn(&*e, |t| t.finish_pending(b"d/f", 1)).unwrap();
+    txn(&*e, |t| t.finish_pending(b"other", 1)).unwrap();
+    assert!(
+        read(&*e, |t| t.pending_upto(barrier)).unwrap(),
+        "the barrier after the cause waits for the remark"
+    );
+    let later = txn(&*e, |t| t.mark_pending(b"late", false, 10)).unwrap();
+    txn(&*e, |t| t.remark_pending(b"late", false, 10, cause)).unwrap();
+    let l = row(b"late");
+    assert_eq!(
+        (l.seq, l.gen),
+        (cause, 2),
+        "a live row takes the older seq, marked again"
+    );
+    txn(&*e, |t| t.remark_pending(b"d", false, 10, later)).unwrap();
+    let d2 = row(b"d");
+    assert_eq!(
+        (d2.seq, d2.recursive, d2.gen),
+        (cause, true, d.gen + 1),
+        "its own older seq kept"
+    );
+}
+
 /// The pending rows of a directory's subtree marked up to a barrier (fsync of a
 /// directory under bucket durability): the dir itself and paths under it, not a sibling
 /// that shares its name as a prefix, not rows marked after the barrier.
@@ -861,6 +907,8 @@ pub(crate) fn pending_under_a_dir(f: &dyn Fixture) {
         "marked after the barrier"
     );
     assert_eq!(paths(b"d", later).len(), 4);
+    assert_eq!(paths(b"d", u64::MAX).len(), 4, "u64::MAX bounds nothing");
+    assert!(read(&*e, |t| t.pending_upto(u64::MAX)).unwrap());
     assert_eq!(
         read(&*e, |t| t.pending_under(b"d", later, 2))
             .unwrap()

@@ -154,9 +154,8 @@ struct OwnWork {
     any: bool,
 }
 
-/// Every pending mark, whatever its sequence number ([`MetaTxn::pending_under`]'s bound;
-/// engines store sequence numbers as signed 64-bit integers).
-const ANY_SEQ: u64 = i64::MAX as u64;
+/// Every pending mark, whatever its sequence number ([`MetaTxn::pending_under`]'s bound).
+const ANY_SEQ: u64 = u64::MAX;
 
 impl OwnWork {
     fn read(t: &mut dyn MetaTxn, dir_path: &[u8]) -> Result<OwnWork> {
@@ -173,7 +172,12 @@ impl OwnWork {
         uploader: &crate::uploader::UploaderShared,
         subtree: bool,
     ) -> Result<bool> {
-        if subtree && uploader.uploading_under(path) || !subtree && uploader.uploading(path) {
+        let flying = if subtree {
+            uploader.uploading_under(path)
+        } else {
+            uploader.uploading(path)
+        };
+        if flying {
             return Ok(true);
         }
         if !self.any {

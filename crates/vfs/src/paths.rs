@@ -31,9 +31,9 @@ pub fn join(dir: &[u8], name: &[u8]) -> Vec<u8> {
 }
 
 /// Whether workspace path `path` is `dir` itself or lies under it (whole segments:
-/// `a/bc` is not under `a/b`).
+/// `a/bc` is not under `a/b`; every path is under the root, `dir` empty).
 pub fn is_at_or_under(path: &[u8], dir: &[u8]) -> bool {
-    path.starts_with(dir) && (path.len() == dir.len() || path[dir.len()] == b'/')
+    dir.is_empty() || path.starts_with(dir) && (path.len() == dir.len() || path[dir.len()] == b'/')
 }
 
 /// The object key of `path`, given the bucket prefix length (to respect [`MAX_KEY_LEN`]).

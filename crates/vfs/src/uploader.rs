@@ -100,7 +100,7 @@ impl UploaderShared {
     pub(crate) fn uploading_under(&self, dir: &[u8]) -> bool {
         self.inflight()
             .iter()
-            .any(|p| dir.is_empty() || crate::paths::is_at_or_under(p, dir))
+            .any(|p| crate::paths::is_at_or_under(p, dir))
     }
 
     /// Starts an upload of `path`; `false` when one runs already.
@@ -438,10 +438,40 @@ async fn run(vfs: Arc<Vfs>) {
     }
 }
 
+tokio::task_local! {
+    /// The sequence number of the pending mark the running task reconciles. Work the
+    /// reconcile finds — a put that landed under a directory removed meanwhile, a put that
+    /// raced with a delete — is marked under it ([`deskfs_meta::MetaTxn::remark_pending`]), so a sync
+    /// barrier taken after that mark waits for the work too.
+    static MARK_SEQ: u64;
+}
+
+/// Marks `path` pending again for work a reconcile found: under the reconciled mark's
+/// sequence number `cause` (see [`MARK_SEQ`]) when known, else as a new mark.
+fn remark(
+    t: &mut dyn deskfs_meta::MetaTxn,
+    path: &[u8],
+    recursive: bool,
+    cause: Option<u64>,
+) -> Result<()> {
+    match cause {
+        Some(seq) => t.remark_pending(path, recursive, now_ns(), seq)?,
+        None => {
+            t.mark_pending(path, recursive, now_ns())?;
+        }
+    }
+    Ok(())
+}
+
+/// The sequence number of the mark this task reconciles, if it runs under one.
+fn mark_seq() -> Option<u64> {
+    MARK_SEQ.try_with(|s| *s).ok()
+}
+
 /// Reconciles one pending row and records the outcome. Returns false when the row is
 /// another mount's to do ([`Outcome::Elsewhere`]).
 async fn process(vfs: &Arc<Vfs>, row: PendingRow) -> bool {
-    let res = reconcile(vfs, &row).await;
+    let res = MARK_SEQ.scope(row.seq, reconcile(vfs, &row)).await;
     let now = now_ns();
     let path = row.path.clone();
     let gen = row.gen;
@@ -531,6 +561,8 @@ async fn sweep_removed_dir(vfs: &Arc<Vfs>, path: &[u8]) -> Result<()> {
     if path.is_empty() || crate::paths::is_escaped(&key) {
         return Ok(());
     }
+    #[cfg(test)]
+    gate(vfs, path, GatePoint::Sweep).await;
     let listed = vfs.bucket.list_all(&key).await?;
     // Local bucket: its directories too (empty ones are not listed as objects), and the
     // removed directory itself: with no record of its own (its marker already deleted,
@@ -860,7 +892,7 @@ async fn reconcile_file(
             return Ok(out);
         }
         #[cfg(test)]
-        gate(vfs, path, GatePoint::BeforePut).await;
+        gate(vfs, path, GatePoint::Put).await;
         let put = vfs.put_staging(key, &staging, Some(&meta)).await?;
         // The staging file may have changed while it was read: only a file whose version,
         // write generation and on-disk times held still is recorded as that version.
@@ -884,7 +916,7 @@ async fn reconcile_file(
             return Ok(Outcome::Defer(Duration::from_millis(200)));
         }
         #[cfg(test)]
-        gate(vfs, path, GatePoint::BeforeRecord).await;
+        gate(vfs, path, GatePoint::Record).await;
         // Open for writing through passthrough: the kernel may write the staging file at
         // any moment without the daemon seeing it, so the row stays dirty (recorded, not
         // clean) until those handles close; `after_clean` catches an open that raced.
@@ -929,13 +961,16 @@ async fn reconcile_file(
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GatePoint {
     /// After the checks, before the PUT of a staging file.
-    BeforePut,
+    Put,
     /// After that PUT landed, before it is recorded.
-    BeforeRecord,
+    Record,
+    /// Before the sweep of what the bucket holds under a removed directory (the gate's
+    /// path is the directory's).
+    Sweep,
 }
 
 /// A test's hold on this mount's upload of one path at one point, so two mounts' puts
-/// of one key can be made to land and be recorded in a chosen order.
+/// of one key can be made to land and be recorded in a chosen order (or a sweep be held).
 #[cfg(test)]
 pub(crate) struct PutGate {
     pub(crate) path: Vec<u8>,
@@ -1152,6 +1187,7 @@ async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
         vfs.bucket.delete(&o.key).await?;
     }
     let removed = o.clone();
+    let cause = mark_seq();
     let changed = blocking(vfs, move |v| {
         deskfs_meta::txn(&*v.meta, |t| forget_removed(t, &removed))
     })
@@ -1169,8 +1205,8 @@ async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
                             etag: None,
                             ..cur.clone()
                         })?;
-                        t.mark_pending(&cur.path, false, now_ns())?;
-                        sweep_again_if_removed(t, &cur.path)?;
+                        remark(t, &cur.path, false, cause)?;
+                        sweep_again_if_removed(t, &cur.path, cause)?;
                     }
                     Ok::<_, crate::VfsError>(())
                 })?;
@@ -1307,6 +1343,7 @@ async fn record_upload(
     };
     // `Some(in place)` once the bucket was asked (or the put itself told).
     let mut verified = replaced.then_some(false);
+    let cause = mark_seq();
     loop {
         let (rw, before) = (row.clone(), before.clone());
         let landing = blocking(vfs, move |v| {
@@ -1314,7 +1351,7 @@ async fn record_upload(
                 rw.ino,
                 || {
                     deskfs_meta::txn(&*v.meta, |t| {
-                        record_checked(t, &rw, &before, verified, clean)
+                        record_checked(t, &rw, &before, verified, clean, cause)
                     })
                 },
                 |l| matches!(l, Landing::Recorded(Some(_))),
@@ -1358,13 +1395,14 @@ async fn record_upload(
 
 /// The transaction of [`record_upload`]: records `row` (and marks its inode clean with
 /// `clean`) when nothing raced with its put or `verified` says its object is in place;
-/// see [`Landing`] for the rest.
+/// see [`Landing`] for the rest. Work found is marked under `cause` (see [`remark`]).
 fn record_checked(
     t: &mut dyn deskfs_meta::MetaTxn,
     row: &ObjectRow,
     before: &Option<ObjectRow>,
     verified: Option<bool>,
     clean: bool,
+    cause: Option<u64>,
 ) -> Result<Landing> {
     let now = t.get_object(&row.path)?;
     let inode = t.get_inode(row.ino)?;
@@ -1376,11 +1414,11 @@ fn record_checked(
     match verified {
         None if now != *before || !current => return Ok(Landing::Unverified),
         Some(false) if current => {
-            t.mark_pending(&row.path, false, now_ns())?;
+            remark(t, &row.path, false, cause)?;
             return Ok(Landing::Overwritten);
         }
         Some(false) => {
-            sweep_again_if_removed(t, &row.path)?;
+            sweep_again_if_removed(t, &row.path, cause)?;
             return Ok(Landing::Superseded);
         }
         _ => {}
@@ -1390,8 +1428,8 @@ fn record_checked(
         // Our object replaced the path's newest content (or is about to be replaced by
         // it): the record says what the bucket holds, and the holder of the newest
         // content uploads it again — dirty until then, so its copy is never evicted.
-        t.mark_pending(&row.path, false, now_ns())?;
-        sweep_again_if_removed(t, &row.path)?;
+        remark(t, &row.path, false, cause)?;
+        sweep_again_if_removed(t, &row.path, cause)?;
         if let Some(ino) = resolve(t, &row.path)? {
             if let Some(mut i) = t.get_inode(ino)? {
                 if i.kind == Kind::File && !i.dirty && matches!(i.local, Local::At(_)) {
@@ -1415,10 +1453,15 @@ fn record_checked(
 /// After a put to `path` that is not the path's current content landed: when a
 /// directory above `path` was removed meanwhile, its removal is reconciled again, so
 /// what the put left there goes too (the object if it is still there, and a local
-/// bucket's directories, which a put creates and a delete of the object leaves).
-fn sweep_again_if_removed(t: &mut dyn deskfs_meta::MetaTxn, path: &[u8]) -> Result<()> {
+/// bucket's directories, which a put creates and a delete of the object leaves). The
+/// removal is marked under `cause` (see [`remark`]).
+fn sweep_again_if_removed(
+    t: &mut dyn deskfs_meta::MetaTxn,
+    path: &[u8],
+    cause: Option<u64>,
+) -> Result<()> {
     if let Some(gone) = first_missing_ancestor(t, path)? {
-        t.mark_pending(&gone, true, now_ns())?;
+        remark(t, &gone, true, cause)?;
     }
     Ok(())
 }

@@ -279,6 +279,15 @@ queries! {
             due = least(excluded.due, pending.since + $4),
             owner = excluded.owner)
         SELECT seq FROM s";
+    RemarkPending = "INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error,owner)
+        VALUES ($1, $2, $5, 1, $3, $3, 0, NULL,
+          nullif(current_setting('deskfs.session', true), '')::bigint)
+        ON CONFLICT(path_key) DO UPDATE SET
+          recursive = pending.recursive OR excluded.recursive,
+          seq = least(pending.seq, excluded.seq),
+          gen = pending.gen + 1,
+          due = least(excluded.due, pending.since + $4),
+          owner = excluded.owner";
     DuePending = concat!("SELECT ", pending_cols!(),
         " FROM pending WHERE due <= $1 ORDER BY due LIMIT $2");
     // Rows this session marked (or nobody's: marked without a session) due by $1; other

@@ -543,6 +543,26 @@ impl MetaTxn for PgTxn<'_> {
         col_u64(&r, 0)
     }
 
+    fn remark_pending(
+        &mut self,
+        path: &[u8],
+        recursive: bool,
+        not_before_ns: i64,
+        seq: u64,
+    ) -> Result<()> {
+        self.exec(
+            Q::RemarkPending,
+            &[
+                &path,
+                &recursive,
+                &not_before_ns,
+                &MAX_COALESCE_NS,
+                &crate::seq_bound(seq),
+            ],
+        )?;
+        Ok(())
+    }
+
     fn due_pending(&mut self, now_ns: i64, limit: usize) -> Result<Vec<PendingRow>> {
         self.query(Q::DuePending, &[&now_ns, &(limit as i64)])?
             .iter()
@@ -616,17 +636,20 @@ impl MetaTxn for PgTxn<'_> {
     }
 
     fn pending_upto(&mut self, upto: u64) -> Result<bool> {
-        col(&self.one(Q::PendingUpto, &[&i(upto)])?, 0)
+        col(&self.one(Q::PendingUpto, &[&crate::seq_bound(upto)])?, 0)
     }
 
     fn pending_under(&mut self, dir: &[u8], upto: u64, limit: usize) -> Result<Vec<PendingRow>> {
         let rows = if dir.is_empty() {
-            self.query(Q::PendingUptoRows, &[&i(upto), &(limit as i64)])?
+            self.query(
+                Q::PendingUptoRows,
+                &[&crate::seq_bound(upto), &(limit as i64)],
+            )?
         } else {
             let (lo, hi) = rows::subtree_bounds(dir);
             self.query(
                 Q::PendingUnder,
-                &[&i(upto), &dir, &lo, &hi, &(limit as i64)],
+                &[&crate::seq_bound(upto), &dir, &lo, &hi, &(limit as i64)],
             )?
         };
         rows.iter().map(rows::pending).collect()

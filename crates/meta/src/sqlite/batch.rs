@@ -136,6 +136,34 @@ pub(crate) fn mark_one(
     Ok(())
 }
 
+/// [`MetaTxn::remark_pending`](crate::MetaTxn::remark_pending): as [`mark_one`], the
+/// row keeping the older of its own sequence number and `seq`.
+pub(crate) fn remark_one(
+    conn: &Connection,
+    path: &[u8],
+    recursive: bool,
+    seq: u64,
+    not_before_ns: i64,
+) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error)
+         VALUES(?1,?2,?3,1,?4,?4,0,NULL)
+         ON CONFLICT(path) DO UPDATE SET
+           recursive = max(recursive, excluded.recursive),
+           seq = min(seq, excluded.seq),
+           gen = gen + 1,
+           due = min(excluded.due, since + ?5)",
+    )?
+    .execute(params![
+        path,
+        recursive as i64,
+        crate::seq_bound(seq),
+        not_before_ns,
+        MAX_COALESCE_NS
+    ])?;
+    Ok(())
+}
+
 fn fail(step: usize, what: Expect) -> MetaError {
     MetaError::Precondition { step, what }
 }

@@ -391,6 +391,16 @@ impl MetaTxn for SqlTxn<'_> {
         Ok(seq)
     }
 
+    fn remark_pending(
+        &mut self,
+        path: &[u8],
+        recursive: bool,
+        not_before_ns: i64,
+        seq: u64,
+    ) -> Result<()> {
+        super::batch::remark_one(self.conn, path, recursive, seq, not_before_ns)
+    }
+
     fn due_pending(&mut self, now_ns: i64, limit: usize) -> Result<Vec<PendingRow>> {
         let mut st = self.conn.prepare_cached(&format!(
             "SELECT {PENDING_COLS} FROM pending WHERE due<=?1 ORDER BY due LIMIT ?2"
@@ -471,7 +481,7 @@ impl MetaTxn for SqlTxn<'_> {
         let mut st = self
             .conn
             .prepare_cached("SELECT 1 FROM pending WHERE seq<=?1 LIMIT 1")?;
-        Ok(st.exists(params![upto as i64])?)
+        Ok(st.exists(params![crate::seq_bound(upto)])?)
     }
 
     fn pending_under(&mut self, dir: &[u8], upto: u64, limit: usize) -> Result<Vec<PendingRow>> {
@@ -482,7 +492,7 @@ impl MetaTxn for SqlTxn<'_> {
         ))?;
         let v = st
             .query_map(
-                params![upto as i64, dir, lo, hi, limit as i64],
+                params![crate::seq_bound(upto), dir, lo, hi, limit as i64],
                 pending_from_row,
             )?
             .collect::<std::result::Result<_, _>>()?;

@@ -205,7 +205,7 @@ fn settled(h: &Harness, path: &str, ino: Ino, want: &[u8]) -> bool {
 fn an_older_version_landing_over_a_newer_one_is_uploaded_again() {
     let h = Harness::new();
     let a = h.second_mount("cache-a");
-    let gate = hold(&a, "f", GatePoint::BeforePut);
+    let gate = hold(&a, "f", GatePoint::Put);
     let ino = create_on(&a, "f", b"older, from mount A");
     assert!(
         wait_until(Duration::from_secs(10), || gate.reached.load(SeqCst)),
@@ -246,8 +246,8 @@ fn an_older_version_landing_over_a_newer_one_is_uploaded_again() {
 fn a_newer_put_recorded_after_an_older_one_landed_over_it_is_done_again() {
     let h = Harness::new();
     let a = h.second_mount("cache-a");
-    let gate_a = hold(&a, "f", GatePoint::BeforePut);
-    let gate_b = hold(&h, "f", GatePoint::BeforeRecord);
+    let gate_a = hold(&a, "f", GatePoint::Put);
+    let gate_b = hold(&h, "f", GatePoint::Record);
     let ino = create_on(&a, "f", b"older, from mount A");
     let older = h.row(ino).expect("row").data_version;
     assert!(wait_until(Duration::from_secs(10), || gate_a
@@ -319,7 +319,7 @@ fn read_on(v: &Vfs, ino: Ino) -> Vec<u8> {
 fn a_clean_file_is_not_evicted_when_the_bucket_lost_its_content() {
     let h = Harness::new();
     let a = h.second_mount_with("cache-a", 1);
-    let gate = hold(&a, "f", GatePoint::BeforeRecord);
+    let gate = hold(&a, "f", GatePoint::Record);
     let ino = create_on(&a, "f", b"the only copy is in cache A");
     assert!(wait_until(Duration::from_secs(10), || gate
         .reached
@@ -357,7 +357,7 @@ fn an_eviction_leaves_a_file_rewritten_before_its_removal() {
     let h = Harness::new();
     let a = h.second_mount_with("cache-a", 1);
     // Held until the hook is in place: the file is evicted right after its record.
-    let gate = hold(&a, "f", GatePoint::BeforeRecord);
+    let gate = hold(&a, "f", GatePoint::Record);
     let ino = create_on(&a, "f", b"first content, uploaded then evicted");
     let ran = Arc::new(AtomicBool::new(false));
     let (v, flag) = ((*a).clone(), ran.clone());

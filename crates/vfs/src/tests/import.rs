@@ -360,37 +360,7 @@ fn a_local_rmdir_is_not_undone_by_a_relisting() {
 #[test]
 fn an_upload_landing_under_a_removed_directory_does_not_revive_it() {
     use std::sync::atomic::Ordering::SeqCst;
-    let h = Harness::build(
-        VfsConfig {
-            list_ttl: Duration::ZERO,
-            upload_delay: Duration::ZERO,
-            ..test_cfg()
-        },
-        |b| put(b, "top/d/f", b"original"),
-    );
-    let top = h.lk(ROOT_INO, "top").unwrap();
-    let d = h.lk(top.ino, "d").unwrap();
-    assert_eq!(h.ls(d.ino), ["f"]);
-    let f = h.lk(d.ino, "f").unwrap();
-    let gate = super::converge::hold(&h, "top/d/f", crate::uploader::GatePoint::BeforePut);
-    let fh = h.op(f.ino, libc::O_WRONLY | libc::O_TRUNC);
-    h.put(f.ino, fh, 0, b"rewritten");
-    h.release(f.ino, fh).unwrap();
-    assert!(
-        wait_until(Duration::from_secs(10), || gate.reached.load(SeqCst)),
-        "the upload of the rewrite reached its PUT"
-    );
-    h.unlink(&CTX, d.ino, b"f").unwrap();
-    h.rmdir(&CTX, top.ino, b"d").unwrap();
-    assert!(
-        wait_until(Duration::from_secs(10), || {
-            read(&*h.meta, |t| t.get_object(b"top/d"))
-                .unwrap()
-                .is_none()
-                && h.bucket_file("top/d/f").is_none()
-        }),
-        "the removed directory's objects were deleted"
-    );
+    let (h, top, gate) = removed_dir_with_a_held_put();
     gate.released.store(true, SeqCst);
     // (A delete of the path that was still under way may remove the landed object at
     // once; then the relisting below has nothing to revive from, and passes trivially.)
@@ -418,6 +388,74 @@ fn an_upload_landing_under_a_removed_directory_does_not_revive_it() {
         "the leftover object or the local bucket's directory was left behind"
     );
     assert!(h.ls(top.ino).is_empty());
+}
+
+/// `top/d/f` imported, rewritten, its upload held before its PUT; then `f` and `d`
+/// removed and their objects deleted from the bucket. Returns the harness, `top` and the
+/// held upload's gate.
+fn removed_dir_with_a_held_put() -> (Harness, Attr, Arc<crate::uploader::PutGate>) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let h = Harness::build(
+        VfsConfig {
+            list_ttl: Duration::ZERO,
+            upload_delay: Duration::ZERO,
+            ..test_cfg()
+        },
+        |b| put(b, "top/d/f", b"original"),
+    );
+    let top = h.lk(ROOT_INO, "top").unwrap();
+    let d = h.lk(top.ino, "d").unwrap();
+    assert_eq!(h.ls(d.ino), ["f"]);
+    let f = h.lk(d.ino, "f").unwrap();
+    let gate = super::converge::hold(&h, "top/d/f", crate::uploader::GatePoint::Put);
+    let fh = h.op(f.ino, libc::O_WRONLY | libc::O_TRUNC);
+    h.put(f.ino, fh, 0, b"rewritten");
+    h.release(f.ino, fh).unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || gate.reached.load(SeqCst)),
+        "the upload of the rewrite reached its PUT"
+    );
+    h.unlink(&CTX, d.ino, b"f").unwrap();
+    h.rmdir(&CTX, top.ino, b"d").unwrap();
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            read(&*h.meta, |t| t.get_object(b"top/d"))
+                .unwrap()
+                .is_none()
+                && h.bucket_file("top/d/f").is_none()
+        }),
+        "the removed directory's objects were deleted"
+    );
+    (h, top, gate)
+}
+
+/// A sync begun after the removal returns only once what the held put left under the
+/// removed directory is gone too — though that work is found (the put lands) after the
+/// sync's barrier was taken: it is marked under the upload's own mark.
+#[test]
+fn a_sync_waits_for_the_leftovers_of_a_put_landing_under_a_removed_directory() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (h, _top, gate) = removed_dir_with_a_held_put();
+    let sweep = super::converge::hold(&h, "top/d", crate::uploader::GatePoint::Sweep);
+    std::thread::scope(|s| {
+        let sync = s.spawn(|| h.sync(SYNC_TIMEOUT));
+        std::thread::sleep(Duration::from_millis(100));
+        gate.released.store(true, SeqCst);
+        assert!(
+            wait_until(Duration::from_secs(10), || sweep.reached.load(SeqCst)),
+            "the landed put had the removal swept again"
+        );
+        assert!(
+            !wait_until(Duration::from_secs(2), || sync.is_finished()),
+            "sync returned while the sweep of the put's leftovers was held"
+        );
+        sweep.released.store(true, SeqCst);
+        sync.join().expect("sync thread").expect("sync");
+    });
+    assert!(
+        h.bucket_file("top/d/f").is_none() && !h.bucket_is_dir("top/d"),
+        "sync returned with the put's object or the local bucket's directory still there"
+    );
 }
 
 /// Renaming an imported directory whose content was never listed must move that content
@@ -813,7 +851,7 @@ fn a_listing_during_an_upload_is_not_a_conflict() {
     let d = h.lk(ROOT_INO, "d").unwrap();
     assert_eq!(h.ls(d.ino), ["f"]);
     let f = h.lk(d.ino, "f").unwrap();
-    let gate = super::converge::hold(&h, "d/f", crate::uploader::GatePoint::BeforeRecord);
+    let gate = super::converge::hold(&h, "d/f", crate::uploader::GatePoint::Record);
     std::thread::sleep(Duration::from_millis(20)); // a different mtime: a new ETag
     let fh = h.op(f.ino, libc::O_WRONLY | libc::O_TRUNC);
     h.put(f.ino, fh, 0, b"the local version");
