@@ -18,8 +18,8 @@ pub mod types;
 
 pub use error::{MetaError, TxnError};
 pub use ops::{
-    held_opens_key, held_opens_session, AttrUpdate, Expect, HeldOpens, Op, OpOut, XattrMode,
-    HELD_OPENS_PREFIX,
+    held_opens_key, held_opens_session, upload_key, upload_of, uploads_at_or_under, AttrUpdate,
+    Expect, HeldOpens, Op, OpOut, XattrMode, HELD_OPENS_PREFIX, UPLOADS_PREFIX,
 };
 pub use types::*;
 
@@ -546,6 +546,8 @@ pub trait MetaTxn {
     fn get_kv(&mut self, key: &str) -> Result<Option<String>>;
     /// Writes a workspace-level setting.
     fn set_kv(&mut self, key: &str, value: &str) -> Result<()>;
+    /// Removes a workspace record (none with that key: nothing happens).
+    fn delete_kv(&mut self, key: &str) -> Result<()>;
     /// The workspace records whose key starts with `prefix`, in key order.
     fn kv_with_prefix(&mut self, prefix: &str) -> Result<Vec<(String, String)>>;
     /// Totals for statfs/status.

@@ -326,6 +326,44 @@ impl OpOut {
     }
 }
 
+/// Prefix of the workspace records (`kv`) announcing a put in flight: a mount's uploader
+/// writes one before it sends a PUT and removes it with the outcome of the upload, so
+/// every mount's listing knows the object that may land there is this workspace's own
+/// (see [`upload_key`]).
+pub const UPLOADS_PREFIX: &str = "upload.";
+
+/// The `kv` key announcing a put of workspace path `path` by mount session `session`:
+/// `upload.<path in lowercase hex>.<session>`. Hex keeps path order and prefixes: the
+/// keys of paths at or under a directory start with [`uploads_at_or_under`]'s prefix.
+pub fn upload_key(path: &[u8], session: u64) -> String {
+    format!("{UPLOADS_PREFIX}{}.{session}", hex(path))
+}
+
+/// The prefix shared by the [`upload_key`]s of `dir` and of every path under it (and of
+/// siblings whose name starts with `dir`'s last one: filter with [`upload_of`] and
+/// `paths::is_at_or_under`); `dir` empty: every announced put.
+pub fn uploads_at_or_under(dir: &[u8]) -> String {
+    format!("{UPLOADS_PREFIX}{}", hex(dir))
+}
+
+/// The path and session an [`upload_key`] names (`None` for any other key).
+pub fn upload_of(key: &str) -> Option<(Vec<u8>, u64)> {
+    let rest = key.strip_prefix(UPLOADS_PREFIX)?;
+    let (h, session) = rest.rsplit_once('.')?;
+    if h.len() % 2 != 0 {
+        return None;
+    }
+    let path = (0..h.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(h.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    Some((path, session.parse().ok()?))
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// Prefix of the workspace records (`kv`) naming expired sessions whose open-file records
 /// are held (see [`Op::ExpireSession`]).
 pub const HELD_OPENS_PREFIX: &str = "held_opens.";

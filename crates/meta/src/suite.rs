@@ -26,7 +26,7 @@ macro_rules! engine_suite {
             root_and_direct_reads, batch_create_and_lookup, batch_is_atomic,
             expectations, nlink_purge_and_opens, commit_content_versions, xattr_modes,
             mark_inode_hard_links, fencing, alloc_inos_unique, typed_errors_and_retries,
-            dentries_and_cookies, pending_gen_and_seq, remarks_keep_the_older_seq, pending_under_a_dir, objects_subtree_range, change_feed,
+            dentries_and_cookies, pending_gen_and_seq, remarks_keep_the_older_seq, upload_announcements, pending_under_a_dir, objects_subtree_range, change_feed,
             sessions_locks_opens, held_opens_of_expired_sessions, wanted_uploads, concurrent_mounts, usage_and_orphans,
             keyed_transactions_serialise, paths_up_to_path_max);
     };
@@ -879,6 +879,53 @@ pub(crate) fn remarks_keep_the_older_seq(f: &dyn Fixture) {
         (cause, true, d.gen + 1),
         "its own older seq kept"
     );
+}
+
+/// Announced puts (`kv` records by [`crate::upload_key`]): found by the prefix of a
+/// directory at or under it, path and session read back, removed by `delete_kv`.
+pub(crate) fn upload_announcements(f: &dyn Fixture) {
+    let e = f.engine();
+    txn(&*e, |t| {
+        for (p, s) in [
+            ("d", 1),
+            ("d/a", 1),
+            ("d/sub/b", 2),
+            ("d.txt", 1),
+            ("dd", 3),
+        ] {
+            t.set_kv(&crate::upload_key(p.as_bytes(), s), "")?;
+        }
+        Ok::<_, MetaError>(())
+    })
+    .unwrap();
+    let under = |dir: &str| -> Vec<(String, u64)> {
+        read(&*e, |t| {
+            t.kv_with_prefix(&crate::uploads_at_or_under(dir.as_bytes()))
+        })
+        .unwrap()
+        .into_iter()
+        .filter_map(|(k, _)| crate::upload_of(&k))
+        .filter(|(p, _)| {
+            dir.is_empty() || p == dir.as_bytes() || p.starts_with(format!("{dir}/").as_bytes())
+        })
+        .map(|(p, s)| (String::from_utf8(p).unwrap(), s))
+        .collect()
+    };
+    assert_eq!(
+        under("d"),
+        [
+            ("d".to_string(), 1),
+            ("d/a".to_string(), 1),
+            ("d/sub/b".to_string(), 2)
+        ]
+    );
+    assert_eq!(under("").len(), 5);
+    assert_eq!(under("d/sub"), [("d/sub/b".to_string(), 2)]);
+    txn(&*e, |t| t.delete_kv(&crate::upload_key(b"d/a", 1))).unwrap();
+    txn(&*e, |t| t.delete_kv(&crate::upload_key(b"never", 1))).unwrap();
+    assert_eq!(under("d").len(), 2);
+    assert_eq!(crate::upload_of("upload.zz.1"), None);
+    assert_eq!(crate::upload_of("held_opens.1"), None);
 }
 
 /// The pending rows of a directory's subtree marked up to a barrier (fsync of a

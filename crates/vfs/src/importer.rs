@@ -141,17 +141,20 @@ impl ListingPlan {
 
 /// Whether this mount (or another, sharing the database) still has bucket work at or
 /// under a listed name the namespace does not have: a pending path, or an upload in
-/// flight. Such a name's objects are the leftovers of a local removal or rename, not
+/// flight (this mount's, or one another live mount announced: `uploader::announce`). Such a name's objects are the leftovers of a local removal or rename, not
 /// another tool's writes (an upload that landed after its file and directory were
 /// removed, before the uploader deleted it again; one that landed unrecorded before a
 /// crash), and importing them would bring back what was removed here. They are not
 /// imported while that work is pending; what the bucket still holds there once it is
 /// done is another tool's, and the next listing takes it.
-/// One read per listing when nothing is pending at or under the listed directory (the
-/// usual case), one per new name otherwise.
+/// Two reads per listing when nothing is pending at or under the listed directory (the
+/// usual case), one more per new name otherwise.
 struct OwnWork {
     /// Whether any pending row lies at or under the listed directory, or covers it.
     any: bool,
+    /// Paths at or under the listed directory with a put in flight announced by a
+    /// registered mount session (announcements of sessions gone are stale: ignored).
+    announced: Vec<Vec<u8>>,
 }
 
 /// Every pending mark, whatever its sequence number ([`MetaTxn::pending_under`]'s bound).
@@ -160,7 +163,20 @@ const ANY_SEQ: u64 = u64::MAX;
 impl OwnWork {
     fn read(t: &mut dyn MetaTxn, dir_path: &[u8]) -> Result<OwnWork> {
         let any = t.is_pending(dir_path)? || !t.pending_under(dir_path, ANY_SEQ, 1)?.is_empty();
-        Ok(OwnWork { any })
+        let mut announced: Vec<(Vec<u8>, u64)> = t
+            .kv_with_prefix(&deskfs_meta::uploads_at_or_under(dir_path))?
+            .into_iter()
+            .filter_map(|(k, _)| deskfs_meta::upload_of(&k))
+            .filter(|(p, _)| crate::paths::is_at_or_under(p, dir_path))
+            .collect();
+        if !announced.is_empty() {
+            let live: Vec<u64> = t.sessions()?.iter().map(|s| s.id).collect();
+            announced.retain(|(_, s)| live.contains(s));
+        }
+        Ok(OwnWork {
+            any,
+            announced: announced.into_iter().map(|(p, _)| p).collect(),
+        })
     }
 
     /// Whether `path` (a listed name with neither an entry nor an object row) has work
@@ -174,8 +190,12 @@ impl OwnWork {
     ) -> Result<bool> {
         let flying = if subtree {
             uploader.uploading_under(path)
+                || self
+                    .announced
+                    .iter()
+                    .any(|p| crate::paths::is_at_or_under(p, path))
         } else {
-            uploader.uploading(path)
+            uploader.uploading(path) || self.announced.iter().any(|p| p == path)
         };
         if flying {
             return Ok(true);

@@ -456,6 +456,7 @@ impl Vfs {
     /// `timeout` and then returns [`VfsError::Io`] (`TimedOut`) naming what is stuck.
     pub fn sync(&self, timeout: Duration) -> Result<()> {
         self.commit_all()?;
+        let running = self.uploader.uploads_now();
         let barrier = deskfs_meta::read(&*self.meta, |t| {
             Ok::<_, crate::VfsError>(t.pending_last_seq()?)
         })?;
@@ -463,8 +464,13 @@ impl Vfs {
         self.uploader.kick();
         let start = std::time::Instant::now();
         let res = loop {
-            let more = deskfs_meta::read(&*self.meta, |t| t.pending_upto(barrier))?;
-            if !more || self.only_others_pending(barrier)? {
+            // Uploads running at the barrier first: what they find is marked before they
+            // end, under their own marks' numbers (at most `barrier`).
+            let settled = !self.uploader.any_running(&running) && {
+                let more = deskfs_meta::read(&*self.meta, |t| t.pending_upto(barrier))?;
+                !more || self.only_others_pending(barrier)?
+            };
+            if settled {
                 break Ok(());
             }
             if start.elapsed() > timeout {

@@ -14,7 +14,7 @@
 //! found to hold its content (`Vfs::held_in_bucket`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -58,8 +58,12 @@ pub(crate) struct UploaderShared {
     /// Pending paths being uploaded by this mount right now, from before the first
     /// request of the upload until after its record was written: a directory listing
     /// taken meanwhile may show the new object without its record, or the record without
-    /// the new object (see [`UploaderShared::uploading`]).
-    inflight: std::sync::Mutex<HashSet<Vec<u8>>>,
+    /// the new object (see [`UploaderShared::uploading`]). Each with a number of its own
+    /// (from `upload_ids`), so a sync barrier can wait for the uploads running when it was
+    /// taken ([`UploaderShared::uploads_now`]).
+    inflight: std::sync::Mutex<HashMap<Vec<u8>, u64>>,
+    /// The last number given to an upload in `inflight`.
+    upload_ids: AtomicU64,
     /// Holds tests put on uploads ([`PutGate`]).
     #[cfg(test)]
     pub(crate) gates: std::sync::Mutex<Vec<Arc<PutGate>>>,
@@ -92,20 +96,40 @@ impl UploaderShared {
     /// Whether this mount is uploading `path` right now (its put may have landed while
     /// its record is not written yet).
     pub(crate) fn uploading(&self, path: &[u8]) -> bool {
-        self.inflight().contains(path)
+        self.inflight().contains_key(path)
     }
 
     /// Whether an upload of `dir` itself or of a path under it runs now (`dir` empty:
     /// any upload).
     pub(crate) fn uploading_under(&self, dir: &[u8]) -> bool {
         self.inflight()
-            .iter()
+            .keys()
             .any(|p| crate::paths::is_at_or_under(p, dir))
+    }
+
+    /// The numbers of the uploads running now. A put of one of them may land under a
+    /// directory removed meanwhile, and the work that makes (see `sweep_again_if_removed`)
+    /// is marked before the upload ends: a sync barrier waits for them with
+    /// [`UploaderShared::any_running`], their rows may have been finished by another
+    /// mount.
+    pub(crate) fn uploads_now(&self) -> Vec<u64> {
+        self.inflight().values().copied().collect()
+    }
+
+    /// Whether any of the uploads numbered `ids` still runs.
+    pub(crate) fn any_running(&self, ids: &[u64]) -> bool {
+        !ids.is_empty() && self.inflight().values().any(|i| ids.contains(i))
     }
 
     /// Starts an upload of `path`; `false` when one runs already.
     fn begin_upload(&self, path: &[u8]) -> bool {
-        self.inflight().insert(path.to_vec())
+        let mut m = self.inflight();
+        if m.contains_key(path) {
+            return false;
+        }
+        let id = self.upload_ids.fetch_add(1, Ordering::Relaxed) + 1;
+        m.insert(path.to_vec(), id);
+        true
     }
 
     /// The upload of `path` ended (its record, if any, is written).
@@ -113,7 +137,7 @@ impl UploaderShared {
         self.inflight().remove(path);
     }
 
-    fn inflight(&self) -> std::sync::MutexGuard<'_, HashSet<Vec<u8>>> {
+    fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, u64>> {
         self.inflight.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -290,6 +314,9 @@ async fn run(vfs: Arc<Vfs>) {
     // mount queues keeps its own delays.
     let mut resuming = true;
     let resume_upto = deskfs_meta::read(&*vfs.meta, |t| t.pending_last_seq()).unwrap_or(u64::MAX);
+    if let Err(e) = forget_stale_announcements(&vfs) {
+        tracing::debug!(error = %e, "cannot remove announcements of puts by mounts gone");
+    }
     loop {
         let stopping = vfs.uploader.stop.load(Ordering::SeqCst);
         if stopping && tasks.is_empty() {
@@ -439,15 +466,24 @@ async fn run(vfs: Arc<Vfs>) {
 }
 
 tokio::task_local! {
-    /// The sequence number of the pending mark the running task reconciles. Work the
-    /// reconcile finds — a put that landed under a directory removed meanwhile, a put that
-    /// raced with a delete — is marked under it ([`deskfs_meta::MetaTxn::remark_pending`]), so a sync
-    /// barrier taken after that mark waits for the work too.
-    static MARK_SEQ: u64;
+    /// The pending mark the running task reconciles (see [`Reconciling`]).
+    static TASK: Reconciling;
+}
+
+/// What a reconcile task knows of itself beyond its row.
+struct Reconciling {
+    /// The sequence number of the pending mark it reconciles. Work it finds — a put that
+    /// landed under a directory removed meanwhile, a put that raced with a delete — is
+    /// marked under it ([`deskfs_meta::MetaTxn::remark_pending`]), so a sync barrier taken
+    /// after that mark waits for the work too.
+    seq: u64,
+    /// The `kv` records announcing its puts ([`deskfs_meta::upload_key`]), removed with
+    /// the outcome of the row (see [`announce`]).
+    announced: std::sync::Mutex<Vec<String>>,
 }
 
 /// Marks `path` pending again for work a reconcile found: under the reconciled mark's
-/// sequence number `cause` (see [`MARK_SEQ`]) when known, else as a new mark.
+/// sequence number `cause` (see [`Reconciling::seq`]) when known, else as a new mark.
 fn remark(
     t: &mut dyn deskfs_meta::MetaTxn,
     path: &[u8],
@@ -465,13 +501,84 @@ fn remark(
 
 /// The sequence number of the mark this task reconciles, if it runs under one.
 fn mark_seq() -> Option<u64> {
-    MARK_SEQ.try_with(|s| *s).ok()
+    TASK.try_with(|t| t.seq).ok()
+}
+
+/// Announces to every mount of the workspace, before a PUT to `path` is sent, that an
+/// object may land there that is this workspace's own (`kv` record
+/// [`deskfs_meta::upload_key`], one per path and task): a listing imports no name with an
+/// announced put at or under it (see `importer::OwnWork`), so a put that lands after its
+/// path was removed is not taken for another tool's write by any mount — its pending row
+/// may be finished by another mount meanwhile, and only this mount knows the PUT is in
+/// flight. The record goes with the outcome of the task's row ([`process`]), after the
+/// upload's own record (which marks any removal it landed under again). One small write
+/// per uploaded path.
+async fn announce(vfs: &Arc<Vfs>, path: &[u8]) -> Result<()> {
+    let key = deskfs_meta::upload_key(path, vfs.coherence.session());
+    let fresh = TASK
+        .try_with(|t| {
+            let mut a = t.announced.lock().unwrap_or_else(|p| p.into_inner());
+            if a.contains(&key) {
+                false
+            } else {
+                a.push(key.clone());
+                true
+            }
+        })
+        .unwrap_or(false);
+    if fresh {
+        blocking(vfs, move |v| {
+            deskfs_meta::txn(&*v.meta, |t| t.set_kv(&key, "")).map_err(VfsError::from)
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Removes the announcements of puts (see [`announce`]) made by mount sessions no longer
+/// registered: a daemon killed during a put leaves them. Listings ignore them already;
+/// this keeps them from piling up. Returns how many went.
+fn forget_stale_announcements(vfs: &Vfs) -> Result<usize> {
+    Ok(deskfs_meta::txn(&*vfs.meta, |t| {
+        let live: Vec<u64> = t.sessions()?.iter().map(|s| s.id).collect();
+        let mut n = 0;
+        for (k, _) in t.kv_with_prefix(deskfs_meta::UPLOADS_PREFIX)? {
+            if deskfs_meta::upload_of(&k).is_some_and(|(_, s)| !live.contains(&s)) {
+                t.delete_kv(&k)?;
+                n += 1;
+            }
+        }
+        Ok::<_, deskfs_meta::MetaError>(n)
+    })?)
+}
+
+/// Removes the announcements `keys` (see [`announce`]) in transaction `t`.
+fn withdraw(t: &mut dyn deskfs_meta::MetaTxn, keys: &[String]) -> deskfs_meta::Result<()> {
+    for k in keys {
+        t.delete_kv(k)?;
+    }
+    Ok(())
 }
 
 /// Reconciles one pending row and records the outcome. Returns false when the row is
 /// another mount's to do ([`Outcome::Elsewhere`]).
 async fn process(vfs: &Arc<Vfs>, row: PendingRow) -> bool {
-    let res = MARK_SEQ.scope(row.seq, reconcile(vfs, &row)).await;
+    let task = Reconciling {
+        seq: row.seq,
+        announced: Default::default(),
+    };
+    let (res, task) = TASK
+        .scope(task, async {
+            let res = reconcile(vfs, &row).await;
+            (
+                res,
+                TASK.with(|t| {
+                    std::mem::take(&mut *t.announced.lock().unwrap_or_else(|p| p.into_inner()))
+                }),
+            )
+        })
+        .await;
+    let announced = task;
     let now = now_ns();
     let path = row.path.clone();
     let gen = row.gen;
@@ -480,22 +587,36 @@ async fn process(vfs: &Arc<Vfs>, row: PendingRow) -> bool {
             // The row may be this mount's (it marked it: a rename of, or a repair to,
             // content another cache holds); the holder's uploader must take it now, not
             // only OTHERS_GRACE past due.
-            if vfs.shared() {
-                if let Err(e) = deskfs_meta::txn(&*vfs.meta, |t| t.disown_pending(&path, gen)) {
+            let disown = vfs.shared();
+            if disown || !announced.is_empty() {
+                if let Err(e) = deskfs_meta::txn(&*vfs.meta, |t| {
+                    withdraw(t, &announced)?;
+                    if disown {
+                        t.disown_pending(&path, gen)?;
+                    }
+                    Ok::<_, deskfs_meta::MetaError>(())
+                }) {
                     tracing::debug!(error = %e, "cannot hand a pending row over to its holder");
                 }
             }
             return false;
         }
-        Ok(Outcome::Done) => deskfs_meta::txn(&*vfs.meta, |t| t.finish_pending(&path, gen)),
+        Ok(Outcome::Done) => deskfs_meta::txn(&*vfs.meta, |t| {
+            withdraw(t, &announced)?;
+            t.finish_pending(&path, gen)
+        }),
         Ok(Outcome::Defer(d)) => deskfs_meta::txn(&*vfs.meta, |t| {
+            withdraw(t, &announced)?;
             t.defer_pending(&path, gen, now + d.as_nanos() as i64)
         }),
         Err(e) => {
             let msg = e.to_string();
             tracing::warn!(path = %String::from_utf8_lossy(&path), attempts = row.attempts + 1, error = %msg, "upload failed; will retry");
             let retry = now + backoff(row.attempts);
-            deskfs_meta::txn(&*vfs.meta, |t| t.fail_pending(&path, gen, &msg, retry))
+            deskfs_meta::txn(&*vfs.meta, |t| {
+                withdraw(t, &announced)?;
+                t.fail_pending(&path, gen, &msg, retry)
+            })
         }
     };
     if let Err(e) = r {
@@ -767,6 +888,7 @@ async fn apply(vfs: &Arc<Vfs>, path: &[u8], snap: Snapshot) -> Result<Outcome> {
             if obj.as_ref().is_some_and(|o| o.meta_stamp == r.ctime_ns) {
                 return Ok(Outcome::Done);
             }
+            announce(vfs, path).await?;
             let put = vfs.bucket.put_dir_marker(&key, Some(&meta)).await?;
             record(vfs, path, &key, &r, r.data_version, put.etag, 0).await?;
             Ok(Outcome::Done)
@@ -780,6 +902,7 @@ async fn apply(vfs: &Arc<Vfs>, path: &[u8], snap: Snapshot) -> Result<Outcome> {
                 return Ok(Outcome::Done);
             }
             let body = Bytes::from(r.target.clone().unwrap_or_default());
+            announce(vfs, path).await?;
             let put = vfs.bucket.put_bytes(&key, body, Some(&meta)).await?;
             record(vfs, path, &key, &r, r.data_version, put.etag, r.size).await?;
             Ok(Outcome::Done)
@@ -791,6 +914,7 @@ async fn apply(vfs: &Arc<Vfs>, path: &[u8], snap: Snapshot) -> Result<Outcome> {
             {
                 return Ok(Outcome::Done);
             }
+            announce(vfs, path).await?;
             let put = vfs
                 .bucket
                 .put_bytes(&key, Bytes::new(), Some(&meta))
@@ -891,6 +1015,7 @@ async fn reconcile_file(
         if let Some(out) = bucket_side_check(vfs, path, key, &r, obj.as_ref()).await? {
             return Ok(out);
         }
+        announce(vfs, path).await?;
         #[cfg(test)]
         gate(vfs, path, GatePoint::Put).await;
         let put = vfs.put_staging(key, &staging, Some(&meta)).await?;
@@ -934,11 +1059,13 @@ async fn reconcile_file(
         if let Some(out) = bucket_side_check(vfs, path, key, &r, obj.as_ref()).await? {
             return Ok(out);
         }
+        announce(vfs, path).await?;
         let put = vfs.bucket.put_bytes(key, Bytes::new(), Some(&meta)).await?;
         return record_upload(vfs, path, key, &r, prior, put.etag, 0, true).await;
     }
     match src {
         Some(s) if s.key != key => {
+            announce(vfs, path).await?;
             vfs.bucket.copy(&s.key, key).await?;
             let etag = vfs.bucket.head(key).await?.and_then(|h| h.etag);
             record_upload(vfs, path, key, &r, prior, etag, r.size, false).await

@@ -801,6 +801,11 @@ impl MetaTxn for PgTxn<'_> {
         Ok(())
     }
 
+    fn delete_kv(&mut self, key: &str) -> Result<()> {
+        self.exec(Q::DeleteKv, &[&key])?;
+        Ok(())
+    }
+
     fn kv_with_prefix(&mut self, prefix: &str) -> Result<Vec<(String, String)>> {
         self.query(Q::KvPrefix, &[&prefix])?
             .iter()

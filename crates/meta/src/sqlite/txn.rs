@@ -798,6 +798,13 @@ impl MetaTxn for SqlTxn<'_> {
         Ok(())
     }
 
+    fn delete_kv(&mut self, key: &str) -> Result<()> {
+        self.conn
+            .prepare_cached("DELETE FROM kv WHERE key=?1")?
+            .execute(params![key])?;
+        Ok(())
+    }
+
     fn kv_with_prefix(&mut self, prefix: &str) -> Result<Vec<(String, String)>> {
         // Keys are compared as text: `prefix` .. `prefix` followed by U+10FFFF bounds
         // every key that starts with it (no LIKE: `_` and `%` in prefixes).

@@ -458,6 +458,61 @@ fn a_sync_waits_for_the_leftovers_of_a_put_landing_under_a_removed_directory() {
     );
 }
 
+/// The listing rule across mounts of one workspace: while mount A's put under a
+/// directory A removed has landed but is not recorded yet, mount B's listing of the
+/// parent does not import the leftover as a new directory (A's work is pending in the
+/// shared database); once A settled it, neither mount has the directory and the bucket
+/// holds nothing of it.
+#[test]
+fn another_mount_does_not_import_the_leftover_of_a_removal_there() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let (h, top, put_gate) = removed_dir_with_a_held_put();
+    let landed = super::converge::hold(&h, "top/d/f", crate::uploader::GatePoint::Record);
+    put_gate.released.store(true, SeqCst);
+    assert!(
+        wait_until(Duration::from_secs(10), || landed.reached.load(SeqCst)),
+        "the held put landed"
+    );
+    assert!(
+        h.bucket_file("top/d/f").is_some(),
+        "the leftover is in the bucket"
+    );
+    let b = h.second_mount("cache-b");
+    // B's uploader may take the removal's rows meanwhile; give it the time to.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        names_on(&b, top.ino).is_empty(),
+        "mount B imported the leftover of A's removal"
+    );
+    landed.released.store(true, SeqCst);
+    // A's sync waits for the upload that was running at its barrier, and so for the
+    // removal it marked again (B finished the upload's own row meanwhile).
+    h.sync_all();
+    assert!(names_on(&b, top.ino).is_empty() && h.ls(top.ino).is_empty());
+    assert!(h.bucket_file("top/d/f").is_none() && !h.bucket_is_dir("top/d"));
+}
+
+/// Sorted names in directory `ino` as mount `v` lists it (`.` and `..` left out).
+fn names_on(v: &Vfs, ino: Ino) -> Vec<String> {
+    let fh = v.opendir(ino).expect("opendir");
+    let mut names = Vec::new();
+    let mut off = 0;
+    loop {
+        let batch = v.readdir(ino, fh, off, false).expect("readdir");
+        let Some(last) = batch.last() else { break };
+        off = last.offset;
+        names.extend(
+            batch
+                .iter()
+                .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+                .filter(|n| n != "." && n != ".."),
+        );
+    }
+    v.releasedir(ino, fh).expect("releasedir");
+    names.sort();
+    names
+}
+
 /// Renaming an imported directory whose content was never listed must move that content
 /// with it (`mv` of a directory nobody looked into yet).
 #[test]
