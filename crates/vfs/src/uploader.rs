@@ -1066,6 +1066,8 @@ async fn reconcile_file(
     match src {
         Some(s) if s.key != key => {
             announce(vfs, path).await?;
+            #[cfg(test)]
+            gate(vfs, path, GatePoint::Put).await;
             vfs.bucket.copy(&s.key, key).await?;
             let etag = vfs.bucket.head(key).await?.and_then(|h| h.etag);
             record_upload(vfs, path, key, &r, prior, etag, r.size, false).await
@@ -1087,8 +1089,12 @@ async fn reconcile_file(
 #[cfg(test)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GatePoint {
-    /// After the checks, before the PUT of a staging file.
+    /// After the checks, before the PUT of a staging file (or the server-side COPY of an
+    /// object holding its content).
     Put,
+    /// Before the DELETE of the object recorded at the path (after the content check and
+    /// the flush of the commits that removed the name).
+    Delete,
     /// After that PUT landed, before it is recorded.
     Record,
     /// Before the sweep of what the bucket holds under a removed directory (the gate's
@@ -1308,6 +1314,8 @@ async fn durable_before_delete(vfs: &Arc<Vfs>) -> Result<()> {
 async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     preserve_content(vfs, o).await?;
     durable_before_delete(vfs).await?;
+    #[cfg(test)]
+    gate(vfs, &o.path, GatePoint::Delete).await;
     if o.kind == Kind::Dir {
         vfs.bucket.delete_dir_marker(&o.key).await?;
     } else {
@@ -1797,6 +1805,8 @@ impl Vfs {
         self.evict();
     }
 
+    /// Evicts the clean staging files over the cache's cap whose content the bucket
+    /// holds (see [`Vfs::held_in_bucket`] and [`still_held`]).
     pub(crate) fn evict(&self) {
         let candidates = self.cache.over_capacity();
         if candidates.is_empty() {
@@ -1817,6 +1827,7 @@ impl Vfs {
                         && !r.dirty
                         && !self.is_open(ino)
                         && !t.open_elsewhere(ino, 0)?
+                        && still_held(t, &r)?
                     {
                         r.local = Local::None;
                         t.update_inode(&r)?;
@@ -1853,6 +1864,23 @@ impl Vfs {
         }
         self.remove_unheld_staging(&evicted_inos);
     }
+}
+
+/// Whether the object recorded as holding `r`'s content is still there to be relied on,
+/// read in the eviction's own transaction: the check against the bucket
+/// ([`Vfs::held_in_bucket`]) ran before it, and the reconcile of a path the object was
+/// at — a rename or a delete of that name, pending meanwhile — may be deleting it now
+/// (its content check found the staging file local, so it downloads nothing). Evicting
+/// then would leave the content nowhere: an object whose path has pending work is not
+/// relied on. Empty files need no object.
+fn still_held(t: &mut dyn deskfs_meta::MetaTxn, r: &InodeRow) -> Result<bool> {
+    if r.size == 0 {
+        return Ok(true);
+    }
+    Ok(match t.object_with_content(r.ino, r.data_version)? {
+        Some(o) => !t.is_pending(&o.path)?,
+        None => false,
+    })
 }
 
 #[cfg(test)]

@@ -347,6 +347,74 @@ fn a_clean_file_is_not_evicted_when_the_bucket_lost_its_content() {
     );
 }
 
+/// A clean, local file renamed: the reconcile of its old name deletes the old object
+/// (the content is local, so it downloads nothing) while the new name is not uploaded
+/// yet. An eviction between the content check and that delete found the object
+/// recorded (its bucket check ran before) and dropped the staging file: the content was
+/// then nowhere (found by the soak test: fsck "content-missing"). The eviction now
+/// relies only on an object whose path has no pending work, read in its own
+/// transaction.
+#[test]
+fn a_renamed_file_is_not_evicted_while_its_old_object_is_being_deleted() {
+    let h = Harness::new();
+    let a = h.second_mount_with("cache-a", 1);
+    let content = b"only in cache A once the old object goes";
+    // Written on A and kept open (read-only) so no eviction takes it before the rename.
+    let (attr, w) = a
+        .create(&CTX, ROOT_INO, b"f", 0o666, 0o022, libc::O_RDWR)
+        .expect("create");
+    let ino = attr.ino;
+    a.write(ino, w.fh, 0, content).expect("write");
+    a.flush(ino, w.fh).expect("flush");
+    let r = a.open(&CTX, ino, libc::O_RDONLY).expect("open");
+    a.release(ino, w.fh).expect("release");
+    assert!(
+        wait_until(Duration::from_secs(20), || settled(&h, "f", ino, content)),
+        "f was not uploaded"
+    );
+    assert_eq!(h.row(ino).expect("row").local, a.here(), "f is local to A");
+    // A's uploader alone does the rows (the other mount's would download f's content
+    // into its own cache first: another case); it holds the delete of f's object and
+    // the upload (a COPY from f, or a PUT) of g.
+    h.uploader.stop();
+    let gates = [
+        hold(&a, "f", GatePoint::Delete),
+        hold(&a, "g", GatePoint::Put),
+    ];
+    a.rename(&CTX, ROOT_INO, b"f", ROOT_INO, b"g", 0)
+        .expect("rename");
+    assert!(
+        wait_until(Duration::from_secs(10), || gates
+            .iter()
+            .any(|g| g.path == b"f" && g.reached.load(SeqCst))),
+        "the delete of f's object never came"
+    );
+    a.release(ino, r.fh).expect("release");
+    // Counted clean again in A's cache (an eviction round took it off that list while it
+    // was open), so this eviction considers it.
+    a.cache.staging_clean(ino, content.len() as u64);
+    assert!(
+        wait_until(Duration::from_secs(10), || !read(&*h.meta, |t| t
+            .open_elsewhere(ino, 0))
+        .unwrap()),
+        "the close of f on A was never published"
+    );
+    a.evict();
+    for g in &gates {
+        g.released.store(true, SeqCst);
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || settled(&h, "g", ino, content)),
+        "g's content was lost: bucket {:?}, inode {:?}, staging on A {}",
+        h.bucket_file("g")
+            .map(|b| String::from_utf8_lossy(&b).into_owned()),
+        h.row(ino),
+        a.cache.has_staging(ino)
+    );
+    assert_eq!(read_on(&a, ino), content);
+    assert_eq!(h.bucket_file("f"), None);
+}
+
 /// A file evicted by a committed record (the cache is over its cap) and opened with
 /// `O_TRUNC` before its staging file is removed: the open needs no download and makes
 /// that same file local again, then writes to it. The eviction must leave it. Before, it
