@@ -482,6 +482,13 @@ struct Reconciling {
     announced: std::sync::Mutex<Vec<String>>,
 }
 
+impl Reconciling {
+    /// The announcements made so far, leaving none.
+    fn take_announced(&self) -> Vec<String> {
+        std::mem::take(&mut *self.announced.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
 /// Marks `path` pending again for work a reconcile found: under the reconciled mark's
 /// sequence number `cause` (see [`Reconciling::seq`]) when known, else as a new mark.
 fn remark(
@@ -567,18 +574,12 @@ async fn process(vfs: &Arc<Vfs>, row: PendingRow) -> bool {
         seq: row.seq,
         announced: Default::default(),
     };
-    let (res, task) = TASK
+    let (res, announced) = TASK
         .scope(task, async {
             let res = reconcile(vfs, &row).await;
-            (
-                res,
-                TASK.with(|t| {
-                    std::mem::take(&mut *t.announced.lock().unwrap_or_else(|p| p.into_inner()))
-                }),
-            )
+            (res, TASK.with(Reconciling::take_announced))
         })
         .await;
-    let announced = task;
     let now = now_ns();
     let path = row.path.clone();
     let gen = row.gen;
