@@ -78,29 +78,10 @@ echo keep > "$B/keep"
 hd_ok h2 sync "$WS"
 wait_for 20 test -e "$A/big" || fail "h1 does not see the file written on h2"
 
-# The reader: opens big on A, reads 4 KiB at 20 MiB (a random read: no readahead and no
-# whole-file fill, so the rest is only in the bucket), says "ready", waits for a line on
-# the fifo, then reads the whole file and prints "sha HEX" (or "error ERRNO NAME").
+# The reader (tests/tools/held_reader.py): reads 4 KiB in the middle of big through A,
+# says "ready", waits for a line on the fifo, then reads the whole file.
 mkfifo "$T/go"
-python3 - "$A/big" "$T/go" > "$T/reader.out" 2>&1 <<'EOF' &
-import hashlib, os, sys
-f = open(sys.argv[1], "rb", buffering=0)
-f.seek(20 << 20)
-f.read(4096)
-print("ready", flush=True)
-open(sys.argv[2]).readline()
-h = hashlib.sha256()
-try:
-    f.seek(0)
-    while True:
-        b = f.read(1 << 20)
-        if not b:
-            break
-        h.update(b)
-    print("sha", h.hexdigest(), flush=True)
-except OSError as e:
-    print("error", e.errno, os.strerror(e.errno), flush=True)
-EOF
+python3 "$LIB_DIR/tools/held_reader.py" "$A/big" "$T/go" > "$T/reader.out" 2>&1 &
 READER=$!
 register_pid "$READER"
 wait_for 30 grep -q ready "$T/reader.out" || fail "the reader on h1's mount did not start: $(cat "$T/reader.out")"

@@ -29,31 +29,12 @@ APID=$FG_PID
 on_exit "kill -CONT $APID 2>/dev/null || true"
 ws_mount "$NAME" "$B" --lease 3 --cache-dir "$T/cache-b" --expired-open-grace 600
 
-# reader FILE TAG: opens FILE on A, reads 4 KiB at 20 MiB (a random read: no readahead
-# and no whole-file fill, so the rest is only in the bucket), says "ready", waits for a
-# line on the fifo $T/go.TAG, then reads the whole file and prints "sha HEX" (or "error
-# ERRNO NAME").
+# reader FILE TAG: tests/tools/held_reader.py on FILE (on A): reads 4 KiB in its middle,
+# says "ready", waits for a line on the fifo $T/go.TAG, then reads the whole file and
+# prints "sha HEX" (or "error ERRNO NAME") into $T/reader.TAG.
 reader() {
   mkfifo "$T/go.$2"
-  python3 - "$1" "$T/go.$2" > "$T/reader.$2" 2>&1 <<'EOF' &
-import hashlib, os, sys
-f = open(sys.argv[1], "rb", buffering=0)
-f.seek(20 << 20)
-f.read(4096)
-print("ready", flush=True)
-open(sys.argv[2]).readline()
-h = hashlib.sha256()
-try:
-    f.seek(0)
-    while True:
-        b = f.read(1 << 20)
-        if not b:
-            break
-        h.update(b)
-    print("sha", h.hexdigest(), flush=True)
-except OSError as e:
-    print("error", e.errno, os.strerror(e.errno), flush=True)
-EOF
+  python3 "$LIB_DIR/tools/held_reader.py" "$1" "$T/go.$2" > "$T/reader.$2" 2>&1 &
   READER=$!
   register_pid "$READER"
   wait_for 30 grep -q ready "$T/reader.$2" || fail "the reader of $1 did not start: $(cat "$T/reader.$2")"

@@ -107,10 +107,26 @@ pub(crate) fn paths_of(conn: &Connection, ino: Ino) -> Result<Vec<Vec<u8>>> {
     Ok(out)
 }
 
+/// The upsert of a pending row (parameters: path, recursive, seq, due, coalescing bound);
+/// `$tail` is appended to its `DO UPDATE SET` list.
+macro_rules! mark_sql {
+    ($tail:literal) => {
+        concat!(
+            "INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error)
+             VALUES(?1,?2,?3,1,?4,?4,0,NULL)
+             ON CONFLICT(path) DO UPDATE SET
+               recursive = max(recursive, excluded.recursive),
+               gen = gen + 1,
+               due = min(excluded.due, since + ?5)",
+            $tail
+        )
+    };
+}
+
 /// Inserts `path` into the uploader's queue with number `seq`, due at `not_before_ns`;
 /// a path already queued is re-marked instead: its generation goes up (an upload in
 /// flight will not finish it), its due time moves to `not_before_ns` but never past
-/// `since + MAX_COALESCE_NS`, and `recursive` only widens.
+/// `since + MAX_COALESCE_NS`, `recursive` only widens, and its number stays.
 pub(crate) fn mark_one(
     conn: &Connection,
     path: &[u8],
@@ -118,22 +134,7 @@ pub(crate) fn mark_one(
     seq: u64,
     not_before_ns: i64,
 ) -> Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error)
-         VALUES(?1,?2,?3,1,?4,?4,0,NULL)
-         ON CONFLICT(path) DO UPDATE SET
-           recursive = max(recursive, excluded.recursive),
-           gen = gen + 1,
-           due = min(excluded.due, since + ?5)",
-    )?
-    .execute(params![
-        path,
-        recursive as i64,
-        seq as i64,
-        not_before_ns,
-        MAX_COALESCE_NS
-    ])?;
-    Ok(())
+    upsert_pending(conn, mark_sql!(""), path, recursive, seq, not_before_ns)
 }
 
 /// [`MetaTxn::remark_pending`](crate::MetaTxn::remark_pending): as [`mark_one`], the
@@ -145,16 +146,19 @@ pub(crate) fn remark_one(
     seq: u64,
     not_before_ns: i64,
 ) -> Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO pending(path,recursive,seq,gen,due,since,attempts,last_error)
-         VALUES(?1,?2,?3,1,?4,?4,0,NULL)
-         ON CONFLICT(path) DO UPDATE SET
-           recursive = max(recursive, excluded.recursive),
-           seq = min(seq, excluded.seq),
-           gen = gen + 1,
-           due = min(excluded.due, since + ?5)",
-    )?
-    .execute(params![
+    let sql = mark_sql!(", seq = min(seq, excluded.seq)");
+    upsert_pending(conn, sql, path, recursive, seq, not_before_ns)
+}
+
+fn upsert_pending(
+    conn: &Connection,
+    sql: &str,
+    path: &[u8],
+    recursive: bool,
+    seq: u64,
+    not_before_ns: i64,
+) -> Result<()> {
+    conn.prepare_cached(sql)?.execute(params![
         path,
         recursive as i64,
         crate::seq_bound(seq),
