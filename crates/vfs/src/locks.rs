@@ -92,10 +92,14 @@ impl LocalLocks {
         *self.gen.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sleeps until a wake-up after generation `seen`, or `d`.
-    fn sleep(&self, seen: u64, d: Duration) {
+    /// Sleeps until a wake-up after generation `seen`, or `d`. Returns whether it was
+    /// woken (`false`: `d` ran out with no wake-up since `seen`).
+    fn sleep(&self, seen: u64, d: Duration) -> bool {
         let g = self.gen.lock().unwrap_or_else(|p| p.into_inner());
-        let _ = self.cv.wait_timeout_while(g, d, |v| *v == seen);
+        match self.cv.wait_timeout_while(g, d, |v| *v == seen) {
+            Ok((_, r)) => !r.timed_out(),
+            Err(p) => !p.into_inner().1.timed_out(),
+        }
     }
 
     /// The session these locks were held through is gone (fenced): decisions go back to
@@ -708,6 +712,33 @@ mod unit {
             pid: 1,
             fh: 1,
         }
+    }
+
+    /// A blocked request sleeps until a release anywhere wakes it: a wake-up after the
+    /// generation it saw ends its sleep (also one that came before it began to sleep), and
+    /// nothing else does. Without wake-ups a waiter still gets the lock at its next look
+    /// (≤ 50 ms, or 1 s with notifications), so only this shows them missing.
+    #[test]
+    fn a_sleeping_lock_request_is_woken_by_a_release_and_only_by_one() {
+        let l = LocalLocks::default();
+        l.wake();
+        l.wake();
+        let seen = l.generation();
+        assert_eq!(seen, 2, "each wake-up is one generation");
+        assert!(
+            !l.sleep(seen, Duration::from_millis(20)),
+            "nothing woke it, yet it did not time out"
+        );
+        std::thread::scope(|s| {
+            let sleeper = s.spawn(|| l.sleep(seen, Duration::from_secs(5)));
+            l.wake();
+            assert!(sleeper.join().expect("sleeper"), "the wake-up was missed");
+        });
+        assert_eq!(l.generation(), seen + 1);
+        assert!(
+            l.sleep(seen, Duration::ZERO),
+            "a wake-up before the sleep counts"
+        );
     }
 
     #[test]
