@@ -741,6 +741,19 @@ mod unit {
         );
     }
 
+    /// The lease is counted from the start of the latest renewal that succeeded: a later
+    /// one moves it on, an earlier one that finished late does not move it back.
+    #[test]
+    fn the_lease_counts_from_the_latest_renewal_that_succeeded() {
+        let l = LocalLocks::default();
+        let t0 = Instant::now();
+        let (t1, t2) = (t0 + Duration::from_secs(1), t0 + Duration::from_secs(2));
+        l.renewed(t1);
+        l.renewed(t2);
+        l.renewed(t0);
+        assert_eq!(*l.renewed.lock().expect("renewed"), Some(t2));
+    }
+
     #[test]
     fn split_and_merge() {
         let mine = vec![row(0, 99, true)];
