@@ -754,6 +754,29 @@ mod unit {
         assert_eq!(*l.renewed.lock().expect("renewed"), Some(t2));
     }
 
+    /// Lock decisions are made in memory only while the lease is surely held: the last
+    /// renewal began less than `lease - lease/3` ago (two heartbeats of margin before
+    /// another mount may expire the session and take its locks).
+    #[test]
+    fn the_lease_is_surely_held_only_within_two_thirds_of_it() {
+        let l = LocalLocks::default();
+        let lease = Duration::from_secs(30);
+        assert!(!l.lease_held(lease), "never renewed");
+        let ago = |s| {
+            Instant::now()
+                .checked_sub(Duration::from_secs(s))
+                .expect("clock")
+        };
+        l.renewed(ago(5));
+        assert!(l.lease_held(lease), "renewed 5 s ago");
+        l.forget_renewal();
+        l.renewed(ago(25));
+        assert!(
+            !l.lease_held(lease),
+            "25 s into a 30 s lease is past its two thirds"
+        );
+    }
+
     #[test]
     fn split_and_merge() {
         let mine = vec![row(0, 99, true)];
