@@ -484,32 +484,42 @@ impl Harness {
         self.cat(a.ino)
     }
 
-    /// Full listing of directory `ino` (opendir, readdir until empty, releasedir).
+    /// Full listing of directory `ino` (see [`entries_on`]).
     pub(crate) fn ls_entries(&self, ino: Ino, plus: bool) -> Vec<DirEntry> {
-        let fh = self.opendir(ino).expect("opendir");
-        let mut out: Vec<DirEntry> = Vec::new();
-        let mut off = 0;
-        loop {
-            let batch = self.readdir(ino, fh, off, plus).expect("readdir");
-            let Some(last) = batch.last() else { break };
-            off = last.offset;
-            out.extend(batch);
-        }
-        self.releasedir(ino, fh).expect("releasedir");
-        out
+        entries_on(self, ino, plus)
     }
 
-    /// Sorted names in directory `ino`, without `.` and `..`.
+    /// Sorted names in directory `ino`, without `.` and `..` (see [`names_on`]).
     pub(crate) fn ls(&self, ino: Ino) -> Vec<String> {
-        let mut v: Vec<String> = self
-            .ls_entries(ino, false)
-            .into_iter()
-            .map(|e| String::from_utf8_lossy(&e.name).into_owned())
-            .filter(|n| n != "." && n != "..")
-            .collect();
-        v.sort();
-        v
+        names_on(self, ino)
     }
+}
+
+/// Full listing of directory `ino` through mount `v` (opendir, readdir until empty,
+/// releasedir).
+pub(crate) fn entries_on(v: &Vfs, ino: Ino, plus: bool) -> Vec<DirEntry> {
+    let fh = v.opendir(ino).expect("opendir");
+    let mut out: Vec<DirEntry> = Vec::new();
+    let mut off = 0;
+    loop {
+        let batch = v.readdir(ino, fh, off, plus).expect("readdir");
+        let Some(last) = batch.last() else { break };
+        off = last.offset;
+        out.extend(batch);
+    }
+    v.releasedir(ino, fh).expect("releasedir");
+    out
+}
+
+/// Sorted names in directory `ino` as mount `v` lists it, without `.` and `..`.
+pub(crate) fn names_on(v: &Vfs, ino: Ino) -> Vec<String> {
+    let mut names: Vec<String> = entries_on(v, ino, false)
+        .into_iter()
+        .map(|e| String::from_utf8_lossy(&e.name).into_owned())
+        .filter(|n| n != "." && n != "..")
+        .collect();
+    names.sort();
+    names
 }
 
 /// A second mount made by [`Harness::second_mount`]; derefs to its [`Vfs`], shuts it down

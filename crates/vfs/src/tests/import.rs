@@ -492,27 +492,6 @@ fn another_mount_does_not_import_the_leftover_of_a_removal_there() {
     assert!(h.bucket_file("top/d/f").is_none() && !h.bucket_is_dir("top/d"));
 }
 
-/// Sorted names in directory `ino` as mount `v` lists it (`.` and `..` left out).
-fn names_on(v: &Vfs, ino: Ino) -> Vec<String> {
-    let fh = v.opendir(ino).expect("opendir");
-    let mut names = Vec::new();
-    let mut off = 0;
-    loop {
-        let batch = v.readdir(ino, fh, off, false).expect("readdir");
-        let Some(last) = batch.last() else { break };
-        off = last.offset;
-        names.extend(
-            batch
-                .iter()
-                .map(|e| String::from_utf8_lossy(&e.name).into_owned())
-                .filter(|n| n != "." && n != ".."),
-        );
-    }
-    v.releasedir(ino, fh).expect("releasedir");
-    names.sort();
-    names
-}
-
 /// Renaming an imported directory whose content was never listed must move that content
 /// with it (`mv` of a directory nobody looked into yet).
 #[test]
