@@ -1093,7 +1093,10 @@ impl Vfs {
         }
         let window = if sequential {
             let w = h.ra_blocks.load(Ordering::Relaxed);
-            let next = (w * 2).clamp(RA_START_BLOCKS, self.cfg.readahead_blocks.max(1));
+            // Not `clamp`: a window of fewer than RA_START_BLOCKS (0 turns it off) is allowed.
+            let next = (w * 2)
+                .max(RA_START_BLOCKS)
+                .min(self.cfg.readahead_blocks.max(1));
             h.ra_blocks.store(next, Ordering::Relaxed);
             next.min(self.cfg.readahead_blocks)
         } else {

@@ -7,7 +7,7 @@
 //!
 //! ```text
 //!   Filling ──last block put──▶ Complete ──fdatasync──▶ Synced ──adopted──▶ Taken
-//!      └──────── discarded (last close before complete, another version, ...) ──▶ Taken
+//!      └──────── discarded (last close before complete, another version, ...) ──▶ Discarded
 //! ```
 //!
 //! Nothing here is ever the only copy of content: the bucket holds every byte of a
@@ -39,8 +39,32 @@ pub(crate) enum Stage {
     Complete,
     /// Complete and flushed (`fdatasync`): ready to become the staging file.
     Synced,
-    /// Adopted as the staging file, or discarded: no longer in the registry's hands.
+    /// Adopted as the staging file: no longer in the registry's hands.
     Taken,
+    /// Thrown away before adoption; its blocks went to the block cache.
+    Discarded,
+}
+
+impl Stage {
+    /// Out of use: adopted or discarded.
+    fn ended(self) -> bool {
+        matches!(self, Stage::Taken | Stage::Discarded)
+    }
+}
+
+/// What [`Fill::put`] did with a block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Put {
+    /// Written into the file; blocks are still missing.
+    Stored,
+    /// Written, and it was the last missing block: the fill is `Complete`.
+    Completed,
+    /// The fill holds the block already, or held it (complete, adopted): nothing
+    /// written.
+    Present,
+    /// The fill was discarded before the block was kept: the block is not in it and
+    /// belongs where the discard sent the others (the block cache).
+    Refused,
 }
 
 struct FillState {
@@ -125,16 +149,14 @@ impl Fill {
         matches!(self.stage(), Stage::Complete | Stage::Synced)
     }
 
-    /// Writes block `index` (`data`, the whole block) into the file. Returns whether this
-    /// put completed the fill. A block already present, or a fill no longer filling, is
-    /// left as it is. Errors: the write's (`ENOSPC`, `EIO`); a block of the wrong length
-    /// (`EINVAL`).
-    pub(crate) fn put(&self, index: u64, data: &[u8]) -> std::io::Result<bool> {
-        {
-            let st = self.state();
-            if st.stage != Stage::Filling || st.present.get(index as usize) != Some(&false) {
-                return Ok(false);
-            }
+    /// Writes block `index` (`data`, the whole block) into the file and says what it did
+    /// ([`Put`]): a block already present is left as it is; a fill no longer filling,
+    /// or one that stops filling while the block is written (a discard at the last
+    /// close), does not keep it ([`Put::Refused`]). Errors: the write's (`ENOSPC`,
+    /// `EIO`); a block of the wrong length (`EINVAL`).
+    pub(crate) fn put(&self, index: u64, data: &[u8]) -> std::io::Result<Put> {
+        if let Some(early) = self.put_answer(index) {
+            return Ok(early);
         }
         if data.len() as u64 != self.block_len(index) {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
@@ -158,16 +180,35 @@ impl Fill {
             tracing::debug!(ino = self.ino, error = %std::io::Error::last_os_error(), "cannot start the writeback of a fill block");
         }
         let mut st = self.state();
-        if st.stage != Stage::Filling || st.present[index as usize] {
-            return Ok(false);
+        if let Some(late) = Self::answer(&st, index) {
+            return Ok(late);
         }
         st.present[index as usize] = true;
         st.missing -= 1;
         if st.missing == 0 {
             st.stage = Stage::Complete;
-            return Ok(true);
+            return Ok(Put::Completed);
         }
-        Ok(false)
+        Ok(Put::Stored)
+    }
+
+    /// The answer to a put of block `index` that must not write: `Some(Refused)` when
+    /// the fill was discarded, `Some(Present)` when the block is in it (or the fill is
+    /// past filling, or the index out of its range), `None` when the put may go on.
+    fn put_answer(&self, index: u64) -> Option<Put> {
+        Self::answer(&self.state(), index)
+    }
+
+    fn answer(st: &FillState, index: u64) -> Option<Put> {
+        match st.stage {
+            Stage::Filling => {}
+            Stage::Discarded => return Some(Put::Refused),
+            Stage::Complete | Stage::Synced | Stage::Taken => return Some(Put::Present),
+        }
+        match st.present.get(index as usize) {
+            Some(false) => None,
+            _ => Some(Put::Present),
+        }
     }
 
     /// Bytes `from..to` of block `index` (offsets inside the block), or `None` when the
@@ -202,7 +243,7 @@ impl Fill {
         match self.stage() {
             Stage::Synced => return Ok(true),
             Stage::Complete => {}
-            Stage::Filling | Stage::Taken => return Ok(false),
+            Stage::Filling | Stage::Taken | Stage::Discarded => return Ok(false),
         }
         self.file.sync_data()?;
         flushes.fetch_add(1, Ordering::Relaxed);
@@ -229,10 +270,10 @@ impl Fill {
     /// file) keep reading what it holds: this version's bytes.
     fn discard(&self) -> Option<Vec<u64>> {
         let mut st = self.state();
-        if st.stage == Stage::Taken {
+        if st.stage.ended() {
             return None;
         }
-        st.stage = Stage::Taken;
+        st.stage = Stage::Discarded;
         Some(
             st.present
                 .iter()
@@ -287,7 +328,7 @@ impl Fills {
     pub(crate) fn get(&self, ino: Ino, version: u64) -> Option<Arc<Fill>> {
         self.map()
             .get(&ino)
-            .filter(|f| f.version == version && f.stage() != Stage::Taken)
+            .filter(|f| f.version == version && !f.stage().ended())
             .cloned()
     }
 
@@ -359,7 +400,7 @@ impl Vfs {
         let fill = {
             let mut m = self.fills.map();
             if let Some(f) = m.get(&row.ino) {
-                if f.version == row.data_version && f.stage() != Stage::Taken {
+                if f.version == row.data_version && !f.stage().ended() {
                     return Some(f.clone());
                 }
             }
@@ -432,7 +473,7 @@ impl Vfs {
     /// cache; readers fetch the rest as usual).
     pub(crate) fn fill_put(&self, fill: &Arc<Fill>, index: u64, data: &[u8]) {
         match fill.put(index, data) {
-            Ok(true) => {
+            Ok(Put::Completed) => {
                 let this = self.this.clone();
                 let fill = fill.clone();
                 self.rt.spawn_blocking(move || {
@@ -441,7 +482,20 @@ impl Vfs {
                     }
                 });
             }
-            Ok(false) => {}
+            Ok(Put::Stored | Put::Present) => {}
+            // Discarded while the block was on its way (the last close of a reader that
+            // did not read to the end, with read-ahead in flight): the block goes where
+            // the discard sent the others.
+            Ok(Put::Refused) => {
+                let k = BlockKey {
+                    ino: fill.ino,
+                    version: fill.version,
+                    index,
+                };
+                if let Err(e) = self.cache.write_block(&k, data) {
+                    tracing::debug!(error = %e, "cannot keep a fetched block in the cache");
+                }
+            }
             Err(e) => {
                 tracing::debug!(ino = fill.ino, error = %e, "whole-file fill failed; blocks go to the block cache");
                 self.fills.forget(fill);
@@ -463,7 +517,7 @@ impl Vfs {
         while quiet < FLUSH_QUIET_TICKS && since.elapsed() < FLUSH_WAIT_MAX {
             std::thread::sleep(FLUSH_TICK);
             quiet = if self.is_open(fill.ino) { 0 } else { quiet + 1 };
-            if fill.stage() == Stage::Taken {
+            if fill.stage().ended() {
                 return;
             }
         }

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering;
 
 use super::*;
 use crate::SetAttr;
+use deskfs_cache::BlockKey;
 
 /// 3 MiB and a bit: four blocks of the harness's 1 MiB, the last one short.
 const SIZE: usize = (3 << 20) + 100;
@@ -228,4 +229,46 @@ fn a_file_not_read_to_its_end_keeps_its_blocks_in_the_block_cache() {
     );
     assert_ne!(h.row(a.ino).unwrap().local, h.here());
     assert_eq!(h.cat(a.ino), data, "and the file reads whole after it");
+}
+
+/// A block fetched for a fill that is discarded while the block is on its way (the last
+/// close of a reader that stopped early, read-ahead in flight) goes to the block cache
+/// like the fill's other blocks (fails without: the put into the discarded fill dropped
+/// it, and the test above saw 2 of 3 MiB, now and then).
+#[test]
+fn a_block_arriving_for_a_fill_discarded_meanwhile_goes_to_the_block_cache() {
+    let cfg = VfsConfig {
+        readahead_blocks: 0,
+        ..test_cfg()
+    };
+    let (h, a, data) = cold_file_with(cfg, SIZE);
+    let version = h.row(a.ino).unwrap().data_version;
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    // A fill begins with the second block of a read from the start.
+    let upto = (1 << 20) + 4096;
+    let mut got = Vec::new();
+    while got.len() < upto {
+        got.extend(h.read(a.ino, fh, got.len() as u64, 4096).unwrap());
+    }
+    assert_eq!(got, data[..upto]);
+    let fill = h.fills.get(a.ino, version).expect("a fill began");
+    h.release(a.ino, fh).unwrap();
+    assert!(
+        wait_until(SYNC_TIMEOUT, || part_files(&h).is_empty()),
+        "the unfinished fill is discarded at the last close"
+    );
+    let k = BlockKey {
+        ino: a.ino,
+        version,
+        index: 2,
+    };
+    assert!(!h.cache.has_block(&k), "block 2 was not fetched");
+    // The fetch of block 2 that found the fill before the close lands now.
+    h.fill_put(&fill, 2, &data[2 << 20..3 << 20]);
+    assert_eq!(
+        h.cache.read_block(&k).unwrap().as_deref(),
+        Some(&data[2 << 20..3 << 20]),
+        "the block is kept in the block cache"
+    );
+    assert_eq!(h.cat(a.ino), data);
 }
