@@ -135,6 +135,8 @@ pub(crate) struct Harness {
     pub(crate) db: MetaDb,
     tmp: tempfile::TempDir,
     pub(crate) cfg: VfsConfig,
+    /// The cache's cap, bytes (64 MiB unless [`Harness::with_cache_capacity`]).
+    cache_cap: u64,
 }
 
 impl Deref for Harness {
@@ -200,6 +202,15 @@ impl Harness {
         Harness::build(cfg, |_| {})
     }
 
+    /// A fresh workspace whose cache holds at most `cap` bytes (1: every clean file is
+    /// over the cap).
+    pub(crate) fn with_cache_capacity(cap: u64) -> Harness {
+        let mut h = Harness::new();
+        h.cache_cap = cap;
+        h.remount();
+        h
+    }
+
     /// A workspace whose bucket directory is first filled by `fill` (objects written by
     /// "another tool" before the first mount), then formatted and mounted.
     pub(crate) fn build(cfg: VfsConfig, fill: impl FnOnce(&Path)) -> Harness {
@@ -208,13 +219,15 @@ impl Harness {
         fill(&tmp.path().join("bucket"));
         let (db, meta) = MetaDb::create(tmp.path());
         let rt = runtime();
-        let vfs = Self::open_vfs(tmp.path(), meta, &cfg, rt.handle());
+        let cache_cap = 64 << 20;
+        let vfs = Self::open_vfs(tmp.path(), meta, &cfg, cache_cap, rt.handle());
         Harness {
             tmp,
             db,
             rt: Some(rt),
             vfs: Some(vfs),
             cfg,
+            cache_cap,
         }
     }
 
@@ -222,12 +235,13 @@ impl Harness {
         dir: &Path,
         meta: Arc<dyn MetaEngine>,
         cfg: &VfsConfig,
+        cache_cap: u64,
         rt: &tokio::runtime::Handle,
     ) -> Arc<Vfs> {
         let url = format!("file://{}", dir.join("bucket").display());
         let spec = BucketSpec::parse(&url).expect("bucket url");
         let bucket = Bucket::open(&spec, true).expect("open bucket");
-        let cache = Cache::open(&dir.join("cache"), 64 << 20, 1 << 20).expect("open cache");
+        let cache = Cache::open(&dir.join("cache"), cache_cap, 1 << 20).expect("open cache");
         Vfs::new(meta, bucket, Arc::new(cache), cfg.clone(), rt.clone()).expect("Vfs::new")
     }
 
@@ -310,6 +324,7 @@ impl Harness {
             self.tmp.path(),
             self.db.open_mount(),
             &self.cfg,
+            self.cache_cap,
             rt.handle(),
         );
         self.rt = Some(rt);
@@ -324,6 +339,7 @@ impl Harness {
             self.tmp.path(),
             self.db.open_mount(),
             &self.cfg,
+            self.cache_cap,
             self.rt.as_ref().unwrap().handle(),
         );
         self.vfs = Some(vfs);

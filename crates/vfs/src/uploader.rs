@@ -1796,6 +1796,31 @@ impl Vfs {
         }
     }
 
+    /// A clean staging file (content `version`, `size` bytes) an eviction round found
+    /// open here, or busy (its state locked by a request, which [`Vfs::is_open`] counts
+    /// as open): evictable again at its last close, unless written meanwhile; not open
+    /// once the lock is had: evictable now. Else it would stay off the cache's clean list
+    /// until its next upload, and the cache over its cap.
+    fn evictable_at_close(&self, ino: Ino, version: u64, size: u64) {
+        let st = self.inodes.lock().ok().and_then(|m| m.get(&ino).cloned());
+        let open = match st {
+            Some(st) => match st.lock() {
+                Ok(mut s) if s.open_count > 0 || s.uncommitted => {
+                    if s.version == version {
+                        s.clean_at_close = Some(version);
+                    }
+                    true
+                }
+                Ok(_) => false,
+                Err(_) => true,
+            },
+            None => false,
+        };
+        if !open {
+            self.cache.staging_clean(ino, size);
+        }
+    }
+
     /// Evicts clean staging files when the cache is over its cap (never dirty or open ones,
     /// nor one whose content the bucket is not found to hold: [`Vfs::held_in_bucket`]).
     /// Evicts clean cached data now, when the cache dir's file system is short of its
@@ -1821,25 +1846,34 @@ impl Vfs {
                 continue;
             }
             let evicted = deskfs_meta::txn(&*self.meta, |t| {
-                if let Some(mut r) = t.get_inode(ino)? {
-                    // Not while open here or through another mount sharing this cache
-                    // dir (its writes would go to a deleted file).
-                    if r.local == self.here()
-                        && !r.dirty
-                        && !self.is_open(ino)
-                        && !t.open_elsewhere(ino, 0)?
-                        && still_held(t, &r)?
-                    {
-                        r.local = Local::None;
-                        t.update_inode(&r)?;
-                        return Ok(true);
-                    }
+                let Some(mut r) = t.get_inode(ino)? else {
+                    return Ok(Eviction::Kept);
+                };
+                if r.local != self.here() || r.dirty {
+                    return Ok(Eviction::Kept);
                 }
-                Ok::<_, crate::VfsError>(false)
+                // Not while open here or through another mount sharing this cache
+                // dir (its writes would go to a deleted file).
+                if self.is_open(ino) {
+                    return Ok(Eviction::OpenHere {
+                        version: r.data_version,
+                        size: r.size,
+                    });
+                }
+                if t.open_elsewhere(ino, 0)? || !still_held(t, &r)? {
+                    return Ok(Eviction::Kept);
+                }
+                r.local = Local::None;
+                t.update_inode(&r)?;
+                Ok::<_, crate::VfsError>(Eviction::Evicted)
             });
             match evicted {
-                Ok(true) => evicted_inos.push(ino),
-                Ok(false) => self.cache.staging_dirty(ino),
+                Ok(Eviction::Evicted) => evicted_inos.push(ino),
+                Ok(Eviction::OpenHere { version, size }) => {
+                    self.cache.staging_dirty(ino);
+                    self.evictable_at_close(ino, version, size);
+                }
+                Ok(Eviction::Kept) => self.cache.staging_dirty(ino),
                 Err(e) => tracing::warn!(ino, error = %e, "eviction failed"),
             }
         }
@@ -1865,6 +1899,16 @@ impl Vfs {
         }
         self.remove_unheld_staging(&evicted_inos);
     }
+}
+
+/// What an eviction round's transaction did with one clean staging file.
+enum Eviction {
+    /// Its row names no local copy now; the file is removed once that is durable.
+    Evicted,
+    /// Kept: open or busy here. `version`/`size`: the row's content, evictable later.
+    OpenHere { version: u64, size: u64 },
+    /// Kept: dirty, not local, open through another mount, or not held in the bucket.
+    Kept,
 }
 
 /// Whether the object recorded as holding `r`'s content is still there to be relied on,

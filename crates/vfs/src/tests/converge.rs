@@ -415,6 +415,63 @@ fn a_renamed_file_is_not_evicted_while_its_old_object_is_being_deleted() {
     assert_eq!(h.bucket_file("f"), None);
 }
 
+/// A clean file an eviction round finds busy — its state locked by a request at that
+/// moment, so it counts as open — is evicted by a later round once it is free. Before,
+/// the round took it off the cache's list of clean files for good: no close came to put
+/// it back, and the cache stayed over its cap until the file's next upload.
+#[test]
+fn a_clean_file_busy_during_an_eviction_round_is_evicted_by_a_later_one() {
+    let h = Arc::new(Harness::with_cache_capacity(1));
+    let content = b"clean, local, busy while the cache is over its cap";
+    let (attr, w) = h
+        .create(&CTX, ROOT_INO, b"f", 0o666, 0o022, libc::O_RDWR)
+        .expect("create");
+    let ino = attr.ino;
+    h.write(ino, w.fh, 0, content).expect("write");
+    // Held open past the upload: no eviction round takes it first.
+    let held = h.open(&CTX, ino, libc::O_RDONLY).expect("open");
+    h.release(ino, w.fh).expect("release");
+    h.sync_all();
+    assert_eq!(h.bucket_file("f").as_deref(), Some(&content[..]));
+    h.release(ino, held.fh).expect("release");
+    // A request holds the inode's state (as a getattr or a setattr does) while a round
+    // looks at it.
+    let (entered, leave) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let request = {
+        let (h, entered, leave) = (h.clone(), entered.clone(), leave.clone());
+        std::thread::spawn(move || {
+            h.locked(ino, |_| {
+                entered.store(true, SeqCst);
+                while !leave.load(SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(())
+            })
+        })
+    };
+    assert!(wait_until(Duration::from_secs(10), || entered.load(SeqCst)));
+    let round = {
+        let h = h.clone();
+        std::thread::spawn(move || h.evict())
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    leave.store(true, SeqCst);
+    request.join().expect("request").expect("locked");
+    round.join().expect("eviction round");
+    assert_eq!(h.row(ino).expect("row").local, h.here(), "kept while busy");
+    h.evict();
+    assert_ne!(
+        h.row(ino).expect("row").local,
+        h.here(),
+        "free again, it is evicted by the next round"
+    );
+    assert!(!h.cache.has_staging(ino), "its staging file is removed");
+    assert_eq!(h.cat(ino), content);
+}
+
 /// A file evicted by a committed record (the cache is over its cap) and opened with
 /// `O_TRUNC` before its staging file is removed: the open needs no download and makes
 /// that same file local again, then writes to it. The eviction must leave it. Before, it
