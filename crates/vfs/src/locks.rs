@@ -741,6 +741,28 @@ mod unit {
         );
     }
 
+    /// A thread that panicked holding the wake-up lock (poisoning it) changes nothing:
+    /// a sleep still tells a wake-up from a timeout.
+    #[test]
+    fn a_poisoned_wake_up_lock_still_tells_a_wake_up_from_a_timeout() {
+        let l = LocalLocks::default();
+        std::thread::scope(|s| {
+            let poisoner = s.spawn(|| {
+                let _g = l.gen.lock().expect("gen");
+                panic!("poisons the lock on purpose");
+            });
+            assert!(poisoner.join().is_err());
+        });
+        assert!(l.gen.is_poisoned());
+        let seen = l.generation();
+        assert!(
+            !l.sleep(seen, Duration::from_millis(20)),
+            "nothing woke it, yet it did not time out"
+        );
+        l.wake();
+        assert!(l.sleep(seen, Duration::ZERO), "the wake-up was missed");
+    }
+
     /// The lease is counted from the start of the latest renewal that succeeded: a later
     /// one moves it on, an earlier one that finished late does not move it back.
     #[test]

@@ -26,6 +26,49 @@ fn owners_conflict_and_unlock_frees() {
     h.setlk(f.ino, fh1, 1, 0, ALL, W, 100, false).unwrap();
 }
 
+/// POSIX (fcntl(2)): read locks are shared, a write lock excludes every other owner's
+/// lock. Decided in memory while the mount is alone.
+#[test]
+fn read_locks_are_shared_and_a_write_lock_waits_for_them() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    let (fh1, fh2) = (h.op(f.ino, libc::O_RDWR), h.op(f.ino, libc::O_RDWR));
+    h.setlk(f.ino, fh1, 1, 0, ALL, libc::F_RDLCK, 100, false)
+        .unwrap();
+    h.setlk(f.ino, fh2, 2, 10, 20, libc::F_RDLCK, 200, false)
+        .expect("a second read lock is shared");
+    assert_eq!(
+        errno(h.setlk(f.ino, fh2, 2, 30, 40, W, 200, false)),
+        libc::EAGAIN,
+        "a write lock over another owner's read lock"
+    );
+    let seen = h.getlk(f.ino, 2, 30, 40, W).unwrap();
+    assert_eq!(
+        (seen.typ, seen.start, seen.end, seen.pid),
+        (LockType::Read, 0, ALL, 100),
+        "F_GETLK reports the read lock in the way"
+    );
+    assert_eq!(
+        h.getlk(f.ino, 2, 30, 40, libc::F_RDLCK).unwrap().typ,
+        LockType::Unlock,
+        "a read lock is not in the way of a read lock"
+    );
+}
+
+/// The `l_type` values are Linux's, both ways (F_GETLK replies carry them).
+#[test]
+fn lock_types_are_the_linux_l_type_values() {
+    for (t, raw) in [
+        (LockType::Read, libc::F_RDLCK),
+        (LockType::Write, libc::F_WRLCK),
+        (LockType::Unlock, libc::F_UNLCK),
+    ] {
+        assert_eq!(t.raw(), raw);
+        assert_eq!(LockType::from_raw(raw).unwrap(), t);
+    }
+    assert_eq!(errno(LockType::from_raw(7).map(|_| ())), libc::EINVAL);
+}
+
 #[test]
 fn a_late_release_does_not_drop_the_lock_of_a_new_open_file_with_the_same_owner() {
     let h = Harness::new();
