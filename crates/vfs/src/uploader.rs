@@ -64,6 +64,16 @@ pub(crate) struct UploaderShared {
     inflight: std::sync::Mutex<HashMap<Vec<u8>, u64>>,
     /// The last number given to an upload in `inflight`.
     upload_ids: AtomicU64,
+    /// Pending rows this mount's reconcile deferred ([`Outcome::Defer`]: a writer still
+    /// has the file open, another mount's put may be landing, ...): the row's `gen` then
+    /// and until when (ns). A sync barrier takes every other row at once, past its delays,
+    /// but not these before their time: the reconcile would only defer them again, in a
+    /// loop of database round trips (found by an attack test: `deskfs sync` beside a file
+    /// held open for writing spun the daemon at 100 % CPU).
+    deferred: std::sync::Mutex<HashMap<Vec<u8>, (u64, i64)>>,
+    /// Reconciles run so far (tests count them).
+    #[cfg(test)]
+    pub(crate) reconciles: AtomicU64,
     /// Holds tests put on uploads ([`PutGate`]).
     #[cfg(test)]
     pub(crate) gates: std::sync::Mutex<Vec<Arc<PutGate>>>,
@@ -93,6 +103,35 @@ impl Finding {
 }
 
 impl UploaderShared {
+    fn deferred(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, (u64, i64)>> {
+        self.deferred.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `row` (in its present state) was deferred by a reconcile here until after
+    /// `now` (ns).
+    fn deferred_past(&self, row: &PendingRow, now: i64) -> bool {
+        self.deferred()
+            .get(&row.path)
+            .is_some_and(|&(gen, until)| gen == row.gen && until > now)
+    }
+
+    /// Records the outcome of a reconcile of `path` at `gen` for [`Self::deferred_past`]:
+    /// `Some(until)` when it was deferred until then (ns), `None` otherwise.
+    fn note_deferral(&self, path: &[u8], gen: u64, until: Option<i64>, now: i64) {
+        let mut m = self.deferred();
+        match until {
+            Some(until) => {
+                m.insert(path.to_vec(), (gen, until));
+            }
+            None => {
+                m.remove(path);
+            }
+        }
+        if m.len() > 65_536 {
+            m.retain(|_, &mut (_, until)| until > now);
+        }
+    }
+
     /// Whether this mount is uploading `path` right now (its put may have landed while
     /// its record is not written yet).
     pub(crate) fn uploading(&self, path: &[u8]) -> bool {
@@ -390,8 +429,10 @@ async fn run(vfs: Arc<Vfs>) {
             };
             while tasks.len() < workers {
                 let Some(row) = window.next() else { break };
-                if row.attempts > 0 && row.due_ns > now {
-                    continue; // failing: keep its backoff even under a barrier
+                if row.due_ns > now && (row.attempts > 0 || vfs.uploader.deferred_past(&row, now)) {
+                    // Failing, or deferred by its reconcile: keep its time even under a
+                    // barrier.
+                    continue;
                 }
                 if vfs.uploader.skips(&row.path) || !vfs.uploader.begin_upload(&row.path) {
                     continue;
@@ -570,6 +611,8 @@ fn withdraw(t: &mut dyn deskfs_meta::MetaTxn, keys: &[String]) -> deskfs_meta::R
 /// Reconciles one pending row and records the outcome. Returns false when the row is
 /// another mount's to do ([`Outcome::Elsewhere`]).
 async fn process(vfs: &Arc<Vfs>, row: PendingRow) -> bool {
+    #[cfg(test)]
+    vfs.uploader.reconciles.fetch_add(1, Ordering::Relaxed);
     let task = Reconciling {
         seq: row.seq,
         announced: Default::default(),
@@ -602,15 +645,23 @@ async fn process(vfs: &Arc<Vfs>, row: PendingRow) -> bool {
             }
             return false;
         }
-        Ok(Outcome::Done) => deskfs_meta::txn(&*vfs.meta, |t| {
-            withdraw(t, &announced)?;
-            t.finish_pending(&path, gen)
-        }),
-        Ok(Outcome::Defer(d)) => deskfs_meta::txn(&*vfs.meta, |t| {
-            withdraw(t, &announced)?;
-            t.defer_pending(&path, gen, now + d.as_nanos() as i64)
-        }),
+        Ok(Outcome::Done) => {
+            vfs.uploader.note_deferral(&path, gen, None, now);
+            deskfs_meta::txn(&*vfs.meta, |t| {
+                withdraw(t, &announced)?;
+                t.finish_pending(&path, gen)
+            })
+        }
+        Ok(Outcome::Defer(d)) => {
+            let until = now.saturating_add(d.as_nanos() as i64);
+            vfs.uploader.note_deferral(&path, gen, Some(until), now);
+            deskfs_meta::txn(&*vfs.meta, |t| {
+                withdraw(t, &announced)?;
+                t.defer_pending(&path, gen, until)
+            })
+        }
         Err(e) => {
+            vfs.uploader.note_deferral(&path, gen, None, now);
             let msg = e.to_string();
             tracing::warn!(path = %String::from_utf8_lossy(&path), attempts = row.attempts + 1, error = %msg, "upload failed; will retry");
             let retry = now + backoff(row.attempts);

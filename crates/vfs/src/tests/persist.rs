@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::{SetAttr, SetTime};
+use std::os::unix::fs::FileExt;
 
 #[test]
 fn content_and_attributes_survive_remount() {
@@ -371,4 +372,46 @@ fn after_a_crash_a_file_whose_unflushed_staging_file_is_gone_is_empty() {
     h.sync_all();
     assert_eq!(h.bucket_file("never-fsynced").as_deref(), Some(&b""[..]));
     assert_eq!(h.bucket_file("kept").as_deref(), Some(&b"still here"[..]));
+}
+
+/// A sync barrier beside a file held open for writing: the file's upload is deferred
+/// while the writer has it (its reconcile says so, `Defer`), and the barrier respects
+/// that time instead of taking the row again at once — before, it reconciled it in a loop
+/// (hundreds of thousands of database round trips a minute, the daemon at 100 % CPU)
+/// until the writer closed.
+#[test]
+fn a_sync_waiting_for_an_open_writer_does_not_spin_the_uploader() {
+    let h = Harness::new();
+    h.set_passthrough(true);
+    let f = h.file(ROOT_INO, "held", b"");
+    // Opened for writing through passthrough (the kernel writes the staging file; the
+    // daemon cannot snapshot it while the writer has it) and written, not closed.
+    let w = h.open(&CTX, f.ino, libc::O_WRONLY).expect("open");
+    w.backing
+        .as_ref()
+        .expect("a passthrough open")
+        .write_all_at(b"x", 0)
+        .expect("write");
+    let before = h
+        .uploader
+        .reconciles
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        h.sync(Duration::from_secs(3)).is_err(),
+        "the sync cannot finish while the writer holds the file"
+    );
+    let spent = h
+        .uploader
+        .reconciles
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - before;
+    assert!(
+        spent < 30,
+        "{spent} reconciles in 3 s for one deferred file"
+    );
+    h.release(f.ino, w.fh).expect("release");
+    // The kernel closes the backing file after the release.
+    drop(w);
+    h.sync_all();
+    assert_eq!(h.bucket_file("held").as_deref(), Some(&b"x"[..]));
 }
