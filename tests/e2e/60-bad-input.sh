@@ -26,6 +26,9 @@
 #           also for attach -> refused, naming the other workspace; no workspace dir or
 #           bucket dir left behind. A location holding another home's workspace: refused
 #           (format record), pointing to attach.
+#   mount:  a bucket without the workspace's format record (an empty dir: a disk not
+#           mounted there) or with another workspace's -> refused naming it; nothing
+#           written into it; the workspace mounts again once its bucket is back.
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 need_cmd sqlite3
@@ -348,4 +351,31 @@ else
   [[ ${DESKFS_TEST_STRICT:-0} != 1 ]] || fail "no S3 server for the overlapping-prefix cases"
   log "no S3 server: overlapping S3 prefix cases not run"
 fi
+
+# A bucket that answers without this workspace's format record is refused at mount: an
+# empty one (a disk not mounted at the file:// path) would have every file taken as
+# deleted by another tool; another workspace's would mix two workspaces.
+ws_format ebw --bucket "file://$T/eb/x"
+mkdir -p "$T/mnt-eb"
+ws_mount ebw "$T/mnt-eb"
+echo "kept" > "$T/mnt-eb/f"
+ws_umount "$T/mnt-eb"
+mv "$T/eb/x" "$T/eb/x.real"
+mkdir "$T/eb/x"
+expect_error "mount on an empty bucket dir (a disk not mounted there)" \
+  "bucket file://$T/eb/x holds no deskfs format record .*: it is empty or not workspace \"ebw\"'s bucket" \
+  "$DESKFS" mount ebw "$T/mnt-eb"
+not_mounted "$T/mnt-eb" || fail "the refused mount is mounted"
+assert_eq "" "$(ls -A "$T/eb/x")" "what the refused mount wrote into the empty bucket dir"
+rmdir "$T/eb/x"
+cp -a "$T/ov/x" "$T/eb/x"
+expect_error "mount on another workspace's bucket" \
+  "bucket file://$T/eb/x holds another deskfs workspace \(id [^)]+\) than \"ebw\"" \
+  "$DESKFS" mount ebw "$T/mnt-eb"
+not_mounted "$T/mnt-eb" || fail "the refused mount is mounted"
+rm -rf "$T/eb/x"
+mv "$T/eb/x.real" "$T/eb/x"
+ws_mount ebw "$T/mnt-eb"
+assert_eq "kept" "$(cat "$T/mnt-eb/f")" "the file, once the right bucket is back"
+ws_umount "$T/mnt-eb"
 log "PASS"

@@ -615,6 +615,40 @@ pub fn mount(a: MountArgs) -> Result<()> {
 }
 
 /// The mount daemon: serves FUSE until unmounted, then drains uploads briefly.
+/// Refuses a bucket that answers without this workspace's format record
+/// (`.deskfs/format.json`, written by `deskfs format`): an empty one (a disk not mounted
+/// at a `file://` path, a wrong prefix) or another workspace's. Mounting on it would
+/// take every file it does not list as deleted by another tool. A record that cannot be
+/// read now (the bucket failing) is not a refusal: the mount works offline.
+fn check_bucket_is_this_workspaces(o: &Opened, rt: &tokio::runtime::Runtime) -> Result<()> {
+    let Some(rec) = crate::metadb::Record::read(&*o.meta)? else {
+        return Ok(());
+    };
+    match crate::format::bucket_workspace(&o.bucket, rt) {
+        Ok(None) => bail!(
+            "bucket {} holds no deskfs format record ({}): it is empty or not workspace {:?}'s bucket (a disk not mounted there, a wrong prefix?); mounting would take every file as deleted. Check the bucket URL in {}",
+            o.cfg.bucket,
+            crate::format::FORMAT_RECORD,
+            o.cfg.name,
+            crate::home::ws_dir(&o.cfg.name).join("workspace.toml").display()
+        ),
+        Ok(Some(found)) => match found.id {
+            Some(id) if !rec.id.is_empty() && id != rec.id => bail!(
+                "bucket {} holds another deskfs workspace (id {id}) than {:?} (id {}); check the bucket URL in {}",
+                o.cfg.bucket,
+                o.cfg.name,
+                rec.id,
+                crate::home::ws_dir(&o.cfg.name).join("workspace.toml").display()
+            ),
+            _ => Ok(()),
+        },
+        Err(e) => {
+            tracing::warn!("cannot read the bucket's format record now ({e}); mounting anyway");
+            Ok(())
+        }
+    }
+}
+
 pub fn run_daemon(a: MountArgs) -> Result<()> {
     limit_malloc_arenas();
     let mnt = crate::absolute(&a.mountpoint);
@@ -632,7 +666,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     match rt
         .block_on(async { tokio::time::timeout(Duration::from_secs(10), o.bucket.check()).await })
     {
-        Ok(Ok(())) => {}
+        Ok(Ok(())) => check_bucket_is_this_workspaces(&o, &rt)?,
         Ok(Err(BucketError::Unreachable(e))) | Ok(Err(BucketError::Other(e))) => {
             tracing::warn!("bucket not reachable now ({e}); mounting anyway: cached data and all writes work, uploads wait")
         }
