@@ -261,6 +261,9 @@ impl Bucket {
         let Some(root) = &self.local_root else {
             return Ok(Vec::new());
         };
+        if self.local_symlink(dir_key, true).is_some() {
+            return Ok(Vec::new());
+        }
         let mut out = Vec::new();
         let mut stack = vec![dir_key.to_string()];
         while let Some(d) = stack.pop() {
@@ -283,6 +286,42 @@ impl Bucket {
             }
         }
         Ok(out)
+    }
+
+    /// `file://` buckets: the first symbolic link on the way from the bucket directory to
+    /// `key` (its parent directories, and with `whole` the key's own entry), if any.
+    /// deskfs never follows one: a link planted in the bucket directory (by another tool)
+    /// could lead a write, a delete or a read outside it. Object stores: `None`.
+    fn local_symlink(&self, key: &str, whole: bool) -> Option<PathBuf> {
+        let root = self.local_root.as_ref()?;
+        let parts: Vec<&str> = key.split('/').filter(|c| !c.is_empty()).collect();
+        let upto = if whole {
+            parts.len()
+        } else {
+            parts.len().saturating_sub(1)
+        };
+        let mut p = root.clone();
+        for c in &parts[..upto] {
+            p.push(c);
+            match std::fs::symlink_metadata(&p) {
+                Ok(m) if m.file_type().is_symlink() => return Some(p),
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+        None
+    }
+
+    /// [`Bucket::local_symlink`] as an error, for a write or a delete at `key`.
+    /// Errors: [`BucketError::Config`] naming the link.
+    fn refuse_symlink(&self, key: &str, whole: bool) -> Result<()> {
+        match self.local_symlink(key, whole) {
+            Some(link) => Err(BucketError::Config(format!(
+                "bucket key {key:?} passes through the symbolic link {}, which deskfs does not follow (it may lead outside the bucket directory); remove or replace the link",
+                link.display()
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Whether objects carry user metadata (false for `file://`).
@@ -487,6 +526,7 @@ impl Bucket {
     /// stores (s3fs convention), a real directory for `file://`.
     pub async fn put_dir_marker(&self, dir_key: &str, meta: Option<&PosixMeta>) -> Result<PutInfo> {
         if let Some(root) = &self.local_root {
+            self.refuse_symlink(dir_key, true)?;
             std::fs::create_dir_all(root.join(dir_key))?;
             return Ok(PutInfo {
                 etag: None,
@@ -523,6 +563,7 @@ impl Bucket {
     /// a non-empty one is left and reported as [`BucketError::Other`] so it is retried).
     pub async fn delete_dir_marker(&self, dir_key: &str) -> Result<()> {
         if let Some(root) = &self.local_root {
+            self.refuse_symlink(dir_key, false)?;
             return match std::fs::remove_dir(root.join(dir_key)) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -543,6 +584,8 @@ impl Bucket {
     /// directories stay: they are the directory markers, removed with
     /// [`Bucket::delete_dir_marker`].)
     pub async fn delete(&self, key: &str) -> Result<()> {
+        // (A link at `key` itself is removed as the entry it is, never followed.)
+        self.refuse_symlink(key, false)?;
         match self.store.delete(&self.path(key)?).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(store_err(e)),
@@ -553,6 +596,9 @@ impl Bucket {
     /// Server-side copy of `from` to `to` (metadata copied with it).
     pub async fn copy(&self, from: &str, to: &str) -> Result<()> {
         if let Some(root) = &self.local_root {
+            if self.local_symlink(from, true).is_some() {
+                return Err(BucketError::NotFound(format!("{from} (a symbolic link)")));
+            }
             self.local_put(root, to, LocalSource::File(root.join(from)))
                 .await?;
             return Ok(());
@@ -573,6 +619,9 @@ impl Bucket {
     ) -> Result<Bytes> {
         if range.start >= range.end {
             return Ok(Bytes::new());
+        }
+        if self.local_symlink(key, true).is_some() {
+            return Err(BucketError::NotFound(format!("{key} (a symbolic link)")));
         }
         let path = self.path(key)?;
         self.reads
@@ -596,6 +645,9 @@ impl Bucket {
 
     /// Metadata of `key`, or `None` if it does not exist.
     pub async fn head(&self, key: &str) -> Result<Option<ObjectInfo>> {
+        if self.local_symlink(key, true).is_some() {
+            return Ok(None);
+        }
         self.head_at(&self.path(key)?, key.to_string()).await
     }
 
@@ -632,6 +684,9 @@ impl Bucket {
     /// Pagination of large listings is done by the store client (S3 continuation tokens).
     /// The directory's own marker is not reported.
     pub async fn list_dir(&self, dir_key: &str) -> Result<Listing> {
+        if self.local_symlink(dir_key, true).is_some() {
+            return Ok(Listing::default());
+        }
         let base = self.path(dir_key)?;
         let prefix = (!base.as_ref().is_empty()).then_some(&base);
         let r = self
@@ -657,14 +712,17 @@ impl Bucket {
             }
         };
         let mut out = Listing::default();
+        // (`file://`: an entry that is a symbolic link is not an object.)
+        let link = |rel: &str| self.local_symlink(rel, true).is_some();
         for d in r.common_prefixes {
-            if let Some(n) = name_of(&self.rel_key(&d)) {
+            let rel = self.rel_key(&d);
+            if let Some(n) = name_of(&rel).filter(|_| !link(&rel)) {
                 out.dirs.push(n);
             }
         }
         for o in r.objects {
             let rel = self.rel_key(&o.location);
-            if let Some(n) = name_of(&rel) {
+            if let Some(n) = name_of(&rel).filter(|_| !link(&rel)) {
                 let mtime_ns = to_ns_meta(&o);
                 out.files.push((
                     n,
@@ -691,9 +749,13 @@ impl Bucket {
                 let mut out = Vec::new();
                 while let Some(o) = s.next().await {
                     let o = o.map_err(store_err)?;
+                    let key = self.rel_key(&o.location);
+                    if self.local_symlink(&key, true).is_some() {
+                        continue;
+                    }
                     let mtime_ns = to_ns_meta(&o);
                     out.push(ObjectInfo {
-                        key: self.rel_key(&o.location),
+                        key,
                         size: o.size,
                         etag: o.e_tag,
                         mtime_ns,
@@ -799,6 +861,8 @@ impl Bucket {
     }
 
     async fn local_put(&self, root: &FsPath, key: &str, src: LocalSource) -> Result<PutInfo> {
+        // (A link at `key` itself is replaced by the rename, never written through.)
+        self.refuse_symlink(key, false)?;
         let root = root.to_path_buf();
         let dest = root.join(key);
         let base = root.clone();
@@ -903,6 +967,78 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime")
+    }
+
+    /// Symbolic links planted in a `file://` bucket directory are never followed: no
+    /// write, delete or read goes through one to what lies outside, listings leave them
+    /// out, and a link at a key itself is replaced or removed as the entry it is.
+    #[test]
+    fn symlinks_in_a_local_bucket_lead_nowhere_outside_it() {
+        let (d, b) = local();
+        let outside = tempfile::tempdir().expect("tempdir");
+        let out = outside.path();
+        std::fs::write(out.join("of"), b"outside").unwrap();
+        std::os::unix::fs::symlink(out, d.path().join("dlnk")).unwrap();
+        std::os::unix::fs::symlink(out.join("of"), d.path().join("flnk")).unwrap();
+        let cdata = || Bytes::from_static(b"new");
+        rt().block_on(async {
+            b.put_bytes("inside", cdata(), None).await.unwrap();
+            let r = b.put_bytes("dlnk/new", cdata(), None).await;
+            assert!(
+                matches!(&r, Err(BucketError::Config(m)) if m.contains("symbolic link")),
+                "{r:?}"
+            );
+            assert!(b.copy("inside", "dlnk/copy").await.is_err());
+            assert!(b.put_dir_marker("dlnk/sub", None).await.is_err());
+            assert!(b.delete("dlnk/of").await.is_err());
+            assert!(matches!(
+                b.get_range("dlnk/of", 0..3, None).await,
+                Err(BucketError::NotFound(_))
+            ));
+            assert!(matches!(
+                b.get_range("flnk", 0..3, None).await,
+                Err(BucketError::NotFound(_))
+            ));
+            assert!(b.head("flnk").await.unwrap().is_none());
+            assert!(b.head("dlnk/of").await.unwrap().is_none());
+            assert!(matches!(
+                b.copy("flnk", "stolen").await,
+                Err(BucketError::NotFound(_))
+            ));
+            let l = b.list_dir("").await.unwrap();
+            let names: Vec<&str> = l.files.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, vec!["inside"], "links are not listed");
+            assert!(!l.dirs.iter().any(|d| d == "dlnk"), "{:?}", l.dirs);
+            let l = b.list_dir("dlnk").await.unwrap();
+            assert!(l.files.is_empty() && l.dirs.is_empty());
+            let all: Vec<String> = b
+                .list_all("")
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|o| o.key)
+                .collect();
+            assert!(
+                all.iter().all(|k| !k.starts_with("dlnk") && k != "flnk"),
+                "{all:?}"
+            );
+            assert!(b.local_dirs_under("dlnk").unwrap().is_empty());
+            // A link at the key itself: removed or replaced, never followed.
+            b.put_bytes("flnk", cdata(), None).await.unwrap();
+            assert!(!std::fs::symlink_metadata(d.path().join("flnk"))
+                .unwrap()
+                .is_symlink());
+            std::os::unix::fs::symlink(out.join("of"), d.path().join("flnk2")).unwrap();
+            b.delete("flnk2").await.unwrap();
+            assert!(std::fs::symlink_metadata(d.path().join("flnk2")).is_err());
+        });
+        let mut left: Vec<String> = std::fs::read_dir(out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, vec!["of"], "nothing written or removed outside");
+        assert_eq!(std::fs::read(out.join("of")).unwrap(), b"outside");
     }
 
     /// A read that names the ETag of a replaced object fails as `Changed` instead of
