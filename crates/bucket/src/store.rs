@@ -120,6 +120,9 @@ fn s3_credentials_missing(
     ))
 }
 
+/// Marks a `file://` listing that failed on a name that is no object key.
+const LOCAL_BAD_NAME: &str = "a name in the bucket directory is no object key: ";
+
 fn store_err(e: object_store::Error) -> BucketError {
     BucketError::from_store(e)
 }
@@ -689,15 +692,31 @@ impl Bucket {
         }
         let base = self.path(dir_key)?;
         let prefix = (!base.as_ref().is_empty()).then_some(&base);
+        // `file://`: one entry whose name is no object key (a newline, a byte that is not
+        // UTF-8, ... put there by another tool) fails object_store's whole listing; the
+        // others are then listed one by one, without it (not retried: it stays).
+        let local = self.local_root.is_some();
         let r = self
             .reads
             .run("list", || async {
                 self.store
                     .list_with_delimiter(prefix)
                     .await
-                    .map_err(store_err)
+                    .map_err(|e| match e.to_string() {
+                        m if local && m.contains("invalid path") => {
+                            BucketError::Config(format!("{LOCAL_BAD_NAME}{m}"))
+                        }
+                        _ => store_err(e),
+                    })
             })
-            .await?;
+            .await;
+        let r = match r {
+            Err(BucketError::Config(m)) if m.starts_with(LOCAL_BAD_NAME) => {
+                tracing::warn!(dir = dir_key, error = %m, "a name in the bucket directory is no object key; it is left out");
+                return self.local_list_dir_by_entry(dir_key).await;
+            }
+            other => other?,
+        };
         let base_s = self.rel_key(&base);
         let name_of = |rel: &str| -> Option<String> {
             let tail = if base_s.is_empty() {
@@ -734,6 +753,45 @@ impl Bucket {
                         posix: None,
                     },
                 ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// [`Bucket::list_dir`] of a `file://` bucket, entry by entry: names that are no
+    /// object key and symbolic links are left out, each file is asked for as
+    /// [`Bucket::head`] does (the same ETag). Errors: the directory's read (`Io`).
+    async fn local_list_dir_by_entry(&self, dir_key: &str) -> Result<Listing> {
+        let Some(root) = &self.local_root else {
+            return Ok(Listing::default());
+        };
+        let rd = match std::fs::read_dir(root.join(dir_key)) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Listing::default()),
+            Err(e) => return Err(e.into()),
+        };
+        let mut out = Listing::default();
+        for e in rd {
+            let e = e?;
+            let Some(name) = e.file_name().to_str().map(str::to_string) else {
+                continue;
+            };
+            let key = if dir_key.is_empty() {
+                name.clone()
+            } else {
+                format!("{dir_key}/{name}")
+            };
+            let Ok(p) = self.path(&key) else { continue };
+            if self.rel_key(&p) != key {
+                continue;
+            }
+            let ft = e.file_type()?;
+            if ft.is_dir() {
+                out.dirs.push(name);
+            } else if ft.is_file() {
+                if let Some(info) = self.head_at(&p, key).await? {
+                    out.files.push((name, info));
+                }
             }
         }
         Ok(out)
@@ -967,6 +1025,32 @@ mod tests {
             .enable_all()
             .build()
             .expect("runtime")
+    }
+
+    /// A name another tool gave a file in a `file://` bucket directory that is no object
+    /// key (a newline, a tab, a byte that is not UTF-8) is left out of the listing of its
+    /// directory, and every other entry is listed, files with the ETag a head gives.
+    /// Before, object_store's listing failed whole: the directory answered `EIO`.
+    #[test]
+    fn a_name_that_is_no_key_leaves_the_rest_of_its_directory_listed() {
+        use std::os::unix::ffi::OsStrExt;
+        let (d, b) = local();
+        let sub = d.path().join("sub");
+        std::fs::create_dir_all(sub.join("inner")).unwrap();
+        std::fs::write(sub.join("good"), b"good").unwrap();
+        for bad in [&b"nl\nname"[..], b"tab\there", b"bad\xff"] {
+            std::fs::write(sub.join(std::ffi::OsStr::from_bytes(bad)), b"x").unwrap();
+        }
+        rt().block_on(async {
+            let l = b.list_dir("sub").await.expect("listed");
+            let names: Vec<&str> = l.files.iter().map(|(n, _)| n.as_str()).collect();
+            assert_eq!(names, vec!["good"]);
+            assert_eq!(l.dirs, vec!["inner".to_string()]);
+            let head = b.head("sub/good").await.unwrap().expect("head");
+            assert_eq!(l.files[0].1.etag, head.etag);
+            assert_eq!(l.files[0].1.size, 4);
+            assert_eq!(l.files[0].1.key, "sub/good");
+        });
     }
 
     /// Symbolic links planted in a `file://` bucket directory are never followed: no
