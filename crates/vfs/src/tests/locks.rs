@@ -55,6 +55,34 @@ fn read_locks_are_shared_and_a_write_lock_waits_for_them() {
     );
 }
 
+/// While another mount is live, locks are decided in the database: a lock conflicts
+/// with every other owner's — on this mount too — and with an owner of the same number
+/// on another mount (owner numbers are per mount), never with its own owner's.
+#[test]
+fn locks_decided_in_the_database_tell_owners_apart_by_mount_and_number() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    let b = h.second_mount("cache-b");
+    assert!(h.shared(), "two mounts: decisions in the database");
+    let (fh1, fh2) = (h.op(f.ino, libc::O_RDWR), h.op(f.ino, libc::O_RDWR));
+    let fhb = b.open(&CTX, f.ino, libc::O_RDWR).unwrap().fh;
+    h.setlk(f.ino, fh1, 1, 0, 10, W, 100, false).unwrap();
+    h.setlk(f.ino, fh1, 1, 0, 20, W, 100, false)
+        .expect("an owner's own lock is never in its way");
+    assert_eq!(
+        errno(h.setlk(f.ino, fh2, 2, 5, 5, W, 100, false)),
+        libc::EAGAIN,
+        "another owner on the same mount"
+    );
+    assert_eq!(
+        errno(b.setlk(f.ino, fhb, 1, 5, 5, W, 200, false)),
+        libc::EAGAIN,
+        "an owner of the same number on another mount"
+    );
+    b.setlk(f.ino, fhb, 1, 21, 30, W, 200, false)
+        .expect("past the range: no conflict");
+}
+
 /// The `l_type` values are Linux's, both ways (F_GETLK replies carry them).
 #[test]
 fn lock_types_are_the_linux_l_type_values() {
