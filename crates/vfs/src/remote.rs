@@ -274,19 +274,31 @@ impl Vfs {
         for &ino in inos {
             let state = deskfs_meta::read(&*self.meta, |t| {
                 let Some(r) = t.get_inode(ino)? else {
-                    return Ok::<_, deskfs_meta::MetaError>(None);
+                    return Ok::<_, crate::VfsError>(None);
                 };
                 let in_bucket = t.object_with_content(ino, r.data_version)?.is_some();
-                Ok(Some((r, in_bucket)))
+                // Every name of it still has its pending row: the uploader has it, in its
+                // own time (a failing upload keeps its backoff, a deferred one its delay).
+                let mut queued = r.nlink > 0;
+                for p in crate::paths::paths_of(t, ino)? {
+                    queued &= t.is_pending(&p)?;
+                }
+                Ok(Some((r, in_bucket, queued)))
             });
             match state {
-                Ok(Some((r, false))) if r.local == self.here() && r.nlink == 0 => {
+                Ok(Some((r, false, _))) if r.local == self.here() && r.nlink == 0 => {
                     if let Err(e) = self.upload_orphan(&r) {
                         tracing::warn!(ino, error = %e, "cannot upload an orphan another mount waits for");
                     }
                     self.uploaded(ino);
                 }
-                Ok(Some((r, false))) if r.dirty && r.local == self.here() => {
+                // Re-marked only when a name of it lost its row (a rename moved it): a
+                // re-mark each round would restart a failing upload's backoff from zero,
+                // and reconcile it in a loop (found by the attack helper: after a
+                // `--durability bucket` close failed, ~13 tries a second, forever, and
+                // status showed no failing upload).
+                Ok(Some((_, false, true))) => {}
+                Ok(Some((r, false, _))) if r.dirty && r.local == self.here() => {
                     if let Err(e) = self.meta.apply(&[deskfs_meta::Op::MarkInode {
                         ino,
                         not_before_ns: 0,

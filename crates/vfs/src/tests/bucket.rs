@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::rename_flags::EXCHANGE;
+use std::sync::atomic::Ordering::SeqCst;
 
 #[test]
 fn files_and_nested_directories() {
@@ -359,6 +360,44 @@ fn failing_uploads_are_reported_and_retried() {
     assert_eq!(h.bucket_file("blk/f").as_deref(), Some(&b"waiting"[..]));
     let st = h.status().unwrap();
     assert_eq!((st.pending_uploads, st.failing_uploads), (0, 0), "{st:?}");
+}
+
+/// A failing upload whose content is wanted (another mount waits to open it, or a
+/// `--durability bucket` close waited and gave up) keeps its backoff and shows as
+/// failing: the round that follows up the request does not re-mark a path the uploader
+/// still has queued. Before, it re-marked it on every round: the upload was tried ~13
+/// times a second, forever, its attempts reset to 0 and `status` showed no failure.
+#[test]
+fn a_wanted_failing_upload_keeps_its_backoff() {
+    let h = Harness::new();
+    assert!(h.ls(ROOT_INO).is_empty());
+    // Another tool puts a plain file where the workspace wants a directory.
+    std::fs::write(h.bucket_dir().join("blk"), b"in the way").unwrap();
+    let d = h.dir(ROOT_INO, "blk");
+    let f = h.file(d.ino, "f", b"waiting");
+    deskfs_meta::txn(&*h.meta, |t| {
+        t.want_upload(f.ino, h.cache.id(), crate::now_ns())
+    })
+    .unwrap();
+    h.uploader.wanted_hint.store(true, SeqCst);
+    h.uploader.kick();
+    let before = h.uploader.reconciles.load(SeqCst);
+    std::thread::sleep(Duration::from_secs(3));
+    let spent = h.uploader.reconciles.load(SeqCst) - before;
+    assert!(
+        spent < 30,
+        "{spent} reconciles in 3 s for two failing paths"
+    );
+    let st = h.status().unwrap();
+    assert!(
+        st.failures
+            .iter()
+            .any(|x| x.path.starts_with("blk") && x.attempts >= 2),
+        "the failure is shown, its attempts counted: {st:?}"
+    );
+    std::fs::remove_file(h.bucket_dir().join("blk")).unwrap();
+    h.sync_all();
+    assert_eq!(h.bucket_file("blk/f").as_deref(), Some(&b"waiting"[..]));
 }
 
 /// Names with characters that URLs or object_store treat specially (for `file://`
