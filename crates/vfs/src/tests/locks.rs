@@ -83,6 +83,33 @@ fn locks_decided_in_the_database_tell_owners_apart_by_mount_and_number() {
         .expect("past the range: no conflict");
 }
 
+/// A mount that goes alone again loads the locks it took while shared (in the database)
+/// into memory first: a conflicting lock of another owner stays refused once its
+/// decisions are made in memory.
+#[test]
+fn a_mount_going_alone_keeps_the_locks_it_took_while_shared() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    let (fh1, fh2) = (h.op(f.ino, libc::O_RDWR), h.op(f.ino, libc::O_RDWR));
+    {
+        let _b = h.second_mount("cache-b");
+        assert!(h.shared());
+        h.setlk(f.ino, fh1, 1, 0, 10, W, 100, false).unwrap();
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || matches!(
+            *h.locks_table().unwrap(),
+            crate::locks::Table::Memory { .. }
+        )),
+        "the mount never went alone"
+    );
+    assert_eq!(
+        errno(h.setlk(f.ino, fh2, 2, 5, 5, W, 100, false)),
+        libc::EAGAIN,
+        "the lock taken while shared is still held"
+    );
+}
+
 /// The `l_type` values are Linux's, both ways (F_GETLK replies carry them).
 #[test]
 fn lock_types_are_the_linux_l_type_values() {
