@@ -731,8 +731,13 @@ impl Bucket {
             }
         };
         let mut out = Listing::default();
-        // (`file://`: an entry that is a symbolic link is not an object.)
-        let link = |rel: &str| self.local_symlink(rel, true).is_some();
+        // (`file://`: an entry that is a symbolic link is not an object. The directory's
+        // own path was checked above: one `lstat` of the entry itself suffices.)
+        let link = |rel: &str| {
+            self.local_root.as_ref().is_some_and(|root| {
+                std::fs::symlink_metadata(root.join(rel)).is_ok_and(|m| m.file_type().is_symlink())
+            })
+        };
         for d in r.common_prefixes {
             let rel = self.rel_key(&d);
             if let Some(n) = name_of(&rel).filter(|_| !link(&rel)) {

@@ -155,7 +155,7 @@ impl Fill {
     /// close), does not keep it ([`Put::Refused`]). Errors: the write's (`ENOSPC`,
     /// `EIO`); a block of the wrong length (`EINVAL`).
     pub(crate) fn put(&self, index: u64, data: &[u8]) -> std::io::Result<Put> {
-        if let Some(early) = self.put_answer(index) {
+        if let Some(early) = Self::answer(&self.state(), index) {
             return Ok(early);
         }
         if data.len() as u64 != self.block_len(index) {
@@ -192,13 +192,10 @@ impl Fill {
         Ok(Put::Stored)
     }
 
-    /// The answer to a put of block `index` that must not write: `Some(Refused)` when
-    /// the fill was discarded, `Some(Present)` when the block is in it (or the fill is
-    /// past filling, or the index out of its range), `None` when the put may go on.
-    fn put_answer(&self, index: u64) -> Option<Put> {
-        Self::answer(&self.state(), index)
-    }
-
+    /// The answer to a put of block `index` (state `st`) that must not write:
+    /// `Some(Refused)` when the fill was discarded, `Some(Present)` when the block is in
+    /// it (or the fill is past filling, or the index out of its range), `None` when the
+    /// put may go on.
     fn answer(st: &FillState, index: u64) -> Option<Put> {
         match st.stage {
             Stage::Filling => {}

@@ -157,6 +157,13 @@ pub(super) fn hold(v: &Vfs, path: &str, point: GatePoint) -> Arc<PutGate> {
 
 /// Mount `v` creates `name` in the root holding `data` (create, write, close).
 fn create_on(v: &Vfs, name: &str, data: &[u8]) -> Ino {
+    let (ino, fh) = create_open_on(v, name, data);
+    v.release(ino, fh).expect("release");
+    ino
+}
+
+/// [`create_on`] with the writer's handle left open (flushed): the inode and the handle.
+fn create_open_on(v: &Vfs, name: &str, data: &[u8]) -> (Ino, u64) {
     let (a, o) = v
         .create(&CTX, ROOT_INO, name.as_bytes(), 0o666, 0o022, libc::O_RDWR)
         .expect("create");
@@ -165,8 +172,7 @@ fn create_on(v: &Vfs, name: &str, data: &[u8]) -> Ino {
         data.len()
     );
     v.flush(a.ino, o.fh).expect("flush");
-    v.release(a.ino, o.fh).expect("release");
-    a.ino
+    (a.ino, o.fh)
 }
 
 /// Mount `h` rewrites `ino` from scratch (`O_TRUNC`: no download of the old content).
@@ -360,14 +366,9 @@ fn a_renamed_file_is_not_evicted_while_its_old_object_is_being_deleted() {
     let a = h.second_mount_with("cache-a", 1);
     let content = b"only in cache A once the old object goes";
     // Written on A and kept open (read-only) so no eviction takes it before the rename.
-    let (attr, w) = a
-        .create(&CTX, ROOT_INO, b"f", 0o666, 0o022, libc::O_RDWR)
-        .expect("create");
-    let ino = attr.ino;
-    a.write(ino, w.fh, 0, content).expect("write");
-    a.flush(ino, w.fh).expect("flush");
+    let (ino, w) = create_open_on(&a, "f", content);
     let r = a.open(&CTX, ino, libc::O_RDONLY).expect("open");
-    a.release(ino, w.fh).expect("release");
+    a.release(ino, w).expect("release");
     assert!(
         wait_until(Duration::from_secs(20), || settled(&h, "f", ino, content)),
         "f was not uploaded"
@@ -423,14 +424,10 @@ fn a_renamed_file_is_not_evicted_while_its_old_object_is_being_deleted() {
 fn a_clean_file_busy_during_an_eviction_round_is_evicted_by_a_later_one() {
     let h = Arc::new(Harness::with_cache_capacity(1));
     let content = b"clean, local, busy while the cache is over its cap";
-    let (attr, w) = h
-        .create(&CTX, ROOT_INO, b"f", 0o666, 0o022, libc::O_RDWR)
-        .expect("create");
-    let ino = attr.ino;
-    h.write(ino, w.fh, 0, content).expect("write");
+    let (ino, w) = create_open_on(&h, "f", content);
     // Held open past the upload: no eviction round takes it first.
     let held = h.open(&CTX, ino, libc::O_RDONLY).expect("open");
-    h.release(ino, w.fh).expect("release");
+    h.release(ino, w).expect("release");
     h.sync_all();
     assert_eq!(h.bucket_file("f").as_deref(), Some(&content[..]));
     h.release(ino, held.fh).expect("release");
