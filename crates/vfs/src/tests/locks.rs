@@ -110,6 +110,104 @@ fn a_mount_going_alone_keeps_the_locks_it_took_while_shared() {
     );
 }
 
+/// A lock taken while shared and released after the mount went alone (in memory) has its
+/// row removed when the locks are published to a mount that joins: the newcomer can take
+/// it.
+#[test]
+fn a_lock_released_while_alone_is_free_for_a_mount_that_joins() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    let fh1 = h.op(f.ino, libc::O_RDWR);
+    {
+        let _b = h.second_mount("cache-b");
+        assert!(h.shared());
+        h.setlk(f.ino, fh1, 1, 0, ALL, W, 100, false).unwrap();
+    }
+    assert!(
+        wait_until(Duration::from_secs(20), || matches!(
+            *h.locks_table().unwrap(),
+            crate::locks::Table::Memory { .. }
+        )),
+        "the mount never went alone"
+    );
+    h.setlk(f.ino, fh1, 1, 0, ALL, libc::F_UNLCK, 100, false)
+        .unwrap();
+    let c = h.second_mount("cache-c");
+    let fhc = c.open(&CTX, f.ino, libc::O_RDWR).unwrap().fh;
+    c.setlk(f.ino, fhc, 2, 0, ALL, W, 200, false)
+        .expect("the lock released while alone kept its row in the lock table");
+}
+
+/// A mount whose lease renewal fails decides no lock in memory (`EIO`): past its lease,
+/// another mount may expire it and decide alone. The failure is real: a trigger in the
+/// SQLite database refuses the renewal's update (SQLite only; the rule is the engine's
+/// neither way).
+#[test]
+fn a_mount_that_cannot_renew_its_lease_decides_no_lock_in_memory() {
+    let h = Harness::new();
+    let MetaDb::Sqlite(db) = &h.db else {
+        eprintln!("skipped: the renewal failure is injected with a SQLite trigger");
+        return;
+    };
+    let f = h.file(ROOT_INO, "f", b"x");
+    let fh1 = h.op(f.ino, libc::O_RDWR);
+    h.setlk(f.ino, fh1, 1, 0, 9, W, 100, false).unwrap();
+    assert!(matches!(
+        *h.locks_table().unwrap(),
+        crate::locks::Table::Memory { .. }
+    ));
+    let c = rusqlite::Connection::open(db).unwrap();
+    c.busy_timeout(Duration::from_secs(30)).unwrap();
+    c.execute_batch(
+        "CREATE TRIGGER refuse_renewal BEFORE UPDATE OF heartbeat ON sessions \
+         BEGIN SELECT RAISE(ABORT, 'renewal refused by the test'); END;",
+    )
+    .unwrap();
+    h.locks.forget_renewal();
+    assert_eq!(
+        errno(h.setlk(f.ino, fh1, 1, 10, 19, W, 100, false)),
+        libc::EIO,
+        "a lock was decided in memory without a renewed lease"
+    );
+    c.execute_batch("DROP TRIGGER refuse_renewal").unwrap();
+    h.setlk(f.ino, fh1, 1, 10, 19, W, 100, false)
+        .expect("renewed again: decisions go on");
+}
+
+/// While an older mount has not acknowledged this one (it is paused), a non-blocking lock
+/// request gives up with `EAGAIN` after `JOIN_WAIT`; a blocking one goes on waiting.
+#[test]
+fn an_unacknowledged_join_fails_a_non_blocking_lock_and_holds_a_blocking_one() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    let fh1 = h.op(f.ino, libc::O_RDWR);
+    h.setlk(f.ino, fh1, 1, 0, 9, W, 100, false).unwrap();
+    let paused = h.locks_table().unwrap();
+    let b = h.second_mount("cache-b");
+    let fhb = b.open(&CTX, f.ino, libc::O_RDWR).unwrap().fh;
+    let me = std::process::id();
+    let ask = |start: u64, sleep: bool| {
+        let b = Arc::clone(&b);
+        std::thread::spawn(move || b.setlk(f.ino, fhb, 2, start, start, W, me, sleep))
+    };
+    let blocking = ask(100, true);
+    let non_blocking = ask(200, false);
+    assert!(
+        wait_until(crate::feed::JOIN_WAIT * 10, || non_blocking.is_finished()),
+        "a non-blocking lock request waits for a paused mount's acknowledgement"
+    );
+    assert_eq!(errno(non_blocking.join().unwrap()), libc::EAGAIN);
+    assert!(
+        !blocking.is_finished(),
+        "a blocking lock request gave up while the older mount was paused"
+    );
+    drop(paused);
+    blocking
+        .join()
+        .unwrap()
+        .expect("acknowledged: the free range is granted");
+}
+
 /// The `l_type` values are Linux's, both ways (F_GETLK replies carry them).
 #[test]
 fn lock_types_are_the_linux_l_type_values() {
