@@ -27,7 +27,8 @@
 #           bucket dir left behind. A location holding another home's workspace: refused
 #           (format record), pointing to attach.
 #   mount:  a bucket without the workspace's format record (an empty dir: a disk not
-#           mounted there) or with another workspace's -> refused naming it; nothing
+#           mounted there) or with another workspace's -> refused naming it (and the
+#           same swap under a live mount removes nothing; status names it); nothing
 #           written into it; the workspace mounts again once its bucket is back.
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
@@ -375,7 +376,23 @@ expect_error "mount on another workspace's bucket" \
 not_mounted "$T/mnt-eb" || fail "the refused mount is mounted"
 rm -rf "$T/eb/x"
 mv "$T/eb/x.real" "$T/eb/x"
-ws_mount ebw "$T/mnt-eb"
+ws_mount ebw "$T/mnt-eb" --list-ttl 0
 assert_eq "kept" "$(cat "$T/mnt-eb/f")" "the file, once the right bucket is back"
+# The same swap while mounted (the disk unmounted under a live mount): listings of the
+# empty bucket take nothing out of the namespace, and status says what is wrong.
+mkdir "$T/mnt-eb/d" && echo "two" > "$T/mnt-eb/d/g"
+"$DESKFS" sync ebw > /dev/null 2>&1 || fail "deskfs sync ebw failed"
+ls "$T/mnt-eb/d" > /dev/null
+mv "$T/eb/x" "$T/eb/x.real"
+mkdir "$T/eb/x"
+for _ in 1 2 3; do ls "$T/mnt-eb" "$T/mnt-eb/d" > /dev/null; sleep 1.1; done
+assert_eq "d f" "$(ls "$T/mnt-eb" | tr '\n' ' ' | sed 's/ $//')" "the root listed while the bucket dir was empty"
+assert_eq "g" "$(ls "$T/mnt-eb/d")" "a directory listed while the bucket dir was empty"
+"$DESKFS" status ebw > "$T/eb-status.out" 2>&1 || true
+grep -q "BUCKET NOT THIS WORKSPACE'S  file://$T/eb/x holds no format record" "$T/eb-status.out" ||
+  fail "status does not say the bucket lost its format record: $(cat "$T/eb-status.out")"
+rmdir "$T/eb/x"
+mv "$T/eb/x.real" "$T/eb/x"
+assert_eq "two" "$(cat "$T/mnt-eb/d/g")" "the file, once the bucket is back"
 ws_umount "$T/mnt-eb"
 log "PASS"

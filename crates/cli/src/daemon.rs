@@ -697,6 +697,10 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         buffer_limit: a.buffer_memory,
         atime: a.atime,
         expired_open_grace: Duration::from_secs(a.expired_open_grace),
+        // Workspaces formatted with a format record (all but the oldest): the bucket must
+        // keep it for listings to count as deletions.
+        bucket_marker: crate::metadb::Record::read(&*o.meta)?
+            .map(|_| crate::format::FORMAT_RECORD.to_string()),
         ..VfsConfig::default()
     };
     let meta: Arc<dyn MetaEngine> = o.meta.clone();

@@ -480,6 +480,17 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 .get("live")
                 .and_then(|l| l["flush_failures"].as_array().cloned())
                 .unwrap_or_default();
+            let foreign = m
+                .get("live")
+                .and_then(|l| l["bucket_marker_missing"].as_bool())
+                .unwrap_or(false);
+            if foreign {
+                println!(
+                    "  BUCKET NOT THIS WORKSPACE'S  {} holds no format record ({}) now: a disk not mounted at the bucket dir, or the bucket emptied or replaced? Objects missing from it are not taken as deleted; reads of files not cached here fail until the bucket is back",
+                    w["bucket"].as_str().unwrap_or("the bucket"),
+                    crate::format::FORMAT_RECORD
+                );
+            }
             for f in failed {
                 println!(
                     "  FSYNC FAILED  {} (inode {}): {}; its data may be lost, every fsync of it fails with EIO until it is truncated to zero or removed ({} refused)",

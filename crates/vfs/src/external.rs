@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::paths::{is_escaped, join};
 use crate::{now_ns, Result, Vfs, VfsError};
+use std::sync::atomic::Ordering;
 
 /// The kv key of the bounded list of bucket conflicts (`deskfs status` reads it).
 pub const CONFLICTS_KEY: &str = "bucket_conflicts";
@@ -204,12 +205,30 @@ impl Vfs {
         Ok(Some(cpath))
     }
 
+    /// Whether the bucket still holds [`crate::VfsConfig::bucket_marker`] (one HEAD;
+    /// `true` when none is configured). When it does not, logs it once per change and
+    /// `deskfs status` says so. Errors: the HEAD failed (`EIO`).
+    fn bucket_is_still_ours(&self) -> Result<bool> {
+        let Some(key) = &self.cfg.bucket_marker else {
+            return Ok(true);
+        };
+        let present = self.rt.block_on(self.bucket.head(key))?.is_some();
+        let was_missing = self.marker_missing.swap(!present, Ordering::SeqCst);
+        if !present && !was_missing {
+            tracing::error!(marker = %key, "the bucket no longer holds this workspace's format record (a disk not mounted at the bucket dir? the bucket emptied or replaced?): objects missing from it are not taken as deleted, nothing is removed from the namespace");
+        } else if present && was_missing {
+            tracing::warn!(marker = %key, "the bucket holds this workspace's format record again");
+        }
+        Ok(present)
+    }
+
     /// After a re-listing of directory `dir` (workspace path `path`) that does not name
     /// its entries `unlisted`: removes those whose objects another tool deleted — files
     /// that are clean, closed, not pending, whose recorded object holds their current
     /// content and is confirmed gone by a HEAD; directories whose whole subtree is such
     /// files (and directories) and whose prefix is confirmed empty. Content that exists
-    /// only here (dirty, unuploaded, created here) is never removed.
+    /// only here (dirty, unuploaded, created here) is never removed, and nothing is while the
+    /// bucket lacks its marker (see [`crate::VfsConfig::bucket_marker`]).
     pub(crate) fn drop_deleted(&self, dir: Ino, path: &[u8], unlisted: &[Vec<u8>]) -> Result<()> {
         // A read per chunk of names: a large directory is refreshed in the background,
         // beside requests that share the database connection.
@@ -231,6 +250,9 @@ impl Vfs {
                 Ok::<_, VfsError>(out)
             })?;
             found.extend(rows);
+        }
+        if found.is_empty() || !self.bucket_is_still_ours()? {
+            return Ok(());
         }
         for (name, kind, rows) in found {
             let cpath = join(path, &name);

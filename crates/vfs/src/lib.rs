@@ -114,6 +114,12 @@ pub struct VfsConfig {
     /// paused) stay unpurged, so that mount still reads them when it resumes (see
     /// the `session` module).
     pub expired_open_grace: Duration,
+    /// An object the bucket holds as long as it is this workspace's bucket (the daemon
+    /// names the format record, `.deskfs/format.json`). Objects missing from a listing
+    /// are taken as deleted by another tool only while it is there: a bucket dir whose
+    /// disk is not mounted, or a bucket emptied or swapped under a live mount, empties no
+    /// directory. `None`: every listing is trusted.
+    pub bucket_marker: Option<String>,
 }
 
 impl Default for VfsConfig {
@@ -134,6 +140,7 @@ impl Default for VfsConfig {
             passthrough: true,
             atime: AtimeMode::Relatime,
             expired_open_grace: Duration::from_secs(24 * 3600),
+            bucket_marker: None,
         }
     }
 }
@@ -190,6 +197,8 @@ pub struct Vfs {
     pub(crate) kernel_pages: feed::KernelPages,
     /// Opens may use FUSE passthrough now (see [`passthrough`]).
     pub(crate) passthrough: std::sync::atomic::AtomicBool,
+    /// The last look for [`VfsConfig::bucket_marker`] found it missing.
+    pub(crate) marker_missing: std::sync::atomic::AtomicBool,
     /// Feed entries already turned into invalidations.
     pub(crate) feed_seen: feed::SeenChanges,
     /// Lookup counts of the kernel and the orphans kept for them.
@@ -308,6 +317,7 @@ impl Vfs {
             locks: locks::LocalLocks::default(),
             kernel_pages: feed::KernelPages::default(),
             passthrough: std::sync::atomic::AtomicBool::new(false),
+            marker_missing: std::sync::atomic::AtomicBool::new(false),
             feed_seen: feed::SeenChanges::default(),
             refs: kernel_refs::KernelRefs::default(),
             retries: kernel_refs::StaleRetries::default(),

@@ -107,6 +107,9 @@ pub struct VfsStatus {
     pub atime_queued: usize,
     /// Access times committed since the mount.
     pub atime_committed: u64,
+    /// The bucket lacked its marker at the last look (see
+    /// [`crate::VfsConfig::bucket_marker`]): deletions seen in listings are not applied.
+    pub bucket_marker_missing: bool,
     /// Expired mount sessions whose open files are held for them (a paused daemon may
     /// come back and read on; see `session`), oldest first.
     pub held_sessions: Vec<HeldSession>,
@@ -201,6 +204,9 @@ impl Vfs {
             atime: self.cfg.atime.to_string(),
             atime_queued: self.atimes.queued(),
             atime_committed: self.atimes.committed(),
+            bucket_marker_missing: self
+                .marker_missing
+                .load(std::sync::atomic::Ordering::SeqCst),
             held_sessions: self.held_sessions(&held),
         })
     }

@@ -133,7 +133,7 @@ pub(crate) struct Harness {
     vfs: Option<Arc<Vfs>>,
     rt: Option<tokio::runtime::Runtime>,
     pub(crate) db: MetaDb,
-    tmp: tempfile::TempDir,
+    pub(crate) tmp: tempfile::TempDir,
     pub(crate) cfg: VfsConfig,
     /// The cache's cap, bytes (64 MiB unless [`Harness::with_cache_capacity`]).
     cache_cap: u64,

@@ -748,6 +748,48 @@ fn bucket_side_delete_is_picked_up() {
     assert!(h.bucket_file("d/gone").is_none() && !bd.join("d/sub").exists());
 }
 
+/// A bucket that no longer holds the workspace's marker (the format record: a disk not
+/// mounted at the bucket dir, a bucket emptied or swapped) empties no directory: what is
+/// missing from its listings is not taken as deleted until the marker is back, and
+/// status says so meanwhile.
+#[test]
+fn a_bucket_without_its_marker_deletes_nothing() {
+    const MARKER: &str = ".deskfs/format.json";
+    let cfg = VfsConfig {
+        list_ttl: Duration::ZERO,
+        bucket_marker: Some(MARKER.into()),
+        ..test_cfg()
+    };
+    let h = Harness::build(cfg, |b| {
+        put(b, MARKER, b"{}");
+        put(b, "d/a", b"a");
+        put(b, "d/sub/b", b"b");
+        put(b, "d/c", b"c");
+    });
+    let d = h.lk(ROOT_INO, "d").unwrap();
+    assert_eq!(h.ls(d.ino), ["a", "c", "sub"]);
+    let sub = h.lk(d.ino, "sub").unwrap();
+    assert_eq!(h.ls(sub.ino), ["b"]);
+    let bd = h.bucket_dir();
+    let aside = h.tmp.path().join("aside");
+    std::fs::rename(&bd, &aside).unwrap();
+    std::fs::create_dir(&bd).unwrap();
+    assert_eq!(
+        h.ls(d.ino),
+        ["a", "c", "sub"],
+        "an empty bucket emptied the directory"
+    );
+    assert_eq!(h.ls(sub.ino), ["b"]);
+    assert!(h.status().unwrap().bucket_marker_missing);
+    // The bucket back: status clears, and a real deletion by another tool is taken.
+    std::fs::remove_dir(&bd).unwrap();
+    std::fs::rename(&aside, &bd).unwrap();
+    std::fs::remove_file(bd.join("d/c")).unwrap();
+    assert_eq!(h.ls(d.ino), ["a", "sub"]);
+    assert!(!h.status().unwrap().bucket_marker_missing);
+    assert_eq!(h.cat_path("d/sub/b"), b"b");
+}
+
 #[test]
 fn odd_names_are_imported_under_their_own_name() {
     let h = Harness::build(test_cfg(), |b| {
