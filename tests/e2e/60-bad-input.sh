@@ -29,7 +29,9 @@
 #   mount:  a bucket without the workspace's format record (an empty dir: a disk not
 #           mounted there) or with another workspace's -> refused naming it (and the
 #           same swap under a live mount removes nothing; status names it); nothing
-#           written into it; the workspace mounts again once its bucket is back.
+#           written into it; the workspace mounts again once its bucket is back. Two
+#           mounts of one mount point started together: one refused as busy, never
+#           stacked.
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 need_cmd sqlite3
@@ -395,4 +397,26 @@ rmdir "$T/eb/x"
 mv "$T/eb/x.real" "$T/eb/x"
 assert_eq "two" "$(cat "$T/mnt-eb/d/g")" "the file, once the bucket is back"
 ws_umount "$T/mnt-eb"
+
+# Two mounts of one mount point started at the same moment: one mounts, the other is
+# refused as busy; they never stack (the later would hide the earlier).
+ws_format racea
+ws_format raceb
+mkdir -p "$T/m-race"
+register_mount "$T/m-race"
+for round in 1 2 3 4 5; do
+  "$DESKFS" mount racea "$T/m-race" > "$T/race-a.out" 2>&1 < /dev/null &
+  pa=$!
+  "$DESKFS" mount raceb "$T/m-race" > "$T/race-b.out" 2>&1 < /dev/null &
+  pb=$!
+  ra=0 rb=0
+  wait $pa || ra=$?
+  wait $pb || rb=$?
+  assert_eq 1 "$(mount_count "$T/m-race")" "mounts on one mount point after two started together (round $round)"
+  (((ra == 0) != (rb == 0))) || fail "round $round: exits $ra and $rb (one mount must succeed, one be refused): $(cat "$T/race-a.out" "$T/race-b.out")"
+  loser=$T/race-a.out
+  ((ra == 0)) && loser=$T/race-b.out
+  grep -q "mount point $T/m-race is busy" "$loser" || fail "round $round: the refused mount does not say the mount point is busy: $(cat "$loser")"
+  ws_umount "$T/m-race"
+done
 log "PASS"

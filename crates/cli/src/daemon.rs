@@ -201,6 +201,36 @@ fn open_workspace(name: &str, mount: bool) -> Result<Opened> {
     Ok(Opened { cfg, meta, bucket })
 }
 
+/// Held from a mount point's checks until the FUSE mount is in place, so two mounts of
+/// one mount point started together cannot both find it free and stack (the later would
+/// hide the earlier). An exclusive `flock` on `<home>/run/mountpoint-<hash>.lock`, the
+/// hash (FNV-1a, 64 bits) of the resolved mount point; released when dropped or when the
+/// daemon dies. Errors: the lock file cannot be made or locked.
+struct MountPointLock(#[allow(dead_code)] std::fs::File);
+
+impl MountPointLock {
+    fn take(mnt: &Path) -> Result<MountPointLock> {
+        let resolved = crate::home::resolve(mnt);
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in resolved.as_os_str().as_encoded_bytes() {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        let dir = crate::home::home().join("run");
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        let path = dir.join(format!("mountpoint-{h:016x}.lock"));
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        f.lock()
+            .with_context(|| format!("cannot lock {}", path.display()))?;
+        Ok(MountPointLock(f))
+    }
+}
+
 fn check_mountpoint(mnt: &Path) -> Result<()> {
     let md = std::fs::metadata(mnt).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
@@ -653,6 +683,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     limit_malloc_arenas();
     let mnt = crate::absolute(&a.mountpoint);
     let o = open_workspace(&a.name, true)?;
+    let mount_point_lock = MountPointLock::take(&mnt)?;
     check_mountpoint(&mnt)?;
     let cache_dir = cache_dir_for(&o, a.cache_dir.as_deref())?;
     check_places(&o, &mnt, &cache_dir)?;
@@ -713,6 +744,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     };
     let handle = deskfs_fuse::mount(vfs.clone(), &mnt, &opts)
         .with_context(|| format!("cannot mount FUSE at {}", mnt.display()))?;
+    drop(mount_point_lock);
     let inval = std::sync::Mutex::new(handle.invalidator());
     vfs.set_invalidator(Box::new(move |inv| {
         if let Ok(i) = inval.lock() {
