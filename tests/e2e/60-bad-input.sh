@@ -6,7 +6,7 @@
 #           (Garage), same name twice
 #           -> no workspace dir left behind; the existing workspace is untouched
 #   mount:  missing mountpoint dir, busy mountpoint (already mounted), a --buffer-memory
-#           below 4M or not a size, unknown workspace,
+#           below 4M or not a size, --threads 0, 100000 or not a number, unknown workspace,
 #           corrupt metadata database, metadata database from a newer version
 #           -> nothing mounted, the database file is left exactly as it was
 #           another cache dir while files written through the first wait for upload
@@ -15,8 +15,8 @@
 #           also for `fsck --repair --cache-dir`),
 #           a cache dir inside the mount point or the mount point inside it (also through
 #           a symlink, a relative path, or the same dir), a mount point holding the
-#           workspace's data dir, a file:// bucket dir overlapping the cache dir or the
-#           mount point
+#           workspace's data dir or its SQLite database (format --meta), a file://
+#           bucket dir overlapping the cache dir or the mount point
 #           -> refused, naming both places; nothing mounted, nothing created in them;
 #           two mounts of one workspace on one cache dir keep working
 #   format: a file:// bucket that resolves to the root through a symlink, an empty
@@ -126,6 +126,11 @@ expect_error "mount with a buffer memory below 4M" 'buffer.memory.*(at least 4M|
 expect_error "mount with a buffer memory that is not a size" 'buffer.memory.*(size|number)' \
   "$DESKFS" mount dup "$T/m-buf" --buffer-memory lots
 ! is_mounted "$T/m-buf" || fail "a mount with a bad --buffer-memory got mounted"
+for n in 0 100000 many; do
+  expect_error "mount with --threads $n" "threads.*give 1 to 256" \
+    "$DESKFS" mount dup "$T/m-buf" --threads "$n"
+done
+! is_mounted "$T/m-buf" || fail "a mount with a bad --threads got mounted"
 
 mkdir -p "$T/m-unknown"
 register_mount "$T/m-unknown"
@@ -282,6 +287,15 @@ expect_error "mount point holding the workspace's data dir" \
   "$DESKFS" mount places "$DESKFS_HOME" --cache-dir "$T/cache-pl"
 ! is_mounted "$DESKFS_HOME" || fail "the deskfs home got mounted over"
 [[ ! -e $T/cache-pl ]] || fail "the refused mount created its cache dir"
+# A SQLite database kept outside the home (format --meta), under the mount point.
+mkdir -p "$T/mdb"
+ws_format mdbw --meta "sqlite://$T/mdb/meta.db"
+register_mount "$T/mdb"
+expect_error "mount point holding the workspace's metadata database" \
+  "mount point $T/mdb holds workspace \"mdbw\"'s metadata database $T/mdb/meta.db" \
+  "$DESKFS" mount mdbw "$T/mdb" --cache-dir "$T/cache-mdb"
+! is_mounted "$T/mdb" || fail "a mount over its own metadata database got mounted"
+[[ -f $T/mdb/meta.db ]] || fail "the refused mount touched the metadata database"
 # A file:// bucket dir and the cache dir or the mount point.
 ws_format fbw --bucket "file://$T/fb/bucket"
 expect_error "cache dir inside the file:// bucket dir" \

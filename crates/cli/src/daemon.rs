@@ -41,8 +41,8 @@ pub struct MountArgs {
     /// least 4M): past it readahead is skipped and other fetches and uploads wait.
     #[arg(long, default_value = "64M", value_parser = parse_buffer_memory)]
     pub buffer_memory: u64,
-    /// FUSE worker threads.
-    #[arg(long, default_value_t = 4)]
+    /// FUSE worker threads (1..=256): requests served at once.
+    #[arg(long, default_value_t = 4, value_parser = parse_threads)]
     pub threads: usize,
     /// Metadata URL of a shared workspace not yet attached on this host
     /// (postgres://…): attaches it first, as `deskfs attach NAME --meta URL` would.
@@ -95,6 +95,17 @@ fn parse_buffer_memory(s: &str) -> Result<u64, String> {
         ));
     }
     Ok(n)
+}
+
+/// `--threads`: 1 to 256 FUSE worker threads (each holds a request buffer of about
+/// 1 MiB; the kernel queues requests past them).
+fn parse_threads(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=256) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a number of FUSE worker threads: give 1 to 256 (default 4)"
+        )),
+    }
 }
 
 /// Arguments of `deskfs umount`.
@@ -521,6 +532,17 @@ fn check_places(o: &Opened, mnt: &Path, cache_dir: &Path) -> Result<()> {
             data.display()
         );
     }
+    if let Ok(crate::metadb::MetaUrl::Sqlite(db)) = crate::metadb::MetaUrl::parse(&o.cfg.meta) {
+        let db = home::resolve(&db);
+        if db.starts_with(&m) {
+            bail!(
+                "mount point {} holds workspace {:?}'s metadata database {} (the mount would hide it from every other process: status, fsck, a second mount; and its files would be reached through the mount they serve); mount elsewhere",
+                m.display(),
+                o.cfg.name,
+                db.display()
+            );
+        }
+    }
     let spec = o.cfg.bucket_spec()?;
     if spec.scheme == Some(deskfs_bucket::Scheme::Local) {
         let b = home::resolve(Path::new(&spec.bucket));
@@ -738,7 +760,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     let vfs = Vfs::new(meta, o.bucket.clone(), cache, cfg, rt.handle().clone())?;
     let opts = deskfs_fuse::MountOptions {
         allow_other: a.allow_other,
-        threads: a.threads.max(1),
+        threads: a.threads,
         fsname: format!("deskfs:{}", a.name),
         ..Default::default()
     };
