@@ -32,6 +32,9 @@
 #           written into it; the workspace mounts again once its bucket is back. Two
 #           mounts of one mount point started together: one refused as busy, never
 #           stacked.
+#   umount: a mount whose daemon is stopped (SIGSTOP) -> refused at once naming the pid
+#           and `kill -CONT`; pending uploads whose cache dir was removed -> exit 3 and a
+#           message saying their content is lost, naming fsck --rebuild-from-bucket.
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 need_cmd sqlite3
@@ -411,6 +414,37 @@ rmdir "$T/eb/x"
 mv "$T/eb/x.real" "$T/eb/x"
 assert_eq "two" "$(cat "$T/mnt-eb/d/g")" "the file, once the bucket is back"
 ws_umount "$T/mnt-eb"
+
+# umount of a mount whose daemon is stopped (SIGSTOP): refused at once with one line
+# naming the pid and the way out; the mount is untouched and unmounts once resumed.
+ws_format stopw
+ws_mount stopw "$T/m-stop"
+echo "while stopped" > "$T/m-stop/f"
+spid=$(sed -n 's/.*"pid": *\([0-9]*\).*/\1/p' "$WSD"/stopw/run/*.json | head -n 1)
+[[ $spid =~ ^[0-9]+$ ]] || fail "no daemon pid in the mount record of stopw"
+kill -STOP "$spid"
+expect_error "umount of a mount whose daemon is stopped" \
+  "daemon serving $T/m-stop \(pid $spid\) is stopped.*kill -CONT $spid" \
+  "$DESKFS" umount "$T/m-stop"
+is_mounted "$T/m-stop" || fail "the refused umount unmounted the stopped daemon's mount"
+kill -CONT "$spid"
+assert_eq "while stopped" "$(cat "$T/m-stop/f")" "the file once the daemon was resumed"
+ws_umount "$T/m-stop"
+
+# umount while uploads are pending and the cache dir that holds them was removed: the
+# message says their content is lost with it and names the way to the bucket's versions,
+# not "safe in the local journal".
+ws_format lostcw
+ws_mount lostcw "$T/m-lostc" --cache-dir "$T/cache-lostc" --upload-delay-ms 600000
+echo "never uploaded" > "$T/m-lostc/f"
+rm -rf "$T/cache-lostc"
+rc=0
+"$DESKFS" umount "$T/m-lostc" --timeout 3 > "$T/lostc.out" 2> "$T/lostc.err" || rc=$?
+((rc == 3)) || fail "umount with pending uploads and no cache dir: exit $rc (want 3): $(cat "$T/lostc.err")"
+grep -q "cache dir $T/cache-lostc that held them is gone: their unuploaded content is lost.*deskfs fsck lostcw --rebuild-from-bucket" "$T/lostc.err" ||
+  fail "the umount message does not say the cache dir is gone: $(cat "$T/lostc.err")"
+! grep -q "safe in the local journal" "$T/lostc.err" || fail "umount claims the content is safe after the cache dir was removed"
+not_mounted "$T/m-lostc" || fail "$T/m-lostc is still mounted"
 
 # Two mounts of one mount point started at the same moment: one mounts, the other is
 # refused as busy; they never stack (the later would hide the earlier).

@@ -1056,6 +1056,15 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         }
         bail!("{} is not a deskfs mount point", mnt.display());
     };
+    if home::pid_stopped(rec.pid) {
+        bail!(
+            "the deskfs daemon serving {} (pid {}) is stopped (SIGSTOP or a debugger): it can neither upload nor unmount; resume it with `kill -CONT {}` and retry, or end it with `kill {}` (what it committed is kept; the next mount recovers the rest)",
+            mnt.display(),
+            rec.pid,
+            rec.pid,
+            rec.pid
+        );
+    }
     // `Some(what)` when uploads were still pending as the wait ended.
     let mut left: Option<String> = None;
     if a.no_wait {
@@ -1103,10 +1112,17 @@ pub fn umount(a: UmountArgs) -> Result<()> {
                 Ok(p) => p.to_string(),
                 Err(_) => format!("uploads ({e:#})"),
             };
-            eprintln!(
-                "deskfs: uploads did not finish within {} s (waiting for {what}); unmounting anyway",
-                a.timeout
-            );
+            if e.downcast_ref::<crate::control::DaemonError>().is_some() {
+                eprintln!(
+                    "deskfs: uploads did not finish within {} s (waiting for {what}); unmounting anyway",
+                    a.timeout
+                );
+            } else {
+                eprintln!(
+                    "deskfs: the daemon (pid {}) did not answer the sync request ({e:#}); unmounting anyway (left: {what})",
+                    rec.pid
+                );
+            }
             left = Some(what);
         }
     }
@@ -1128,6 +1144,15 @@ pub fn umount(a: UmountArgs) -> Result<()> {
         std::thread::sleep(Duration::from_millis(50));
     }
     if let Some(what) = left {
+        if !rec.cache_dir.join("staging").is_dir() {
+            return Err(UnmountedWithPending(format!(
+                "unmounted {}, but {what} did not reach the bucket, and cache dir {} that held them is gone: their unuploaded content is lost (the next mount makes those files empty); `deskfs fsck {} --rebuild-from-bucket --force` takes the bucket's versions instead",
+                mnt.display(),
+                rec.cache_dir.display(),
+                rec.workspace
+            ))
+            .into());
+        }
         return Err(UnmountedWithPending(format!(
             "unmounted {}, but {what} did not reach the bucket yet: they are safe in the local journal (cache dir {}) and upload at the next mount or `deskfs sync {}`",
             mnt.display(),

@@ -176,6 +176,15 @@ impl MountRecord {
     }
 }
 
+/// Whether process `pid` is stopped (by SIGSTOP, SIGTSTP or a debugger: state `T` or
+/// `t` in `/proc/PID/stat`); `false` when it is running or gone.
+pub fn pid_stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['T', 't']))
+    })
+}
+
 /// Whether process `pid` exists and is not a zombie.
 pub fn pid_alive(pid: u32) -> bool {
     if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None).is_err() {
