@@ -9,6 +9,7 @@ mod desk_root;
 mod exec_cmd;
 mod format;
 mod fsck;
+mod gen_cmd;
 mod home;
 mod journal_cmd;
 mod keeper;
@@ -24,7 +25,7 @@ mod task_cmd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// deskfs — an object-storage bucket mounted as a persistent POSIX workspace.
 #[derive(Parser, Debug)]
@@ -123,6 +124,16 @@ enum Cmd {
         after_help = "Examples:\n  deskfs mcp alice\n  deskfs mcp alice --read-only\n  claude mcp add desk -- deskfs mcp alice\n\nTools: read_text_file, read_multiple_files, write_file, edit_file, create_directory,\nlist_directory, list_directory_with_sizes, directory_tree, move_file, search_files,\nget_file_info, list_allowed_directories (the desk is /desk), task_start, task_list,\ntask_finish, resume. The same tools are at /mcp of `deskfs serve` (bearer tokens)."
     )]
     Mcp(mcp_cmd::McpArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    #[command(
+        after_help = "Examples:\n  deskfs completions bash > /etc/bash_completion.d/deskfs\n  deskfs completions zsh > \"${fpath[1]}/_deskfs\"\n  deskfs completions fish > ~/.config/fish/completions/deskfs.fish"
+    )]
+    Completions(gen_cmd::CompletionsArgs),
+    /// Print the man page deskfs(1), or write every page (one per subcommand) into a dir.
+    #[command(
+        after_help = "Examples:\n  deskfs man | man -l -\n  deskfs man --out-dir /usr/local/share/man/man1 && mandb"
+    )]
+    Man(gen_cmd::ManArgs),
     /// Run a mount daemon in the foreground (used by `mount`; not for direct use).
     #[command(hide = true)]
     Daemon(daemon::MountArgs),
@@ -186,6 +197,8 @@ fn main() -> ExitCode {
             a.root.default_to(cli.root);
             done(journal_cmd::run(a))
         }
+        Cmd::Completions(a) => done(gen_cmd::completions(a, Cli::command())),
+        Cmd::Man(a) => done(gen_cmd::man(a, Cli::command())),
         // The command's own exit status, passed through.
         Cmd::Exec(mut a) => {
             a.root.default_to(cli.root);
