@@ -6,6 +6,7 @@ mod control;
 mod daemon;
 mod desk_cmd;
 mod desk_root;
+mod doctor;
 mod exec_cmd;
 mod format;
 mod fsck;
@@ -124,6 +125,12 @@ enum Cmd {
         after_help = "Examples:\n  deskfs mcp alice\n  deskfs mcp alice --read-only\n  claude mcp add desk -- deskfs mcp alice\n\nTools: read_text_file, read_multiple_files, write_file, edit_file, create_directory,\nlist_directory, list_directory_with_sizes, directory_tree, move_file, search_files,\nget_file_info, list_allowed_directories (the desk is /desk), task_start, task_list,\ntask_finish, resume. The same tools are at /mcp of `deskfs serve` (bearer tokens)."
     )]
     Mcp(mcp_cmd::McpArgs),
+    /// Check this machine (FUSE, fusermount3, kernel features, bubblewrap) and the
+    /// workspaces (metadata, bucket and credentials, cache dir): what to fix before a mount.
+    #[command(
+        after_help = "Examples:\n  deskfs doctor\n  deskfs doctor work\n  deskfs doctor --json\n\nExit status: 0 when no check failed (warnings allowed), 1 otherwise."
+    )]
+    Doctor(doctor::DoctorArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(
         after_help = "Examples:\n  deskfs completions bash > /etc/bash_completion.d/deskfs\n  deskfs completions zsh > \"${fpath[1]}/_deskfs\"\n  deskfs completions fish > ~/.config/fish/completions/deskfs.fish"
@@ -197,6 +204,7 @@ fn main() -> ExitCode {
             a.root.default_to(cli.root);
             done(journal_cmd::run(a))
         }
+        Cmd::Doctor(a) => done(doctor::run(a)),
         Cmd::Completions(a) => done(gen_cmd::completions(a, Cli::command())),
         Cmd::Man(a) => done(gen_cmd::man(a, Cli::command())),
         // The command's own exit status, passed through.
