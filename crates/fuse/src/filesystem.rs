@@ -205,6 +205,7 @@ fn ctx(req: &Request) -> Ctx {
 /// (warn); other errnos are ordinary answers (debug).
 fn errno(op: &'static str, e: &VfsError) -> Errno {
     let code = e.errno();
+    crate::stats::error(code);
     if code == libc::EIO {
         tracing::warn!(op, error = %e, "request failed with EIO");
     } else {
@@ -230,7 +231,10 @@ fn reply_xattr(op: &'static str, result: Result<Vec<u8>, VfsError>, size: u32, r
     match xattr_answer(&value, size) {
         XattrAnswer::Size(len) => reply.size(len),
         XattrAnswer::Data(data) => reply.data(data),
-        XattrAnswer::Error(code) => reply.error(Errno::from_i32(code)),
+        XattrAnswer::Error(code) => {
+            crate::stats::error(code);
+            reply.error(Errno::from_i32(code))
+        }
     }
 }
 
@@ -599,6 +603,7 @@ impl Filesystem for DeskFs {
     ) {
         let _op = self.timed(crate::stats::Op::Ioctl);
         // No ioctls (TCGETS probes from isatty() land here): "not a typewriter", as ext4.
+        crate::stats::error(libc::ENOTTY);
         reply.error(Errno::ENOTTY);
     }
 

@@ -39,7 +39,34 @@ ops! {
 
 const N: usize = 34;
 
+/// Upper bounds of the latency histogram's buckets, ns (Prometheus `le`: a request of
+/// exactly a bound counts in that bucket); slower requests count only in `+Inf`.
+pub const LATENCY_BOUNDS_NS: [u64; 14] = [
+    10_000,
+    25_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    50_000_000,
+    250_000_000,
+    1_000_000_000,
+    5_000_000_000,
+];
+const B: usize = LATENCY_BOUNDS_NS.len();
+
+/// Errno values counted one by one (Linux's are below 134); larger ones share the last.
+const ERRNO_SLOTS: usize = 134;
+
 static COUNT: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+/// Per kind, the requests in each latency bucket (not cumulative).
+static BUCKETS: [[AtomicU64; B]; N] = [const { [const { AtomicU64::new(0) }; B] }; N];
+/// Error replies by errno.
+static ERRORS: [AtomicU64; ERRNO_SLOTS] = [const { AtomicU64::new(0) }; ERRNO_SLOTS];
 static NANOS: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 static ROUND_TRIPS: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 
@@ -66,6 +93,9 @@ impl Drop for Timed {
         let ns = self.start.elapsed().as_nanos().min(u64::MAX as u128) as u64;
         COUNT[i].fetch_add(1, Ordering::Relaxed);
         NANOS[i].fetch_add(ns, Ordering::Relaxed);
+        if let Some(b) = LATENCY_BOUNDS_NS.iter().position(|&le| ns <= le) {
+            BUCKETS[i][b].fetch_add(1, Ordering::Relaxed);
+        }
         let rts = deskfs_meta::thread_round_trips().saturating_sub(self.round_trips);
         ROUND_TRIPS[i].fetch_add(rts, Ordering::Relaxed);
     }
@@ -82,6 +112,46 @@ pub struct OpStat {
     pub total_ns: u64,
     /// Metadata database round trips they waited for, in total.
     pub round_trips: u64,
+}
+
+/// Counts one error reply with `errno` (a positive errno value).
+pub(crate) fn error(errno: i32) {
+    let slot = usize::try_from(errno).unwrap_or(0).min(ERRNO_SLOTS - 1);
+    ERRORS[slot].fetch_add(1, Ordering::Relaxed);
+}
+
+/// Error replies sent so far, `(errno, count)` for each errno replied at least once,
+/// ascending (errnos of 133 and above are counted as 133).
+pub fn errors() -> Vec<(i32, u64)> {
+    ERRORS
+        .iter()
+        .enumerate()
+        .map(|(e, n)| (e as i32, n.load(Ordering::Relaxed)))
+        .filter(|&(_, n)| n > 0)
+        .collect()
+}
+
+/// One request kind's latency histogram: `(op, counts per bucket of
+/// [`LATENCY_BOUNDS_NS`] — not cumulative —, total count, total ns)`, for the kinds
+/// served so far, in table order.
+pub fn histograms() -> Vec<(&'static str, [u64; B], u64, u64)> {
+    Op::ALL
+        .iter()
+        .map(|&op| {
+            let i = op as usize;
+            let mut b = [0u64; B];
+            for (k, slot) in b.iter_mut().enumerate() {
+                *slot = BUCKETS[i][k].load(Ordering::Relaxed);
+            }
+            (
+                op.name(),
+                b,
+                COUNT[i].load(Ordering::Relaxed),
+                NANOS[i].load(Ordering::Relaxed),
+            )
+        })
+        .filter(|h| h.2 > 0)
+        .collect()
 }
 
 /// The request kinds served so far (those with a count of 0 left out), in table order.

@@ -137,6 +137,15 @@ pub(crate) struct Inflight {
 }
 
 impl Inflight {
+    /// Whether no block fetch is in flight (or waiting for its cache write).
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
     /// Whether a fetch of every block of `keys` is in flight (started, or completed with
     /// its block not yet kept: see [`Vfs::keep_block`]).
     pub(crate) fn all_in_flight(&self, mut keys: impl Iterator<Item = BlockKey>) -> bool {
@@ -1137,6 +1146,7 @@ impl Vfs {
                 Some(f) => f.read(idx, from, to)?,
                 None => None,
             } {
+                self.blocks.hit();
                 if first == last {
                     h.last_read_end.store(end, Ordering::Relaxed);
                     return Ok(RemoteRead::Data(part));
@@ -1147,6 +1157,7 @@ impl Vfs {
             // Only the part of the block this request wants is read from the cache.
             if let Some(part) = self.cache.read_block_range(&k, from, to)? {
                 if part.len() as u64 == to - from {
+                    self.blocks.hit();
                     if let Some(f) = &fill {
                         // Cached before the fill began (or while it began): copied in.
                         if let Some(d) = self.cache.read_block(&k)? {
@@ -1162,6 +1173,7 @@ impl Vfs {
                     continue;
                 }
             }
+            self.blocks.miss();
             let fut = self.block_future(k, &src.key, src.etag.clone(), row.size);
             // (The fetch keeps the block: in the fill when there is one by then.)
             let data = self.rt.block_on(fut).map_err(VfsError::from)?;
@@ -1264,6 +1276,9 @@ impl Vfs {
             let res = bucket.get_range(&key, start..end, etag.as_deref()).await;
             let out = match res {
                 Ok(data) if data.len() as u64 == end - start => {
+                    if let Some(vfs) = this.upgrade() {
+                        vfs.blocks.fetched(data.len() as u64);
+                    }
                     // The reader gets the block now; the cache file is written after
                     // (a file create, a write and a rename: 0.1-0.5 ms on the cold path).
                     // The block stays in the in-flight map until it is, so a read of it

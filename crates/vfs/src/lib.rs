@@ -197,6 +197,8 @@ pub struct Vfs {
     pub(crate) kernel_pages: feed::KernelPages,
     /// Opens may use FUSE passthrough now (see [`passthrough`]).
     pub(crate) passthrough: std::sync::atomic::AtomicBool,
+    /// Block cache hits and misses of readers, bytes fetched (see `status`).
+    pub(crate) blocks: status::BlockCounters,
     /// The last look for [`VfsConfig::bucket_marker`] found it missing.
     pub(crate) marker_missing: std::sync::atomic::AtomicBool,
     /// Feed entries already turned into invalidations.
@@ -318,6 +320,7 @@ impl Vfs {
             kernel_pages: feed::KernelPages::default(),
             passthrough: std::sync::atomic::AtomicBool::new(false),
             marker_missing: std::sync::atomic::AtomicBool::new(false),
+            blocks: Default::default(),
             feed_seen: feed::SeenChanges::default(),
             refs: kernel_refs::KernelRefs::default(),
             retries: kernel_refs::StaleRetries::default(),

@@ -73,11 +73,33 @@ pub(crate) struct LocalLocks {
     /// Bumped on every wake-up.
     gen: Mutex<u64>,
     cv: Condvar,
+    /// Blocking lock requests that had to wait, since the mount (each counted once).
+    waits: AtomicU64,
+    /// Blocking lock requests waiting now.
+    waiting: AtomicU64,
+}
+
+/// A blocking lock request counted as waiting (in [`LocalLocks`]) until dropped.
+struct Waiting<'a>(&'a AtomicU64);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl LocalLocks {
     fn may_hold(&self, ino: Ino) -> bool {
         self.held.lock().map(|m| m.contains(&ino)).unwrap_or(true)
+    }
+
+    /// `(waits, waiting)`: blocking lock requests that had to wait since the mount, and
+    /// those waiting now.
+    pub(crate) fn wait_counts(&self) -> (u64, u64) {
+        (
+            self.waits.load(Ordering::Relaxed),
+            self.waiting.load(Ordering::Relaxed),
+        )
     }
 
     /// Wakes blocked lock requests (a lock was released somewhere).
@@ -480,6 +502,7 @@ impl Vfs {
         }
         self.await_lock_acks(pid, sleep)?;
         let mut wait = Duration::from_millis(1);
+        let mut waiting: Option<Waiting> = None;
         loop {
             let seen = self.locks.generation();
             self.lease_for_memory()?;
@@ -569,6 +592,11 @@ impl Vfs {
             }
             if !pid_alive(pid) {
                 return Err(VfsError::Interrupted);
+            }
+            if waiting.is_none() {
+                self.locks.waits.fetch_add(1, Ordering::Relaxed);
+                self.locks.waiting.fetch_add(1, Ordering::Relaxed);
+                waiting = Some(Waiting(&self.locks.waiting));
             }
             self.locks.sleep(seen, wait);
             let max = if self.coherence.notified() {

@@ -110,9 +110,43 @@ pub struct VfsStatus {
     /// The bucket lacked its marker at the last look (see
     /// [`crate::VfsConfig::bucket_marker`]): deletions seen in listings are not applied.
     pub bucket_marker_missing: bool,
+    /// Blocks of bucket-backed files readers got from this cache, since the mount.
+    pub block_hits: u64,
+    /// Blocks readers waited for from the bucket, since the mount.
+    pub block_misses: u64,
+    /// Bytes block fetches brought from the bucket (readers' and readahead's).
+    pub block_fetched_bytes: u64,
+    /// Blocking lock requests that had to wait, since the mount.
+    pub lock_waits: u64,
+    /// Blocking lock requests waiting now.
+    pub lock_waiting: u64,
     /// Expired mount sessions whose open files are held for them (a paused daemon may
     /// come back and read on; see `session`), oldest first.
     pub held_sessions: Vec<HeldSession>,
+}
+
+/// Blocks of files whose content is in the bucket, as readers asked for them: answered
+/// from this cache (the block cache or a file being assembled whole) or waited for from
+/// the bucket; and the bytes block fetches brought (readers' and readahead's).
+#[derive(Default, Debug)]
+pub(crate) struct BlockCounters {
+    pub(crate) hits: std::sync::atomic::AtomicU64,
+    pub(crate) misses: std::sync::atomic::AtomicU64,
+    pub(crate) fetched_bytes: std::sync::atomic::AtomicU64,
+}
+
+impl BlockCounters {
+    pub(crate) fn hit(&self) {
+        self.hits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub(crate) fn miss(&self) {
+        self.misses
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    pub(crate) fn fetched(&self, bytes: u64) {
+        self.fetched_bytes
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// One expired session whose open-file records are held (design record 0018).
@@ -204,6 +238,17 @@ impl Vfs {
             atime: self.cfg.atime.to_string(),
             atime_queued: self.atimes.queued(),
             atime_committed: self.atimes.committed(),
+            block_hits: self.blocks.hits.load(std::sync::atomic::Ordering::Relaxed),
+            block_misses: self
+                .blocks
+                .misses
+                .load(std::sync::atomic::Ordering::Relaxed),
+            block_fetched_bytes: self
+                .blocks
+                .fetched_bytes
+                .load(std::sync::atomic::Ordering::Relaxed),
+            lock_waits: self.locks.wait_counts().0,
+            lock_waiting: self.locks.wait_counts().1,
             bucket_marker_missing: self
                 .marker_missing
                 .load(std::sync::atomic::Ordering::SeqCst),

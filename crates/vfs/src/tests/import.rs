@@ -790,6 +790,39 @@ fn a_bucket_without_its_marker_deletes_nothing() {
     assert_eq!(h.cat_path("d/sub/b"), b"b");
 }
 
+/// Status counts the blocks of bucket-backed files readers got from the cache (hits)
+/// and those they waited for from the bucket (misses), and the bytes fetched.
+#[test]
+fn block_hits_misses_and_fetched_bytes_are_counted() {
+    let bs = deskfs_cache::DEFAULT_BLOCK_SIZE;
+    let data = pattern(3 * bs as usize, 7);
+    let h = Harness::build(
+        VfsConfig {
+            readahead_blocks: 0,
+            ..test_cfg()
+        },
+        |b| put(b, "f", &data),
+    );
+    let f = h.lk(ROOT_INO, "f").unwrap();
+    let before = h.status().unwrap();
+    assert_eq!((before.block_hits, before.block_misses), (0, 0));
+    // The middle block, twice (not from the start: the file is not assembled whole).
+    for round in 0..2 {
+        let fh = h.op(f.ino, libc::O_RDONLY);
+        let got = h.read(f.ino, fh, bs, bs as u32).unwrap();
+        assert_eq!(got, &data[bs as usize..2 * bs as usize], "round {round}");
+        h.release(f.ino, fh).unwrap();
+        // The fetched block is written to the block cache after the reader got it.
+        assert!(wait_until(Duration::from_secs(10), || h.fetches.is_empty()));
+    }
+    let s = h.status().unwrap();
+    assert_eq!(
+        (s.block_misses, s.block_hits, s.block_fetched_bytes),
+        (1, 1, bs),
+        "one fetch of one block, then one hit"
+    );
+}
+
 #[test]
 fn odd_names_are_imported_under_their_own_name() {
     let h = Harness::build(test_cfg(), |b| {

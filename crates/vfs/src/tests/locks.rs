@@ -53,6 +53,25 @@ fn read_locks_are_shared_and_a_write_lock_waits_for_them() {
         LockType::Unlock,
         "a read lock is not in the way of a read lock"
     );
+    // A blocking write request waits (counted, and shown as waiting) until the read lock
+    // in its way goes.
+    assert_eq!(h.status().unwrap().lock_waits, 0);
+    let me = std::process::id();
+    let h2 = h.arc();
+    let blocked = std::thread::spawn(move || h2.setlk(f.ino, fh2, 2, 30, 40, W, me, true));
+    assert!(wait_until(Duration::from_secs(10), || h
+        .status()
+        .unwrap()
+        .lock_waiting
+        == 1));
+    h.setlk(f.ino, fh1, 1, 0, ALL, libc::F_UNLCK, 100, false)
+        .unwrap();
+    blocked
+        .join()
+        .unwrap()
+        .expect("granted once the read lock went");
+    let s = h.status().unwrap();
+    assert_eq!((s.lock_waits, s.lock_waiting), (1, 0));
 }
 
 /// While another mount is live, locks are decided in the database: a lock conflicts
