@@ -75,6 +75,7 @@ if ((LONG)); then
 fi
 
 MCP_SDK_VERSION=${MCP_SDK_VERSION:-2.3.0}
+PROM_CLIENT_VERSION=${PROM_CLIENT_VERSION:-0.21.1}
 TEST_VENV=${DESKFS_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/deskfs-test-venv}
 export DESKFS_TEST_PY=$TEST_VENV/bin/python   # a python with the mcp SDK (made in step 1)
 APT_PACKAGES=(fuse3 libfuse3-dev pkg-config git sqlite3 python3-venv rclone fio bubblewrap make inotify-tools
@@ -288,12 +289,13 @@ if ((DO_DEPS)); then
   fi
   cargo_tool garage "$GARAGE_VERSION" "about 13 min on 2 cores"
   cargo_tool pjdfstest "$PJDFSTEST_VERSION" "a few minutes"
-  # The official MCP Python SDK, for the MCP conformance checks (tests/tools/mcp_check.py).
-  if ! "$TEST_VENV/bin/python" -c "import mcp" > /dev/null 2>&1; then
-    note "installing the MCP Python SDK (mcp==$MCP_SDK_VERSION) into $TEST_VENV"
+  # The official MCP Python SDK, for the MCP conformance checks (tests/tools/mcp_check.py),
+  # and the Prometheus client's text parser, for the metrics endpoint (e2e/17-metrics.sh).
+  if ! "$TEST_VENV/bin/python" -c "import mcp, prometheus_client" > /dev/null 2>&1; then
+    note "installing the MCP Python SDK (mcp==$MCP_SDK_VERSION) and prometheus-client==$PROM_CLIENT_VERSION into $TEST_VENV"
     t=$SECONDS
     if python3 -m venv "$TEST_VENV" > "$LOGDIR/pip-mcp.log" 2>&1 &&
-       "$TEST_VENV/bin/pip" install -q "mcp==$MCP_SDK_VERSION" >> "$LOGDIR/pip-mcp.log" 2>&1; then
+       "$TEST_VENV/bin/pip" install -q "mcp==$MCP_SDK_VERSION" "prometheus-client==$PROM_CLIENT_VERSION" >> "$LOGDIR/pip-mcp.log" 2>&1; then
       record "pip-install mcp" PASS $((SECONDS - t)) ""
     else
       tail -n 20 "$LOGDIR/pip-mcp.log"

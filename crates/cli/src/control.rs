@@ -76,6 +76,12 @@ fn handle(conn: UnixStream, vfs: &Vfs, keeper: Option<&Keeper>) -> Result<()> {
             Ok(Ok(mut s)) => {
                 // Kernel requests served by this daemon, per kind (count, total ns).
                 s["requests"] = json!(deskfs_fuse::stats::snapshot());
+                // Error replies by errno name (as the metrics endpoint has them).
+                s["errors"] = deskfs_fuse::stats::errors()
+                    .into_iter()
+                    .map(|(e, n)| (format!("{:?}", nix::errno::Errno::from_raw(e)), json!(n)))
+                    .collect::<serde_json::Map<_, _>>()
+                    .into();
                 if let Some(k) = keeper {
                     s["backup"] = json!(k.status());
                 }

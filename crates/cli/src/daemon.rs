@@ -84,6 +84,14 @@ pub struct MountArgs {
     /// readable for it (it may only be paused): their inodes are not purged meanwhile.
     #[arg(long, default_value_t = 86400, hide = true, value_parser = clap::value_parser!(u64).range(1..=30 * 86400))]
     pub expired_open_grace: u64,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9464): requests
+    /// by kind with latency histograms, errors by errno, cache, uploads, bucket, locks.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// The daemon's log lines: `text`, or `json` (one JSON object per line, for log
+    /// collectors).
+    #[arg(long, default_value = "text", value_name = "text|json", value_parser = ["text", "json"])]
+    pub log_format: String,
 }
 
 /// `--buffer-memory`: a size (see [`crate::size::parse_size`]) of at least 4 MiB.
@@ -629,6 +637,10 @@ pub fn mount(a: MountArgs) -> Result<()> {
     if a.allow_other {
         cmd.arg("--allow-other");
     }
+    if let Some(m) = a.metrics {
+        cmd.arg("--metrics").arg(m.to_string());
+    }
+    cmd.arg("--log-format").arg(&a.log_format);
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(|| {
@@ -758,6 +770,9 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     };
     let meta: Arc<dyn MetaEngine> = o.meta.clone();
     let vfs = Vfs::new(meta, o.bucket.clone(), cache, cfg, rt.handle().clone())?;
+    if let Some(addr) = a.metrics {
+        crate::metrics::serve(addr, vfs.clone(), &rt)?;
+    }
     let opts = deskfs_fuse::MountOptions {
         allow_other: a.allow_other,
         threads: a.threads,

@@ -17,6 +17,7 @@ mod keeper;
 mod manual_cmd;
 mod mcp_cmd;
 mod metadb;
+mod metrics;
 mod resume_cmd;
 mod serve_cmd;
 mod size;
@@ -161,7 +162,11 @@ fn main() -> ExitCode {
             libc::signal(libc::SIGPIPE, libc::SIG_DFL);
         }
     }
-    init_tracing(log_to_stderr);
+    let json_logs = match &cli.cmd {
+        Cmd::Mount(a) | Cmd::Daemon(a) => a.log_format == "json",
+        _ => false,
+    };
+    init_tracing(log_to_stderr, json_logs);
     let done = |r: anyhow::Result<()>| r.map(|()| ExitCode::SUCCESS);
     let res = match cli.cmd {
         Cmd::Format(a) => done(format::run(a)),
@@ -265,14 +270,20 @@ fn usage_error(e: clap::Error) -> ExitCode {
     ExitCode::from(2)
 }
 
-fn init_tracing(_stderr: bool) {
+/// Logs to stderr, filtered by `DESKFS_LOG` (default: warnings, and deskfs's own info);
+/// `json`: one JSON object per line (`mount --log-format json`).
+fn init_tracing(_stderr: bool, json: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("DESKFS_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,deskfs=info,deskfs_vfs=info"));
-    let _ = tracing_subscriber::fmt()
+    let fmt = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
-        .with_target(false)
-        .try_init();
+        .with_target(false);
+    let _ = if json {
+        fmt.json().try_init()
+    } else {
+        fmt.try_init()
+    };
 }
 
 /// Absolute form of a user-given path (relative to the current directory).

@@ -242,6 +242,8 @@ impl Vfs {
             }
             self.coherence.set_cursor(next);
             if rows.len() < FEED_BATCH {
+                self.feed_caught_up_ns
+                    .store(crate::now_ns(), std::sync::atomic::Ordering::Relaxed);
                 return n;
             }
         }

@@ -197,6 +197,8 @@ pub struct Vfs {
     pub(crate) kernel_pages: feed::KernelPages,
     /// Opens may use FUSE passthrough now (see [`passthrough`]).
     pub(crate) passthrough: std::sync::atomic::AtomicBool,
+    /// When the change feed was last read to its end (ns since the epoch; 0: never).
+    pub(crate) feed_caught_up_ns: std::sync::atomic::AtomicI64,
     /// Block cache hits and misses of readers, bytes fetched (see `status`).
     pub(crate) blocks: status::BlockCounters,
     /// The last look for [`VfsConfig::bucket_marker`] found it missing.
@@ -321,6 +323,7 @@ impl Vfs {
             passthrough: std::sync::atomic::AtomicBool::new(false),
             marker_missing: std::sync::atomic::AtomicBool::new(false),
             blocks: Default::default(),
+            feed_caught_up_ns: std::sync::atomic::AtomicI64::new(0),
             feed_seen: feed::SeenChanges::default(),
             refs: kernel_refs::KernelRefs::default(),
             retries: kernel_refs::StaleRetries::default(),

@@ -120,6 +120,10 @@ pub struct VfsStatus {
     pub lock_waits: u64,
     /// Blocking lock requests waiting now.
     pub lock_waiting: u64,
+    /// While other mounts are live: ms since this mount last read the change feed to its
+    /// end (what other mounts changed reaches this mount's kernel caches that late, at
+    /// most); `None` while alone (nothing to read).
+    pub feed_lag_ms: Option<u64>,
     /// Expired mount sessions whose open files are held for them (a paused daemon may
     /// come back and read on; see `session`), oldest first.
     pub held_sessions: Vec<HeldSession>,
@@ -247,6 +251,12 @@ impl Vfs {
                 .blocks
                 .fetched_bytes
                 .load(std::sync::atomic::Ordering::Relaxed),
+            feed_lag_ms: self.shared().then(|| {
+                let at = self
+                    .feed_caught_up_ns
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                u64::try_from(crate::now_ns().saturating_sub(at) / 1_000_000).unwrap_or(0)
+            }),
             lock_waits: self.locks.wait_counts().0,
             lock_waiting: self.locks.wait_counts().1,
             bucket_marker_missing: self
