@@ -836,6 +836,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         let _ = tx.send(Stop::Signal(name));
     });
     tracing::info!(workspace = %a.name, mountpoint = %mnt.display(), "mounted");
+    crate::systemd_cmd::notify(&format!("READY=1\nSTATUS=mounted at {}", mnt.display()));
     if std::env::var_os("DESKFS_DAEMON_READY").is_some() {
         let mut out = std::io::stdout();
         let _ = writeln!(out, "READY");
@@ -861,7 +862,9 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
             let _ = stop_tx.send(Stop::Unmounted(handle.join()));
         })
         .context("cannot start the session thread")?;
-    let res = match stop_rx.recv() {
+    let stop = stop_rx.recv();
+    crate::systemd_cmd::notify("STOPPING=1");
+    let res = match stop {
         Ok(Stop::Unmounted(res)) => {
             if no_drain() {
                 tracing::info!("unmounted with --no-wait; committing and exiting, pending uploads stay in the local journal");

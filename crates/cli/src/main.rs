@@ -18,10 +18,12 @@ mod manual_cmd;
 mod mcp_cmd;
 mod metadb;
 mod metrics;
+mod mount_helper;
 mod resume_cmd;
 mod serve_cmd;
 mod size;
 mod status;
+mod systemd_cmd;
 mod task_cmd;
 
 use std::path::PathBuf;
@@ -132,6 +134,11 @@ enum Cmd {
         after_help = "Examples:\n  deskfs doctor\n  deskfs doctor work\n  deskfs doctor --json\n\nExit status: 0 when no check failed (warnings allowed), 1 otherwise."
     )]
     Doctor(doctor::DoctorArgs),
+    /// Print a systemd service unit that mounts a workspace at boot and unmounts it at stop.
+    #[command(
+        after_help = "Examples:\n  deskfs systemd-unit work /mnt/work > /etc/systemd/system/deskfs-work.service\n  deskfs systemd-unit work /mnt/work --requires postgresql.service -- --cache-dir /var/cache/deskfs/work\n  systemctl daemon-reload && systemctl enable --now deskfs-work.service\n\nThe unit runs `deskfs mount --foreground` (Type=notify: started once mounted) and\n`deskfs umount` at stop (pending uploads waited for, at most --stop-timeout)."
+    )]
+    SystemdUnit(systemd_cmd::UnitArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     #[command(
         after_help = "Examples:\n  deskfs completions bash > /etc/bash_completion.d/deskfs\n  deskfs completions zsh > \"${fpath[1]}/_deskfs\"\n  deskfs completions fish > ~/.config/fish/completions/deskfs.fish"
@@ -148,7 +155,29 @@ enum Cmd {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let helper = args
+        .first()
+        .and_then(|a| std::path::Path::new(a).file_name())
+        .is_some_and(|n| n == mount_helper::HELPER_NAME);
+    if helper {
+        // Run by mount(8) for type fuse.deskfs (an fstab line, `mount -t fuse.deskfs`).
+        match mount_helper::translate(&args[1..]) {
+            Ok(mount_helper::HelperCall::Fake) => return ExitCode::SUCCESS,
+            Ok(mount_helper::HelperCall::Mount { argv, home }) => {
+                if let Some(h) = home {
+                    // No thread runs yet.
+                    std::env::set_var("DESKFS_HOME", h);
+                }
+                args = argv;
+            }
+            Err(e) => {
+                eprintln!("deskfs: error: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
@@ -210,6 +239,7 @@ fn main() -> ExitCode {
             done(journal_cmd::run(a))
         }
         Cmd::Doctor(a) => done(doctor::run(a)),
+        Cmd::SystemdUnit(a) => done(systemd_cmd::run(a)),
         Cmd::Completions(a) => done(gen_cmd::completions(a, Cli::command())),
         Cmd::Man(a) => done(gen_cmd::man(a, Cli::command())),
         // The command's own exit status, passed through.
