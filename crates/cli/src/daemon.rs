@@ -1050,7 +1050,7 @@ fn watch_pending(cfg: &WorkspaceConfig, pb: indicatif::ProgressBar) -> std::thre
 }
 
 /// A spinner that draws only on a terminal (elsewhere `watch_pending` logs lines).
-fn wait_spinner(msg: &str) -> indicatif::ProgressBar {
+pub(crate) fn wait_spinner(msg: &str) -> indicatif::ProgressBar {
     use std::io::IsTerminal;
     if std::io::stderr().is_terminal() {
         spinner(msg)

@@ -129,7 +129,14 @@ pub fn run(a: DeskArgs) -> Result<()> {
             for line in deskfs_desk::repos::refused(&desk) {
                 eprintln!("deskfs: warning: {line}");
             }
-            let items = tidy(&desk, &opts)?;
+            // Sizing caches and asking git about every worktree and branch can take a
+            // while on a large desk: a spinner on a terminal (nothing elsewhere).
+            let pb = crate::daemon::wait_spinner(&format!(
+                "tidying desk {agent}: sizing caches, checking worktrees and branches"
+            ));
+            let items = tidy(&desk, &opts);
+            pb.finish_and_clear();
+            let items = items?;
             if json {
                 println!(
                     "{}",
