@@ -94,6 +94,12 @@ struct ServerAnswer {
     retries: Option<String>,
 }
 
+/// The HTTP status a server answered with, as object_store's error text `text` names it
+/// ("… non-2xx status code: 503 …"); `None` when no server answered.
+pub(crate) fn answer_status(text: &str) -> Option<u16> {
+    ServerAnswer::parse(text).map(|a| a.status)
+}
+
 impl ServerAnswer {
     fn parse(text: &str) -> Option<ServerAnswer> {
         const MARK: &str = "non-2xx status code: ";

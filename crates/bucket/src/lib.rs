@@ -11,6 +11,7 @@
 //! (`file:///dir`) maps markers to real directories because a file system cannot hold a
 //! key ending in `/`, and keeps no user metadata (the metadata engine holds the attributes).
 
+mod counting;
 pub mod error;
 mod http;
 pub mod posix;
@@ -18,6 +19,7 @@ pub mod read_retry;
 mod store;
 mod url_spec;
 
+pub use counting::{RequestCount, RequestCounters};
 pub use error::BucketError;
 pub use posix::PosixMeta;
 pub use read_retry::ReadCounters;

@@ -80,6 +80,8 @@ pub struct Bucket {
     local_root: Option<PathBuf>,
     /// Retries of reads past the HTTP client's own, and their counters (shared by clones).
     reads: Arc<crate::read_retry::ReadRetry>,
+    /// Requests by kind and answer (shared by clones; see `counting`).
+    requests: Arc<crate::RequestCounters>,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -227,11 +229,15 @@ impl Bucket {
             }
             None => return Err(BucketError::Config("no bucket scheme".into())),
         };
+        let requests = Arc::new(crate::RequestCounters::default());
+        let store: Arc<dyn ObjectStore> =
+            Arc::new(crate::counting::Counting::new(store, requests.clone()));
         Ok(Bucket {
             store,
             spec: spec.clone(),
             local_root,
             reads: Arc::default(),
+            requests,
         })
     }
 
@@ -638,6 +644,11 @@ impl Bucket {
                 r.bytes().await.map_err(store_err)
             })
             .await
+    }
+
+    /// Requests made through this bucket (and its clones) so far, by kind and answer.
+    pub fn request_counts(&self) -> Vec<crate::RequestCount> {
+        self.requests.snapshot()
     }
 
     /// Counts of reads tried again after a transient failure, and of reads that failed

@@ -124,6 +124,9 @@ pub struct VfsStatus {
     /// end (what other mounts changed reaches this mount's kernel caches that late, at
     /// most); `None` while alone (nothing to read).
     pub feed_lag_ms: Option<u64>,
+    /// Requests this mount made to the bucket, by kind and answer (see
+    /// `deskfs_bucket::RequestCounters`).
+    pub bucket_requests: Vec<deskfs_bucket::RequestCount>,
     /// Expired mount sessions whose open files are held for them (a paused daemon may
     /// come back and read on; see `session`), oldest first.
     pub held_sessions: Vec<HeldSession>,
@@ -257,6 +260,7 @@ impl Vfs {
                     .load(std::sync::atomic::Ordering::Relaxed);
                 u64::try_from(crate::now_ns().saturating_sub(at) / 1_000_000).unwrap_or(0)
             }),
+            bucket_requests: self.bucket.request_counts(),
             lock_waits: self.locks.wait_counts().0,
             lock_waiting: self.locks.wait_counts().1,
             bucket_marker_missing: self
