@@ -437,7 +437,8 @@ ws_umount "$T/m-stop"
 ws_format lostcw
 ws_mount lostcw "$T/m-lostc" --cache-dir "$T/cache-lostc" --upload-delay-ms 600000
 echo "never uploaded" > "$T/m-lostc/f"
-rm -rf "$T/cache-lostc"
+# (Moved away in one step: the live daemon may be writing into it.)
+mv "$T/cache-lostc" "$T/cache-lostc.gone"
 rc=0
 "$DESKFS" umount "$T/m-lostc" --timeout 3 > "$T/lostc.out" 2> "$T/lostc.err" || rc=$?
 ((rc == 3)) || fail "umount with pending uploads and no cache dir: exit $rc (want 3): $(cat "$T/lostc.err")"

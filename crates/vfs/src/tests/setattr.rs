@@ -36,6 +36,39 @@ fn chmod_changes_permission_bits_only() {
     assert_eq!(errno(h.setattr(&CTX, 987_654, &mode(0o644))), libc::ESTALE);
 }
 
+/// getattr of an open file reports what the row says unless the open file's state is
+/// newer: another mount's chmod shows with its ctime while the file is open and read here
+/// (its state loaded, same content version), and a file opened but not read yet shows its
+/// committed size.
+#[test]
+fn getattr_of_an_open_file_takes_the_state_only_when_it_is_newer() {
+    let mut h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"abcdef");
+    h.remount();
+    // Opened, not read: the state is not loaded.
+    let fh = h.op(f.ino, libc::O_RDONLY);
+    assert_eq!(
+        h.getattr(f.ino).unwrap().size,
+        6,
+        "an unloaded state's size shown"
+    );
+    assert_eq!(h.read(f.ino, fh, 0, 6).unwrap(), b"abcdef");
+    // Loaded, same version: a chmod by another mount (which this mount's state knows
+    // nothing of) shows with its ctime.
+    let before = h.getattr(f.ino).unwrap();
+    std::thread::sleep(Duration::from_millis(5));
+    let b = h.second_mount("cache-b");
+    let a = b.setattr(&CTX, f.ino, &mode(0o600)).unwrap();
+    assert!(a.ctime_ns > before.ctime_ns);
+    let now = h.getattr(f.ino).unwrap();
+    assert_eq!(
+        (now.perm, now.ctime_ns, now.size),
+        (0o600, a.ctime_ns, 6),
+        "getattr of the open file shows the other mount's chmod"
+    );
+    h.release(f.ino, fh).unwrap();
+}
+
 #[test]
 fn chown_sets_owner_and_clears_setid_bits() {
     let h = Harness::new();
