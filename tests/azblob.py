@@ -5,7 +5,9 @@ tests to look at a container *without* going through deskfs (nor object_store), 
     azblob.py ls PREFIX          every blob under PREFIX (no delimiter): "<size>\t<key>" per line
     azblob.py get KEY            blob body to stdout (exit 2 if missing)
     azblob.py head KEY           status line + response headers (x-ms-meta-*), exit 2 if missing
-    azblob.py put KEY FILE|-     upload a file as one block blob; FILE '-' = stdin
+    azblob.py put KEY FILE|- [NAME=VALUE...]
+                                 upload a file as one block blob (FILE '-' = stdin), with
+                                 the user metadata x-ms-meta-NAME: VALUE
     azblob.py rm KEY             delete one blob
 
 Connection settings come from the environment, as printed by scripts/azurite.sh:
@@ -106,7 +108,11 @@ def main():
     elif cmd == "put":
         src = sys.argv[3]
         body = sys.stdin.buffer.read() if src == "-" else open(src, "rb").read()
-        st, _, data = request("PUT", arg, body=body, headers={"x-ms-blob-type": "BlockBlob", "Content-Type": "application/octet-stream"})
+        hdrs = {"x-ms-blob-type": "BlockBlob", "Content-Type": "application/octet-stream"}
+        for kv in sys.argv[4:]:
+            k, _, v = kv.partition("=")
+            hdrs[f"x-ms-meta-{k}"] = v
+        st, _, data = request("PUT", arg, body=body, headers=hdrs)
         if st != 201:
             die_status("put", st, data)
     elif cmd == "rm":

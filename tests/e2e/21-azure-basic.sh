@@ -10,7 +10,8 @@
 #     x-ms-meta-deskfs_mtime_ns: a hyphen there was a 400 InvalidMetadata on every
 #     upload), an empty dir is a blob with hdi_isfolder=true, removed names are gone;
 #   - cold remount (fresh cache dir): the same tree, byte for byte;
-#   - a container prefix prefilled by another client mounts as is: listed and read;
+#   - a container prefix prefilled by another client mounts as is: listed and read, an
+#     empty blob with hdi_isfolder=true is a directory, one without an empty file;
 #   - a permanent 4xx (Azurite restarted with another account key: 403 to every upload):
 #     `deskfs status` lists the failing upload with the server's answer, `deskfs umount
 #     --timeout 5` returns within its bound with exit 3; with the key back, a remount and
@@ -161,9 +162,15 @@ echo "from another client" > "$T/x.txt"
 head -c 100000 /dev/urandom > "$T/y.bin"
 az put "$P2/x.txt" "$T/x.txt"
 az put "$P2/sub/deeper/y.bin" "$T/y.bin"
+# Azure's folder convention (what deskfs writes for an empty dir; Storage Explorer too)
+# next to a plain empty blob: a directory and an empty file.
+az put "$P2/emptyd" /dev/null hdi_isfolder=true
+az put "$P2/emptyf" /dev/null
 ws_format pre --bucket "az://$C/$P2"
 ws_mount pre "$MNT" --cache-dir "$T/cache3"
-assert_eq "$(printf '%s\n' sub x.txt)" "$(ls "$MNT")" "listing of the prefilled prefix"
+assert_eq "$(printf '%s\n' emptyd emptyf sub x.txt)" "$(ls "$MNT")" "listing of the prefilled prefix"
+[[ -d $MNT/emptyd ]] || fail "the blob emptyd with hdi_isfolder=true is not a directory: $(stat -c %F "$MNT/emptyd")"
+[[ -f $MNT/emptyf && ! -s $MNT/emptyf ]] || fail "the empty blob emptyf is not an empty file: $(stat -c '%F %s' "$MNT/emptyf")"
 assert_file_eq "$T/x.txt" "$MNT/x.txt" "prefilled x.txt"
 assert_file_eq "$T/y.bin" "$MNT/sub/deeper/y.bin" "prefilled sub/deeper/y.bin"
 echo "added" > "$MNT/sub/added.txt"
