@@ -14,7 +14,7 @@ pub enum BucketError {
     #[error("object changed in the bucket: {0}")]
     Changed(String),
     /// Credentials were refused (S3 401/403).
-    #[error("access denied by the bucket ({0}); check the access key and secret (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)")]
+    #[error("access denied by the bucket ({0}); check the credentials (s3://: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; az://: AZURE_STORAGE_ACCOUNT_NAME / AZURE_STORAGE_ACCOUNT_KEY)")]
     Auth(String),
     /// The endpoint could not be reached (connection refused, DNS, timeout).
     #[error("bucket unreachable ({0}); check the endpoint URL and that the server is up")]
@@ -35,7 +35,13 @@ impl BucketError {
             E::NotFound { path, .. } => BucketError::NotFound(path),
             E::Precondition { path, .. } => BucketError::Changed(path),
             E::Unauthenticated { source, .. } | E::PermissionDenied { source, .. } => {
-                BucketError::Auth(first_line(&source.to_string()))
+                // Named like any server answer ("the server answered 403
+                // AuthorizationFailure (…) to PUT …") when the text has one.
+                let text = full_chain(source.as_ref());
+                match ServerAnswer::parse(&text) {
+                    Some(a) => a.into_error(),
+                    None => BucketError::Auth(first_line(&source.to_string())),
+                }
             }
             other => {
                 let text = full_chain(&other);
@@ -127,7 +133,9 @@ impl ServerAnswer {
         Some(ServerAnswer {
             status,
             code: between("<Code>", "</Code>"),
-            message: between("<Message>", "</Message>"),
+            // (Azure's message goes on with "\nRequestId:…\nTime:…" lines.)
+            message: between("<Message>", "</Message>")
+                .and_then(|m| m.lines().next().map(|l| l.trim().to_string())),
             request,
             retries,
         })
@@ -201,6 +209,18 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "bucket error: the server answered 503 SlowDown (Please reduce your request rate.) to PUT http://127.0.0.1:3900/b/p/small/s030.dat, after 2 retries"
+        );
+    }
+
+    /// Azure's error message goes on with RequestId/Time lines: the answer keeps its
+    /// first line and still names the request (it was cut at the newline before).
+    #[test]
+    fn an_azure_answer_is_named_on_one_line_with_its_request() {
+        let bad = "Error performing PUT http://127.0.0.1:10000/acct/c/p/a.txt in 3ms - Server returned non-2xx status code: 400 Bad Request: <?xml version=\"1.0\" encoding=\"UTF-8\" standalone=\"yes\"?>\n<Error>\n  <Code>InvalidMetadata</Code>\n  <Message>The metadata specified is invalid. It has characters that are not permitted.\nRequestId:5c62f007\nTime:2026-12-05T18:27:58.683Z</Message>\n</Error>";
+        let e = ServerAnswer::parse(bad).expect("parsed").into_error();
+        assert_eq!(
+            e.to_string(),
+            "bucket error: the server answered 400 InvalidMetadata (The metadata specified is invalid. It has characters that are not permitted.) to PUT http://127.0.0.1:10000/acct/c/p/a.txt"
         );
     }
 

@@ -4,7 +4,9 @@
 //! holding the whole content, so any S3 tool sees the workspace as plain files. POSIX
 //! attributes ride in object user metadata under the names s3fs-fuse uses
 //! (`x-amz-meta-mode`, `-uid`, `-gid`, `-mtime`, `-atime`, `-ctime`, see [`posix`]); empty
-//! directories are `dir/` marker objects; symlinks are small objects whose mode has
+//! directories are `dir/` marker objects (on Azure, which refuses metadata names that are
+//! not identifiers and whose object_store client cannot write a key ending in `/`: names
+//! spelled with `_`, and the blob `dir` with `hdi_isfolder=true`); symlinks are small objects whose mode has
 //! `S_IFLNK` and whose body is the target.
 //!
 //! Everything goes through the `object_store` crate; the local-directory backend

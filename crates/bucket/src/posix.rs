@@ -10,8 +10,50 @@
 //! | `x-amz-meta-atime`  | same, access time                                      |
 //! | `x-amz-meta-ctime`  | same, change time                                      |
 //! | `x-amz-meta-deskfs-mtime-ns` | deskfs only: the mtime in ns (full precision) |
+//!
+//! Azure Blob storage takes only metadata names that are C# identifiers (letters, digits,
+//! `_`, not starting with a digit) and answers `400 InvalidMetadata` to any other, so on
+//! Azure the names go through [`azure_metadata_name`]: `x-ms-meta-deskfs_mtime_ns` there
+//! (the s3fs names are identifiers already). Reading accepts both spellings.
 
 use object_store::{Attribute, Attributes};
+
+/// The deskfs-only metadata name of the mtime in ns, as written to S3 and GCS.
+const MTIME_NS: &str = "deskfs-mtime-ns";
+
+/// `name` as Azure Blob storage accepts a metadata name (a C# identifier): every character
+/// other than an ASCII letter, digit or `_` becomes `_`, and a leading digit (or an empty
+/// name) gets a `_` in front. Identifiers are returned unchanged.
+pub fn azure_metadata_name(name: &str) -> String {
+    let mut out: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if out.is_empty() || out.starts_with(|c: char| c.is_ascii_digit()) {
+        out.insert(0, '_');
+    }
+    out
+}
+
+/// The same attributes with every user-metadata name made acceptable to Azure
+/// ([`azure_metadata_name`]); other attributes are kept as they are.
+pub fn azure_attributes(a: &Attributes) -> Attributes {
+    let mut out = Attributes::new();
+    for (k, v) in a {
+        let k = match k {
+            Attribute::Metadata(name) => Attribute::Metadata(azure_metadata_name(name).into()),
+            other => other.clone(),
+        };
+        out.insert(k, v.clone());
+    }
+    out
+}
 
 /// POSIX attributes carried by an object. Times are ns since the Unix epoch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,7 +87,7 @@ impl PosixMeta {
         put("mtime", self.mtime_ns.div_euclid(NS).to_string());
         put("atime", self.atime_ns.div_euclid(NS).to_string());
         put("ctime", self.ctime_ns.div_euclid(NS).to_string());
-        put("deskfs-mtime-ns", self.mtime_ns.to_string());
+        put(MTIME_NS, self.mtime_ns.to_string());
         a
     }
 
@@ -70,7 +112,13 @@ impl PosixMeta {
             Some(s * NS + ns)
         };
         let mode: u32 = get("mode")?.trim().parse().ok()?;
-        let mtime_ns = get("deskfs-mtime-ns")
+        let mtime_ns = get(MTIME_NS)
+            .or_else(|| {
+                // Azure's spelling (see `azure_metadata_name`); object_store reports the
+                // names as the server sends them (Azure lowercases none of these).
+                a.get(&Attribute::Metadata(azure_metadata_name(MTIME_NS).into()))
+                    .map(|v| v.as_ref().to_string())
+            })
             .and_then(|v| v.trim().parse().ok())
             .or_else(|| secs("mtime"))
             .unwrap_or(fallback_ns);
@@ -108,5 +156,37 @@ mod tests {
         assert_eq!(s.mode, 0o100644);
         assert_eq!(s.mtime_ns, 1_600_000_000 * NS);
         assert!(PosixMeta::from_attributes(&Attributes::new(), 0).is_none());
+    }
+
+    /// Azure refuses metadata names that are not C# identifiers (`400 InvalidMetadata`,
+    /// the cause of every upload failing on Azurite): the Azure names are identifiers and
+    /// read back to the same value.
+    #[test]
+    fn azure_names_are_identifiers_and_read_back() {
+        let m = PosixMeta {
+            mode: 0o100600,
+            uid: 1,
+            gid: 2,
+            mtime_ns: 1_700_000_000_987_654_321,
+            atime_ns: 1_700_000_000_000_000_000,
+            ctime_ns: 1_700_000_000_000_000_000,
+        };
+        let az = azure_attributes(&m.to_attributes());
+        for (k, _) in &az {
+            let Attribute::Metadata(name) = k else {
+                panic!("only metadata expected: {k:?}")
+            };
+            let mut cs = name.chars();
+            let first = cs.next().expect("non-empty");
+            assert!(first.is_ascii_alphabetic() || first == '_', "{name}");
+            assert!(cs.all(|c| c.is_ascii_alphanumeric() || c == '_'), "{name}");
+        }
+        assert!(az
+            .get(&Attribute::Metadata("deskfs_mtime_ns".into()))
+            .is_some());
+        assert_eq!(PosixMeta::from_attributes(&az, 0), Some(m));
+        assert_eq!(azure_metadata_name("mode"), "mode");
+        assert_eq!(azure_metadata_name("9lives.x"), "_9lives_x");
+        assert_eq!(azure_metadata_name(""), "_");
     }
 }

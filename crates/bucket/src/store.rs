@@ -122,6 +122,138 @@ fn s3_credentials_missing(
     ))
 }
 
+/// The Azure Blob client of `spec`, configured from Azure's standard variables (read
+/// through `env`): `AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ACCOUNT_KEY` (or a SAS,
+/// token, service principal, ... as object_store reads them), `AZURE_STORAGE_ENDPOINT`
+/// (e.g. Azurite's `http://127.0.0.1:10000/ACCOUNT`), `AZURE_STORAGE_USE_EMULATOR`; and
+/// `AZURE_STORAGE_CONNECTION_STRING` (`AccountName`, `AccountKey`, `BlobEndpoint`,
+/// `SharedAccessSignature`, `DefaultEndpointsProtocol`, `EndpointSuffix`,
+/// `UseDevelopmentStorage`), which object_store does not read: its fields fill in what the
+/// separate variables leave unset. `--endpoint` (`spec.endpoint`) wins over both.
+/// `names` are the names of the environment's `AZURE_*` variables, `env` reads one.
+///
+/// Errors: [`BucketError::Config`] with one line naming the variables when there is no
+/// account, or when an account on a custom endpoint has no key or other credential (the
+/// client would otherwise wait on Azure's instance metadata service, which only Azure
+/// VMs have), or when the connection string cannot be read.
+fn azure_builder(
+    spec: &BucketSpec,
+    names: Vec<String>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<object_store::azure::MicrosoftAzureBuilder> {
+    use object_store::azure::{AzureConfigKey as K, MicrosoftAzureBuilder};
+    let var = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+    // As `MicrosoftAzureBuilder::from_env` does: every AZURE_* variable object_store
+    // knows (AZURE_STORAGE_ACCOUNT_NAME, _ACCOUNT_KEY, _SAS_TOKEN, _ENDPOINT,
+    // _USE_EMULATOR, AZURE_CLIENT_ID, ...), and IDENTITY_ENDPOINT.
+    let mut b = MicrosoftAzureBuilder::new();
+    for name in names {
+        if let (Some(key), Some(v)) = (name.to_ascii_lowercase().parse::<K>().ok(), var(&name)) {
+            b = b.with_config(key, v);
+        }
+    }
+    if let Some(v) = var("IDENTITY_ENDPOINT") {
+        b = b.with_msi_endpoint(v);
+    }
+    if let Some(cs) = var("AZURE_STORAGE_CONNECTION_STRING") {
+        for (key, v) in azure_connection_string(&cs)? {
+            if b.get_config_value(&key).is_none() {
+                b = b.with_config(key, v);
+            }
+        }
+    }
+    if let Some(ep) = &spec.endpoint {
+        b = b.with_endpoint(ep.trim_end_matches('/').to_string());
+    }
+    let has = |k: K| b.get_config_value(&k).is_some_and(|v| !v.is_empty());
+    let truthy = |k: K| {
+        b.get_config_value(&k)
+            .is_some_and(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "1" | "yes" | "on"))
+    };
+    let emulator = truthy(K::UseEmulator);
+    let secret = has(K::AccessKey)
+        || has(K::SasKey)
+        || has(K::Token)
+        || has(K::ClientSecret)
+        || has(K::FederatedTokenFile)
+        || has(K::MsiEndpoint)
+        || truthy(K::UseAzureCli)
+        || truthy(K::SkipSignature);
+    let custom_endpoint = b
+        .get_config_value(&K::Endpoint)
+        .is_some_and(|e| !e.contains(".windows.net") && !e.contains(".microsoft.com"));
+    const HOW: &str = "set AZURE_STORAGE_ACCOUNT_NAME and AZURE_STORAGE_ACCOUNT_KEY (or AZURE_STORAGE_CONNECTION_STRING; for Azurite also AZURE_STORAGE_ENDPOINT=http://127.0.0.1:10000/ACCOUNT, or AZURE_STORAGE_USE_EMULATOR=true)";
+    if !emulator && !has(K::AccountName) {
+        return Err(BucketError::Config(format!(
+            "no Azure storage account for container az://{}: {HOW}",
+            spec.bucket
+        )));
+    }
+    if !emulator && !secret && custom_endpoint {
+        return Err(BucketError::Config(format!(
+            "no credentials for container az://{} on the endpoint {}: {HOW} (managed-identity credentials exist only on Azure itself)",
+            spec.bucket,
+            b.get_config_value(&K::Endpoint).unwrap_or_default()
+        )));
+    }
+    Ok(b.with_container_name(&spec.bucket))
+}
+
+/// The object_store settings an Azure connection string names (`Key=Value;...`, keys
+/// case-insensitive). `BlobEndpoint` gives the endpoint; without it a
+/// `DefaultEndpointsProtocol` other than https (or an `EndpointSuffix`) gives
+/// `PROTO://ACCOUNT.blob.SUFFIX`. Unknown keys (`QueueEndpoint`, ...) are ignored.
+/// Errors: [`BucketError::Config`] for a part without `=` (the value is not shown: it
+/// may hold the key).
+fn azure_connection_string(cs: &str) -> Result<Vec<(object_store::azure::AzureConfigKey, String)>> {
+    use object_store::azure::AzureConfigKey as K;
+    let mut out = Vec::new();
+    let (mut account, mut proto, mut suffix, mut endpoint) = (None, None, None, None);
+    for (i, part) in cs.split(';').enumerate() {
+        let part = part.trim();
+        if part.is_empty() {
+            continue;
+        }
+        let Some((k, v)) = part.split_once('=') else {
+            return Err(BucketError::Config(format!(
+                "AZURE_STORAGE_CONNECTION_STRING: part {} has no '=' (expected Key=Value;Key=Value;...)",
+                i + 1
+            )));
+        };
+        let v = v.trim().to_string();
+        match k.trim().to_ascii_lowercase().as_str() {
+            "accountname" => {
+                account = Some(v.clone());
+                out.push((K::AccountName, v));
+            }
+            "accountkey" => out.push((K::AccessKey, v)),
+            "sharedaccesssignature" => out.push((K::SasKey, v)),
+            "blobendpoint" => endpoint = Some(v),
+            "defaultendpointsprotocol" => proto = Some(v),
+            "endpointsuffix" => suffix = Some(v),
+            "usedevelopmentstorage" => out.push((K::UseEmulator, v)),
+            _ => {}
+        }
+    }
+    let endpoint = endpoint.or_else(|| {
+        let account = account.as_ref()?;
+        let proto = proto.clone().unwrap_or_else(|| "https".into());
+        if proto == "https" && suffix.is_none() {
+            return None; // object_store's default: https://ACCOUNT.blob.core.windows.net
+        }
+        let suffix = suffix.clone().unwrap_or_else(|| "core.windows.net".into());
+        Some(format!("{proto}://{account}.blob.{suffix}"))
+    });
+    if let Some(e) = endpoint {
+        out.push((K::Endpoint, e.trim_end_matches('/').to_string()));
+    }
+    Ok(out)
+}
+
+/// The metadata that marks an Azure blob as a directory (Azure's convention: Storage
+/// Explorer, blobfuse, Hadoop ABFS/WASB).
+const AZURE_FOLDER: &str = "hdi_isfolder";
+
 /// Marks a `file://` listing that failed on a name that is no object key.
 const LOCAL_BAD_NAME: &str = "a name in the bucket directory is no object key: ";
 
@@ -199,8 +331,11 @@ impl Bucket {
                 (Arc::new(b.build().map_err(cfg)?), None)
             }
             Some(Scheme::Azure) => {
-                let b = object_store::azure::MicrosoftAzureBuilder::from_env()
-                    .with_container_name(&spec.bucket)
+                let names = std::env::vars_os()
+                    .filter_map(|(k, _)| k.into_string().ok())
+                    .filter(|k| k.starts_with("AZURE_"))
+                    .collect();
+                let b = azure_builder(spec, names, |k| std::env::var(k).ok())?
                     .with_client_options(client)
                     .with_http_connector(http)
                     .with_retry(retry);
@@ -333,6 +468,29 @@ impl Bucket {
         }
     }
 
+    /// Whether this is an Azure Blob container (`az://`), whose directory markers are
+    /// blobs without the trailing `/` (see [`Bucket::put_dir_marker`]).
+    pub fn is_azure(&self) -> bool {
+        self.spec.scheme == Some(Scheme::Azure)
+    }
+
+    /// The store path of the directory marker of `dir_key`: `dir_key/` (S3, GCS), or on
+    /// Azure `dir_key` itself. object_store's Azure client builds its URLs from the
+    /// path's segments and drops an empty last one, so `dir/` cannot be written there;
+    /// Azure's own tools (Storage Explorer, blobfuse, ABFS) mark a directory with a blob
+    /// of its name carrying the metadata `hdi_isfolder=true`, which deskfs writes too.
+    fn marker_path(&self, dir_key: &str) -> Result<Path> {
+        let p = self.path(dir_key)?;
+        Ok(if self.is_azure() { p } else { p.join("") })
+    }
+
+    /// Azure: whether the object at `p` is a directory marker (`hdi_isfolder=true`).
+    async fn azure_is_folder(&self, p: &Path) -> Result<Option<ObjectInfo>> {
+        let key = self.rel_key(p);
+        let info = self.head_at_raw(p, key).await?;
+        Ok(info.filter(|(_, folder)| *folder).map(|(i, _)| i))
+    }
+
     /// Whether objects carry user metadata (false for `file://`).
     pub fn supports_metadata(&self) -> bool {
         self.local_root.is_none()
@@ -453,9 +611,19 @@ impl Bucket {
         }
     }
 
+    /// The user metadata a put stores for `meta`: none on `file://`; on Azure under names
+    /// Azure accepts (C# identifiers, see [`crate::posix::azure_metadata_name`]: a name
+    /// with `-` is refused with `400 InvalidMetadata`, so every upload failed).
     fn attrs(&self, meta: Option<&PosixMeta>) -> Attributes {
         match meta {
-            Some(m) if self.supports_metadata() => m.to_attributes(),
+            Some(m) if self.supports_metadata() => {
+                let a = m.to_attributes();
+                if self.spec.scheme == Some(Scheme::Azure) {
+                    crate::posix::azure_attributes(&a)
+                } else {
+                    a
+                }
+            }
             _ => Attributes::new(),
         }
     }
@@ -542,9 +710,16 @@ impl Bucket {
                 size: 0,
             });
         }
-        let p = self.path(dir_key)?.clone().join("");
+        let p = self.marker_path(dir_key)?;
+        let mut attributes = self.attrs(meta);
+        if self.is_azure() {
+            attributes.insert(
+                object_store::Attribute::Metadata(AZURE_FOLDER.into()),
+                "true".into(),
+            );
+        }
         let opts = PutOptions {
-            attributes: self.attrs(meta),
+            attributes,
             ..Default::default()
         };
         let r = self
@@ -564,7 +739,14 @@ impl Bucket {
         if self.local_root.is_some() {
             return Ok(None);
         }
-        let p = self.path(dir_key)?.clone().join("");
+        let p = self.marker_path(dir_key)?;
+        if self.is_azure() {
+            // A blob of the directory's name is its marker only with hdi_isfolder.
+            return Ok(self.azure_is_folder(&p).await?.map(|mut i| {
+                i.key = format!("{dir_key}/");
+                i
+            }));
+        }
         self.head_at(&p, format!("{dir_key}/")).await
     }
 
@@ -582,7 +764,10 @@ impl Bucket {
                 Err(e) => Err(e.into()),
             };
         }
-        let p = self.path(dir_key)?.clone().join("");
+        let p = self.marker_path(dir_key)?;
+        if self.is_azure() && self.azure_is_folder(&p).await?.is_none() {
+            return Ok(()); // no marker: a blob of that name is a file, not ours to remove
+        }
         match self.store.delete(&p).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(store_err(e)),
@@ -591,11 +776,18 @@ impl Bucket {
 
     /// Deletes the object `key`; a missing object is not an error. (For `file://`, parent
     /// directories stay: they are the directory markers, removed with
-    /// [`Bucket::delete_dir_marker`].)
+    /// [`Bucket::delete_dir_marker`]; on Azure a directory marker at `key` is left too.)
     pub async fn delete(&self, key: &str) -> Result<()> {
         // (A link at `key` itself is removed as the entry it is, never followed.)
         self.refuse_symlink(key, false)?;
-        match self.store.delete(&self.path(key)?).await {
+        let p = self.path(key)?;
+        if self.is_azure() && self.azure_is_folder(&p).await?.is_some() {
+            // On Azure a directory's marker has the key of a file of the same name: a
+            // file replaced by a directory must not take the new marker with it
+            // (`delete_dir_marker` removes markers).
+            return Ok(());
+        }
+        match self.store.delete(&p).await {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
             Err(e) => return Err(store_err(e)),
         }
@@ -674,6 +866,18 @@ impl Bucket {
 
     /// One try of [`Bucket::head_at`].
     async fn head_once(&self, p: &Path, key: String) -> Result<Option<ObjectInfo>> {
+        Ok(self.head_once_raw(p, key).await?.map(|(i, _)| i))
+    }
+
+    /// [`Bucket::head_at`], with whether the object is an Azure directory marker
+    /// (metadata `hdi_isfolder=true`).
+    async fn head_at_raw(&self, p: &Path, key: String) -> Result<Option<(ObjectInfo, bool)>> {
+        self.reads
+            .run("head", || self.head_once_raw(p, key.clone()))
+            .await
+    }
+
+    async fn head_once_raw(&self, p: &Path, key: String) -> Result<Option<(ObjectInfo, bool)>> {
         let opts = GetOptions {
             head: true,
             ..Default::default()
@@ -681,13 +885,20 @@ impl Bucket {
         match self.store.get_opts(p, opts).await {
             Ok(r) => {
                 let mtime_ns = to_ns_meta(&r.meta);
-                Ok(Some(ObjectInfo {
-                    key,
-                    size: r.meta.size,
-                    etag: r.meta.e_tag.clone(),
-                    mtime_ns,
-                    posix: PosixMeta::from_attributes(&r.attributes, mtime_ns),
-                }))
+                let folder = r.attributes.iter().any(|(k, v)| {
+                    matches!(k, object_store::Attribute::Metadata(n) if n.eq_ignore_ascii_case(AZURE_FOLDER))
+                        && v.as_ref().eq_ignore_ascii_case("true")
+                });
+                Ok(Some((
+                    ObjectInfo {
+                        key,
+                        size: r.meta.size,
+                        etag: r.meta.e_tag.clone(),
+                        mtime_ns,
+                        posix: PosixMeta::from_attributes(&r.attributes, mtime_ns),
+                    },
+                    folder,
+                )))
             }
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(store_err(e)),
@@ -757,6 +968,18 @@ impl Bucket {
         }
         for o in r.objects {
             let rel = self.rel_key(&o.location);
+            if self.is_azure() && o.size == 0 {
+                // An empty blob may be a directory marker (`hdi_isfolder`, which listings
+                // do not carry): one HEAD tells.
+                if let Some(n) = name_of(&rel) {
+                    if self.azure_is_folder(&o.location).await?.is_some() {
+                        if !out.dirs.contains(&n) {
+                            out.dirs.push(n);
+                        }
+                        continue;
+                    }
+                }
+            }
             if let Some(n) = name_of(&rel).filter(|_| !link(&rel)) {
                 let mtime_ns = to_ns_meta(&o);
                 out.files.push((
@@ -1215,5 +1438,88 @@ mod tests {
         assert!(s3_credentials_missing(&spec, false, env(&[])).is_none());
         let off = env(&[("AWS_EC2_METADATA_DISABLED", "TRUE")]);
         assert!(s3_credentials_missing(&spec, false, off).is_some());
+    }
+
+    fn env_of(pairs: &[(&str, &str)]) -> (Vec<String>, impl Fn(&str) -> Option<String>) {
+        let owned: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let names = owned.iter().map(|(k, _)| k.clone()).collect();
+        (names, move |k: &str| {
+            owned.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+        })
+    }
+
+    const KEY: &str =
+        "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+    /// Azure credentials: no account, or an account on a custom endpoint (Azurite) with
+    /// no key, is refused with one line naming the variables, before any request; the
+    /// separate variables, a connection string and the emulator switch each suffice.
+    #[test]
+    fn azure_credentials_come_from_the_standard_variables() {
+        use object_store::azure::AzureConfigKey as K;
+        let spec = BucketSpec::parse("az://c/p").unwrap();
+        let refused = |pairs: &[(&str, &str)]| {
+            let (n, e) = env_of(pairs);
+            match azure_builder(&spec, n, e) {
+                Err(BucketError::Config(m)) => m,
+                Ok(_) => panic!("accepted: {pairs:?}"),
+                Err(other) => panic!("{other:?}"),
+            }
+        };
+        let m = refused(&[]);
+        assert!(
+            m.contains("AZURE_STORAGE_ACCOUNT_NAME") && !m.contains('\n'),
+            "{m}"
+        );
+        let m = refused(&[
+            ("AZURE_STORAGE_ACCOUNT_NAME", "a"),
+            ("AZURE_STORAGE_ENDPOINT", "http://127.0.0.1:10000/a"),
+        ]);
+        assert!(m.contains("AZURE_STORAGE_ACCOUNT_KEY"), "{m}");
+        let m = refused(&[("AZURE_STORAGE_CONNECTION_STRING", "AccountName=a;oops")]);
+        assert!(m.contains("part 2") && !m.contains("oops"), "{m}");
+
+        let (n, e) = env_of(&[
+            ("AZURE_STORAGE_ACCOUNT_NAME", "a"),
+            ("AZURE_STORAGE_ACCOUNT_KEY", KEY),
+            ("AZURE_STORAGE_ENDPOINT", "http://127.0.0.1:10000/a"),
+        ]);
+        let b = azure_builder(&spec, n, e).expect("keys");
+        assert_eq!(b.get_config_value(&K::AccessKey).as_deref(), Some(KEY));
+        assert!(b.build().is_ok());
+
+        let cs = format!("DefaultEndpointsProtocol=http;AccountName=acc;AccountKey={KEY};BlobEndpoint=http://127.0.0.1:10000/acc/;");
+        let (n, e) = env_of(&[("AZURE_STORAGE_CONNECTION_STRING", &cs)]);
+        let b = azure_builder(&spec, n, e).expect("connection string");
+        assert_eq!(b.get_config_value(&K::AccountName).as_deref(), Some("acc"));
+        assert_eq!(
+            b.get_config_value(&K::Endpoint).as_deref(),
+            Some("http://127.0.0.1:10000/acc")
+        );
+        // The separate variable wins over the connection string.
+        let (n, e) = env_of(&[
+            ("AZURE_STORAGE_CONNECTION_STRING", &cs),
+            ("AZURE_STORAGE_ACCOUNT_NAME", "other"),
+        ]);
+        let b = azure_builder(&spec, n, e).unwrap();
+        assert_eq!(
+            b.get_config_value(&K::AccountName).as_deref(),
+            Some("other")
+        );
+        // Without BlobEndpoint: protocol and suffix make the endpoint.
+        let v = azure_connection_string(
+            "DefaultEndpointsProtocol=http;AccountName=x;EndpointSuffix=example.test",
+        )
+        .unwrap();
+        assert!(
+            v.contains(&(K::Endpoint, "http://x.blob.example.test".into())),
+            "{v:?}"
+        );
+
+        let (n, e) = env_of(&[("AZURE_STORAGE_USE_EMULATOR", "true")]);
+        assert!(azure_builder(&spec, n, e).is_ok());
     }
 }
