@@ -211,6 +211,43 @@ fn creating_in_an_unlinked_directory_is_enoent() {
     assert_eq!(errno(h.mkdir(&CTX, d.ino, b"x", 0o755, 0)), libc::ENOENT);
 }
 
+/// A create or mkdir whose first plan was made on stale facts of its parent (another
+/// connection changed the parent's row meanwhile: the batch's guard fails) is planned
+/// again on fresh reads, which keep the rules: a live parent is fine, a file may be made
+/// in a directory at LINK_MAX links, a directory may not (`EMLINK`, as ext4).
+#[test]
+fn a_create_planned_again_on_fresh_facts_keeps_the_rules() {
+    let h = Harness::new();
+    let d = h.dir(ROOT_INO, "d");
+    h.file(d.ino, "warm", b"");
+    let other = h.db.open();
+    // Another tool changes the parent's row: this mount's hints of it are stale.
+    let touch = |perm: u32, nlink: Option<u32>| {
+        deskfs_meta::txn(&*other, |t| {
+            let mut r = t.get_inode(d.ino)?.expect("d");
+            r.perm = perm;
+            if let Some(n) = nlink {
+                r.nlink = n;
+            }
+            t.update_inode(&r)
+        })
+        .unwrap();
+    };
+    touch(0o775, None);
+    h.file(d.ino, "f", b"x");
+    touch(0o777, None);
+    h.dir(d.ino, "sub");
+    touch(0o775, Some(crate::namespace::LINK_MAX));
+    assert_eq!(
+        errno(h.mkdir(&CTX, d.ino, b"sub2", 0o777, 0o022)),
+        libc::EMLINK,
+        "a directory at LINK_MAX links takes no subdirectory"
+    );
+    touch(0o777, Some(crate::namespace::LINK_MAX));
+    h.file(d.ino, "g", b"y");
+    assert_eq!(h.ls(d.ino), ["f", "g", "sub", "warm"]);
+}
+
 #[test]
 fn parent_times_change_on_entry_changes() {
     let h = Harness::new();
