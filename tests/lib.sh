@@ -220,6 +220,20 @@ register_mount() {
 
 # is_mounted DIR: DIR is a mount point right now (per /proc/self/mountinfo; works for
 # dead FUSE mounts too, where stat fails with ENOTCONN).
+# free_port [WHAT]: prints a TCP port nobody listens on at 127.0.0.1 (20000-39999),
+# or fails naming WHAT.
+free_port() {
+  local p
+  for _ in $(seq 1 50); do
+    p=$((20000 + RANDOM % 20000))
+    if ! (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null; then
+      echo "$p"
+      return 0
+    fi
+  done
+  fail "no free port${1:+ for $1}"
+}
+
 is_mounted() {
   local p
   p=$(realpath -m "$1")

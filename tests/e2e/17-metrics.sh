@@ -18,13 +18,7 @@ PY=${DESKFS_TEST_PY:-python3}
 "$PY" -c "import prometheus_client" 2> /dev/null || skip_or_fail "no prometheus_client for $PY (scripts/test.sh installs it)"
 
 NAME=met
-port_free() { ! (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
-PORT=
-for _ in $(seq 1 50); do
-  p=$((20000 + RANDOM % 20000))
-  if port_free "$p"; then PORT=$p; break; fi
-done
-[[ -n $PORT ]] || fail "no free port"
+PORT=$(free_port metrics)
 
 ws_format "$NAME"
 BD=$DESKFS_HOME/workspaces/$NAME/bucket

@@ -24,13 +24,7 @@ need_cmd python3
 
 # ---- a private Azurite
 AZ_STATE=$T/azurite-state
-port_free() { ! (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
-PORT=
-for _ in $(seq 1 50); do
-  p=$((20000 + RANDOM % 20000))
-  if port_free "$p"; then PORT=$p; break; fi
-done
-[[ -n $PORT ]] || fail "no free port for a private Azurite"
+PORT=$(free_port "a private Azurite")
 az_ctl() { AZURITE_STATE=$AZ_STATE AZURITE_PORT=$PORT bash "$ROOT/scripts/azurite.sh" "$@"; }
 on_exit 'az_ctl stop > /dev/null 2>&1; cp "$AZ_STATE/azurite/debug.log" "$T/azurite-debug.log" 2> /dev/null || true'
 az_up() {

@@ -107,9 +107,10 @@ impl Exposition {
 pub fn render(s: &VfsStatus) -> String {
     let mut e = Exposition(String::new());
     fuse_families(&mut e);
-    cache_families(&mut e, s);
-    upload_families(&mut e, s);
-    meta_families(&mut e, s);
+    bucket_requests(&mut e, s);
+    for Scalar(name, counter, help, v) in scalars(s) {
+        e.one(name, if counter { "counter" } else { "gauge" }, help, v);
+    }
     e.0
 }
 
@@ -162,223 +163,211 @@ fn fuse_families(e: &mut Exposition) {
     }
 }
 
-/// The cache dir: bytes held, hits and misses of readers, evictions, fills.
-fn cache_families(e: &mut Exposition, s: &VfsStatus) {
-    let g = |v: u64| v as f64;
-    e.one(
-        "cache_block_bytes",
-        "gauge",
-        "Bytes of bucket blocks in the block cache.",
-        g(s.cache_block_bytes),
-    );
-    e.one(
-        "cache_clean_bytes",
-        "gauge",
-        "Bytes of clean local copies of uploaded files.",
-        g(s.cache_clean_bytes),
-    );
-    e.one(
-        "cache_capacity_bytes",
-        "gauge",
-        "The cache's cap on evictable data (--cache-size).",
-        g(s.cache_capacity),
-    );
-    e.one(
-        "cache_block_hits_total",
-        "counter",
-        "Blocks of bucket-backed files readers got from this cache.",
-        g(s.block_hits),
-    );
-    e.one(
-        "cache_block_misses_total",
-        "counter",
-        "Blocks readers waited for from the bucket.",
-        g(s.block_misses),
-    );
-    e.one(
-        "cache_space_evictions_total",
-        "counter",
-        "Cached data evicted because the cache dir's disk ran short of space.",
-        g(s.cache_space_evictions),
-    );
-    e.one(
-        "cache_fills_total",
-        "counter",
-        "Files read whole from the bucket that became local copies.",
-        g(s.cache_fills),
-    );
-    e.one(
-        "cache_fill_bytes_total",
-        "counter",
-        "Bytes of those local copies.",
-        g(s.cache_fill_bytes),
-    );
-    e.one(
-        "bucket_fetched_bytes_total",
-        "counter",
-        "Bytes block fetches brought from the bucket (readers' and readahead's).",
-        g(s.block_fetched_bytes),
-    );
-    e.one(
-        "bucket_read_retries_total",
-        "counter",
-        "Bucket reads (GET, HEAD, LIST) tried again after a transient failure.",
-        g(s.bucket_reads.retried),
-    );
-    e.one(
-        "bucket_read_failures_total",
-        "counter",
-        "Bucket reads that failed after their last try.",
-        g(s.bucket_reads.failed),
-    );
-    e.one(
-        "buffer_held_bytes",
-        "gauge",
-        "Memory held by block fetches and upload buffers.",
-        g(s.buffers.held_bytes),
-    );
-    e.one(
-        "buffer_limit_bytes",
-        "gauge",
-        "Budget of that memory (--buffer-memory).",
-        g(s.buffers.limit_bytes),
-    );
-    e.one(
-        "buffer_waits_total",
-        "counter",
-        "Fetches and uploads that waited for buffer memory.",
-        g(s.buffers.waits),
-    );
-    e.one(
-        "readahead_skipped_total",
-        "counter",
-        "Readahead fetches skipped for lack of buffer memory.",
-        g(s.buffers.readahead_skipped),
-    );
-    e.one(
-        "passthrough_opens_total",
-        "counter",
-        "Opens served through FUSE passthrough.",
-        g(s.passthrough_opens),
-    );
+/// A family of one unlabelled sample: its name (after `deskfs_`), whether it is a
+/// counter (else a gauge), its help line and its value.
+struct Scalar(&'static str, bool, &'static str, f64);
+
+/// A counter.
+fn c(name: &'static str, help: &'static str, v: u64) -> Scalar {
+    Scalar(name, true, help, v as f64)
 }
 
-/// Dirty data and the upload queue.
-fn upload_families(e: &mut Exposition, s: &VfsStatus) {
-    let g = |v: u64| v as f64;
-    e.one(
-        "dirty_files",
-        "gauge",
-        "Files with content not yet uploaded.",
-        g(s.dirty_files),
-    );
-    e.one(
-        "dirty_bytes",
-        "gauge",
-        "Bytes of those files.",
-        g(s.dirty_bytes),
-    );
-    e.one(
-        "uploads_pending",
-        "gauge",
-        "Paths queued for upload.",
-        g(s.pending_uploads),
-    );
-    e.one(
-        "uploads_failing",
-        "gauge",
-        "Queued uploads whose last attempt failed.",
-        g(s.failing_uploads),
-    );
-    e.one(
-        "open_files",
-        "gauge",
-        "Files open through this mount.",
-        s.open_files as f64,
-    );
-    e.one(
-        "kernel_inodes",
-        "gauge",
-        "Inodes the kernel holds references to.",
-        s.kernel_inodes as f64,
-    );
-    e.one(
-        "kept_orphans",
-        "gauge",
-        "Unlinked files kept while open.",
-        s.kept_orphans as f64,
-    );
-    e.one(
-        "data_flushes_total",
-        "counter",
-        "Device flushes of staging files (fsync, fdatasync).",
-        g(s.data_flushes),
-    );
-    e.one(
-        "bucket_marker_missing",
-        "gauge",
-        "1 while the bucket lacks this workspace's format record (deletions in listings are not applied).",
-        if s.bucket_marker_missing { 1.0 } else { 0.0 },
-    );
+/// A gauge.
+fn g(name: &'static str, help: &'static str, v: f64) -> Scalar {
+    Scalar(name, false, help, v)
 }
 
-/// The metadata database, locks and coherence with other mounts.
-fn meta_families(e: &mut Exposition, s: &VfsStatus) {
-    let g = |v: u64| v as f64;
-    e.one(
-        "meta_round_trips_total",
-        "counter",
-        "Metadata database round trips.",
-        g(s.engine.round_trips),
-    );
-    e.one(
-        "meta_commits_total",
-        "counter",
-        "Metadata transactions committed.",
-        g(s.engine.commits),
-    );
-    e.one(
-        "meta_retries_total",
-        "counter",
-        "Metadata transactions run again after a serialization failure or busy database.",
-        g(s.engine.retries),
-    );
-    e.one(
-        "meta_errors_total",
-        "counter",
-        "Metadata transactions that failed.",
-        g(s.engine.errors),
-    );
-    e.one(
-        "meta_flushes_total",
-        "counter",
-        "Device flushes of the metadata log.",
-        g(s.meta_flushes),
-    );
-    e.one(
-        "lock_waits_total",
-        "counter",
-        "Blocking lock requests that had to wait.",
-        g(s.lock_waits),
-    );
-    e.one(
-        "lock_waiting",
-        "gauge",
-        "Blocking lock requests waiting now.",
-        g(s.lock_waiting),
-    );
-    e.one(
-        "fences_total",
-        "counter",
-        "Times this mount lost its session lease.",
-        g(s.fences.count),
-    );
+/// The status's unlabelled figures: cache, bucket, buffers, dirty data and uploads, the
+/// metadata database, locks and coherence with other mounts.
+fn scalars(s: &VfsStatus) -> Vec<Scalar> {
+    let b = &s.buffers;
+    let e = &s.engine;
+    let mut v = vec![
+        g(
+            "cache_block_bytes",
+            "Bytes of bucket blocks in the block cache.",
+            s.cache_block_bytes as f64,
+        ),
+        g(
+            "cache_clean_bytes",
+            "Bytes of clean local copies of uploaded files.",
+            s.cache_clean_bytes as f64,
+        ),
+        g(
+            "cache_capacity_bytes",
+            "The cap on evictable cached data (--cache-size).",
+            s.cache_capacity as f64,
+        ),
+        c(
+            "cache_block_hits_total",
+            "Blocks of bucket files readers got from this cache.",
+            s.block_hits,
+        ),
+        c(
+            "cache_block_misses_total",
+            "Blocks readers waited for from the bucket.",
+            s.block_misses,
+        ),
+        c(
+            "cache_space_evictions_total",
+            "Evictions for lack of disk space.",
+            s.cache_space_evictions,
+        ),
+        c(
+            "cache_fills_total",
+            "Files read whole that became local copies.",
+            s.cache_fills,
+        ),
+        c(
+            "cache_fill_bytes_total",
+            "Bytes of those local copies.",
+            s.cache_fill_bytes,
+        ),
+        c(
+            "bucket_fetched_bytes_total",
+            "Bytes block fetches brought from the bucket.",
+            s.block_fetched_bytes,
+        ),
+        c(
+            "bucket_read_retries_total",
+            "Bucket reads tried again after a transient failure.",
+            s.bucket_reads.retried,
+        ),
+        c(
+            "bucket_read_failures_total",
+            "Bucket reads that failed after their last try.",
+            s.bucket_reads.failed,
+        ),
+        g(
+            "buffer_held_bytes",
+            "Memory held by block fetches and upload buffers.",
+            b.held_bytes as f64,
+        ),
+        g(
+            "buffer_limit_bytes",
+            "Budget of that memory (--buffer-memory).",
+            b.limit_bytes as f64,
+        ),
+        c(
+            "buffer_waits_total",
+            "Fetches and uploads that waited for buffer memory.",
+            b.waits,
+        ),
+        c(
+            "readahead_skipped_total",
+            "Readahead skipped for lack of buffer memory.",
+            b.readahead_skipped,
+        ),
+        c(
+            "passthrough_opens_total",
+            "Opens served through FUSE passthrough.",
+            s.passthrough_opens,
+        ),
+        g(
+            "dirty_files",
+            "Files with content not yet uploaded.",
+            s.dirty_files as f64,
+        ),
+        g("dirty_bytes", "Bytes of those files.", s.dirty_bytes as f64),
+        g(
+            "uploads_pending",
+            "Paths queued for upload.",
+            s.pending_uploads as f64,
+        ),
+        g(
+            "uploads_failing",
+            "Queued uploads whose last attempt failed.",
+            s.failing_uploads as f64,
+        ),
+        g(
+            "open_files",
+            "Files open through this mount.",
+            s.open_files as f64,
+        ),
+        g(
+            "kernel_inodes",
+            "Inodes the kernel holds references to.",
+            s.kernel_inodes as f64,
+        ),
+        g(
+            "kept_orphans",
+            "Unlinked files kept while open.",
+            s.kept_orphans as f64,
+        ),
+        c(
+            "data_flushes_total",
+            "Device flushes of staging files (fsync, fdatasync).",
+            s.data_flushes,
+        ),
+        g(
+            "bucket_marker_missing",
+            "1 while the bucket lacks this workspace's format record.",
+            f64::from(u8::from(s.bucket_marker_missing)),
+        ),
+        c(
+            "meta_round_trips_total",
+            "Metadata database round trips.",
+            e.round_trips,
+        ),
+        c(
+            "meta_commits_total",
+            "Metadata transactions committed.",
+            e.commits,
+        ),
+        c(
+            "meta_retries_total",
+            "Metadata transactions run again (serialization, busy).",
+            e.retries,
+        ),
+        c(
+            "meta_errors_total",
+            "Metadata transactions that failed.",
+            e.errors,
+        ),
+        c(
+            "meta_flushes_total",
+            "Device flushes of the metadata log.",
+            s.meta_flushes,
+        ),
+        c(
+            "lock_waits_total",
+            "Blocking lock requests that had to wait.",
+            s.lock_waits,
+        ),
+        g(
+            "lock_waiting",
+            "Blocking lock requests waiting now.",
+            s.lock_waiting as f64,
+        ),
+        c(
+            "fences_total",
+            "Times this mount lost its session lease.",
+            s.fences.count,
+        ),
+    ];
     if let Some(ms) = s.feed_lag_ms {
-        e.one(
+        v.push(g(
             "feed_lag_seconds",
-            "gauge",
-            "While other mounts are live: time since this mount last read the change feed to its end.",
+            "With other mounts live: time since the change feed was last read to its end.",
             ms as f64 / 1000.0,
+        ));
+    }
+    v
+}
+
+/// Bucket requests by kind and answer.
+fn bucket_requests(e: &mut Exposition, s: &VfsStatus) {
+    let name = "bucket_requests_total";
+    e.family(
+        name,
+        "counter",
+        "Requests to the bucket by kind and answer (HTTP status, or error: no answer).",
+    );
+    for r in &s.bucket_requests {
+        e.sample(
+            name,
+            &[("kind", r.kind), ("status", &r.status)],
+            r.count as f64,
         );
     }
 }
