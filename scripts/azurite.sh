@@ -43,16 +43,9 @@ LOG="$AZDIR/server.log"
 DEBUGLOG="$AZDIR/debug.log"
 BIN="$CACHE/node_modules/.bin/azurite-blob"
 
-log() { echo "azurite: $*" >&2; }
-die() { echo "azurite: error: $*" >&2; exit 1; }
-
-running() {
-  [[ -f "$PIDFILE" ]] || return 1
-  local pid; pid="$(cat "$PIDFILE")"
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
-}
-
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+SERVER_NAME=azurite
+# shellcheck source=scripts/server-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/server-lib.sh"
 
 pick_port() {
   if [[ -n "${AZURITE_PORT:-}" ]]; then echo "$AZURITE_PORT"; return; fi
@@ -64,15 +57,6 @@ pick_port() {
   die "no free port for Azurite (tried 10000..10090); set AZURITE_PORT"
 }
 
-wait_port() {
-  local i
-  for i in $(seq 1 150); do
-    if port_busy "$PORT"; then return 0; fi
-    running || die "azurite exited during startup, see $LOG"
-    sleep 0.2
-  done
-  die "azurite did not open 127.0.0.1:$PORT within 30s, see $LOG"
-}
 
 ensure_creds() {
   mkdir -p "$AZDIR"
@@ -149,7 +133,7 @@ cmd_start() {
       >>"$LOG" 2>&1 </dev/null &
     echo $! > "$PIDFILE"
     echo "$PORT" > "$PORTFILE"
-    wait_port
+    wait_port 30
     log "started azurite on 127.0.0.1:$PORT (pid $(cat "$PIDFILE"), state $AZDIR)"
   fi
   create_container || die "creating container $CONTAINER failed"
@@ -157,25 +141,12 @@ cmd_start() {
   cat "$ENVFILE"
 }
 
-cmd_stop() {
-  if running; then
-    local pid; pid="$(cat "$PIDFILE")"
-    kill -TERM "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    log "stopped pid $pid"
-  else
-    log "not running"
-  fi
-  rm -f "$PIDFILE"
-}
 
 case "${1:-}" in
   start) cmd_start ;;
-  stop) cmd_stop ;;
+  stop) stop_server ;;
   status) if running; then echo "running pid $(cat "$PIDFILE") port $(cat "$PORTFILE")"; else echo "stopped"; exit 1; fi ;;
   env) [[ -f "$ENVFILE" ]] || die "not started yet"; cat "$ENVFILE" ;;
-  wipe) cmd_stop; rm -rf "$AZDIR"; log "wiped $AZDIR" ;;
+  wipe) stop_server; rm -rf "$AZDIR"; log "wiped $AZDIR" ;;
   *) echo "usage: $0 start|stop|status|env|wipe" >&2; exit 2 ;;
 esac

@@ -33,24 +33,10 @@ ENVFILE="$S3DIR/env.sh"
 LOG="$S3DIR/server.log"
 export PATH="$HOME/.cargo/bin:$PATH"
 
-log() { echo "s3-server: $*" >&2; }
-die() { echo "s3-server: error: $*" >&2; exit 1; }
+SERVER_NAME=s3-server
+# shellcheck source=scripts/server-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/server-lib.sh"
 
-running() {
-  [[ -f "$PIDFILE" ]] || return 1
-  local pid; pid="$(cat "$PIDFILE")"
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
-}
-
-wait_port() {  # wait until something answers HTTP on the port
-  local i
-  for i in $(seq 1 100); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$PORT") 2>/dev/null; then return 0; fi
-    running || die "server exited during startup, see $LOG"
-    sleep 0.2
-  done
-  die "server did not open 127.0.0.1:$PORT within 20s, see $LOG"
-}
 
 gen_hex() { od -An -N"$1" -tx1 /dev/urandom | tr -d ' \n'; }
 
@@ -200,25 +186,12 @@ cmd_start() {
   cat "$ENVFILE"
 }
 
-cmd_stop() {
-  if running; then
-    local pid; pid="$(cat "$PIDFILE")"
-    kill -TERM "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    log "stopped pid $pid"
-  else
-    log "not running"
-  fi
-  rm -f "$PIDFILE"
-}
 
 case "${1:-}" in
   start) cmd_start ;;
-  stop) cmd_stop ;;
+  stop) stop_server ;;
   status) if running; then echo "running pid $(cat "$PIDFILE") backend $(cat "$S3DIR/backend")"; else echo "stopped"; exit 1; fi ;;
   env) [[ -f "$ENVFILE" ]] || die "not started yet"; cat "$ENVFILE" ;;
-  wipe) cmd_stop; rm -rf "$S3DIR"; log "wiped $S3DIR" ;;
+  wipe) stop_server; rm -rf "$S3DIR"; log "wiped $S3DIR" ;;
   *) echo "usage: $0 start|stop|status|env|wipe" >&2; exit 2 ;;
 esac
