@@ -584,11 +584,12 @@ impl Bucket {
             return r;
         }
         let size = data.len() as u64;
+        let path = self.path(key)?;
         let mode = match cond {
             PutIf::Absent => PutMode::Create,
             PutIf::Matches(etag) => PutMode::Update(object_store::UpdateVersion {
+                version: self.generation_if_etag(&path, key, &etag).await?,
                 e_tag: Some(etag),
-                version: None,
             }),
         };
         let opts = PutOptions {
@@ -597,7 +598,7 @@ impl Bucket {
         };
         match self
             .store
-            .put_opts(&self.path(key)?, PutPayload::from(data), opts)
+            .put_opts(&path, PutPayload::from(data), opts)
             .await
         {
             Ok(r) => Ok(PutInfo {
@@ -608,6 +609,39 @@ impl Bucket {
                 Err(BucketError::Changed(key.to_string()))
             }
             Err(e) => Err(store_err(e)),
+        }
+    }
+
+    /// On GCS, the generation of the object at `path` if its ETag is `etag`, for the
+    /// precondition of an update: GCS has no `If-Match` on writes, only
+    /// `x-goog-if-generation-match` (object_store refuses an update without a version:
+    /// "Version required for conditional update", which made every lease renewal on a
+    /// `gs://` workspace fail). The HEAD checks the ETag; the generation precondition then
+    /// refuses any write that came between, so the update stays atomic. `None` on other
+    /// stores (they take the ETag). Errors: [`BucketError::Changed`] when the object is
+    /// gone or has another ETag; the HEAD's own errors.
+    async fn generation_if_etag(
+        &self,
+        path: &Path,
+        key: &str,
+        etag: &str,
+    ) -> Result<Option<String>> {
+        if self.spec.scheme != Some(Scheme::Gcs) {
+            return Ok(None);
+        }
+        let meta = match self.store.head(path).await {
+            Ok(m) => m,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(BucketError::Changed(key.to_string()));
+            }
+            Err(e) => return Err(store_err(e)),
+        };
+        match (meta.e_tag.as_deref(), meta.version) {
+            (Some(have), Some(generation)) if have == etag => Ok(Some(generation)),
+            (Some(_), Some(_)) => Err(BucketError::Changed(key.to_string())),
+            _ => Err(BucketError::Other(format!(
+                "GCS gave no ETag and generation for {key}: a conditional write cannot be made"
+            ))),
         }
     }
 
