@@ -250,6 +250,26 @@ fn azure_connection_string(cs: &str) -> Result<Vec<(object_store::azure::AzureCo
     Ok(out)
 }
 
+/// The generation precondition of a GCS update of `key` that wants the ETag `want`, from
+/// the object's HEAD (`have` ETag, `generation`): the generation when the ETags match.
+/// Errors: [`BucketError::Changed`] when they differ; [`BucketError::Other`] when the HEAD
+/// gave no ETag or no generation (`x-goog-generation`), since then no write could be made
+/// conditional.
+fn gcs_generation_for(
+    key: &str,
+    want: &str,
+    have: Option<&str>,
+    generation: Option<String>,
+) -> Result<Option<String>> {
+    match (have, generation) {
+        (Some(have), Some(generation)) if have == want => Ok(Some(generation)),
+        (Some(_), Some(_)) => Err(BucketError::Changed(key.to_string())),
+        _ => Err(BucketError::Other(format!(
+            "GCS gave no ETag and generation for {key}: a conditional write cannot be made"
+        ))),
+    }
+}
+
 /// The metadata that marks an Azure blob as a directory (Azure's convention: Storage
 /// Explorer, blobfuse, Hadoop ABFS/WASB).
 const AZURE_FOLDER: &str = "hdi_isfolder";
@@ -636,13 +656,7 @@ impl Bucket {
             }
             Err(e) => return Err(store_err(e)),
         };
-        match (meta.e_tag.as_deref(), meta.version) {
-            (Some(have), Some(generation)) if have == etag => Ok(Some(generation)),
-            (Some(_), Some(_)) => Err(BucketError::Changed(key.to_string())),
-            _ => Err(BucketError::Other(format!(
-                "GCS gave no ETag and generation for {key}: a conditional write cannot be made"
-            ))),
-        }
+        gcs_generation_for(key, etag, meta.e_tag.as_deref(), meta.version)
     }
 
     /// The user metadata a put stores for `meta`: none on `file://`; on Azure under names
@@ -1401,6 +1415,18 @@ mod tests {
     /// A read that names the ETag of a replaced object fails as `Changed` instead of
     /// returning the new object's bytes (the local store too: a reader on another cache
     /// must never mix versions).
+    /// GCS has no `If-Match` on writes: a conditional update names the generation the
+    /// HEAD found with the wanted ETag, and a changed object is `Changed` before any write.
+    #[test]
+    fn gcs_update_names_the_generation_of_the_wanted_etag() {
+        let r = gcs_generation_for("k", "\"e1\"", Some("\"e1\""), Some("1700".into()));
+        assert_eq!(r.ok().flatten().as_deref(), Some("1700"));
+        let r = gcs_generation_for("k", "\"e1\"", Some("\"e2\""), Some("1800".into()));
+        assert!(matches!(r, Err(BucketError::Changed(k)) if k == "k"));
+        let r = gcs_generation_for("k", "\"e1\"", Some("\"e1\""), None);
+        assert!(matches!(r, Err(BucketError::Other(_))), "{r:?}");
+    }
+
     #[test]
     fn conditional_read_refuses_a_replaced_object() {
         let (_d, b) = local();
