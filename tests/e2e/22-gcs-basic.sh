@@ -6,6 +6,8 @@
 # The emulator takes no XML-API PUT, so tests/gcs_xml_shim.py (started by the script)
 # turns object_store's XML writes into its JSON API. Checked without deskfs (tests/gcsjson.py,
 # the emulator's JSON API):
+#   - format with GOOGLE_BASE_URL and no credential: one line naming the variables,
+#     non-zero, no workspace dir, no object (it would wait on the GCE metadata service);
 #   - format / mount: the lease's conditional renewal (If-Match -> GCS generation
 #     precondition: "Version required for conditional update" made every mount's lease
 #     fail before Bucket::generation_if_etag);
@@ -54,6 +56,18 @@ assert_obj_eq_gcs() { # REL LOCALFILE
   [[ $(sha "$T/obj.got") == "$(sha "$2")" ]] ||
     fail "object $key differs from $2 ($(stat -c %s "$T/obj.got") bytes in the bucket, $(stat -c %s "$2") expected)"
 }
+
+WSD=$DESKFS_HOME/workspaces
+log "format on a custom endpoint with no credential: one line, non-zero, nothing left"
+rc=0
+env -u RUST_LOG -u GOOGLE_SERVICE_ACCOUNT_KEY GOOGLE_BASE_URL="http://127.0.0.1:$PORT" \
+  timeout -k 5 60 "$DESKFS" format nocreds --bucket "gs://$B/$PREFIX-nocreds" > "$T/err.out" 2> "$T/err.err" < /dev/null || rc=$?
+((rc != 0 && rc != 124)) || fail "format with no GCS credential: exit $rc: $(head -c 400 "$T/err.err")"
+[[ $(grep -c . "$T/err.err") == 1 ]] || fail "format with no GCS credential: not one line: $(head -c 800 "$T/err.err")"
+grep -q 'GOOGLE_SERVICE_ACCOUNT_KEY' "$T/err.err" || fail "the error does not name the variable: $(cat "$T/err.err")"
+[[ ! -e $WSD/nocreds ]] || fail "format with no GCS credential left $WSD/nocreds behind"
+[[ -z $(gj_keys "$PREFIX-nocreds/") ]] || fail "format with no GCS credential left objects"
+log "ok (exit $rc): $(cat "$T/err.err")"
 
 NAME=gcsbasic
 log "deskfs format $NAME --bucket gs://$B/$PREFIX"

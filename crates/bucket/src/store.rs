@@ -122,6 +122,39 @@ fn s3_credentials_missing(
     ))
 }
 
+/// Why a GCS bucket on a custom endpoint (`GOOGLE_BASE_URL`, e.g. an emulator) has no
+/// credentials to use, or `None`. Without a service-account key
+/// (`GOOGLE_SERVICE_ACCOUNT`, `_PATH`, `_KEY`), `GOOGLE_APPLICATION_CREDENTIALS`, a
+/// bearer token or `GOOGLE_SKIP_SIGNATURE=true`, object_store asks the GCE metadata
+/// service for a token, which exists only on Google Cloud: a mount would wait on it, so
+/// it is refused at once. On Google's own endpoint (no `GOOGLE_BASE_URL`) the metadata
+/// service is a real credential source and nothing is refused here.
+fn gcs_credentials_missing(
+    spec: &BucketSpec,
+    env: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let set = |k: &str| env(k).is_some_and(|v| !v.trim().is_empty());
+    let custom =
+        env("GOOGLE_BASE_URL").filter(|u| !u.trim().is_empty() && !u.contains("googleapis.com"))?;
+    let creds = [
+        "GOOGLE_SERVICE_ACCOUNT",
+        "GOOGLE_SERVICE_ACCOUNT_PATH",
+        "GOOGLE_SERVICE_ACCOUNT_KEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "GOOGLE_BEARER_TOKEN",
+    ]
+    .iter()
+    .any(|k| set(k));
+    let skip = env("GOOGLE_SKIP_SIGNATURE").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if creds || skip {
+        return None;
+    }
+    Some(format!(
+        "no credentials for bucket gs://{} on the endpoint {custom}: set GOOGLE_SERVICE_ACCOUNT_KEY (for an emulator a fake key with \"disable_oauth\": true, see scripts/gcs-server.sh), GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS (metadata-server credentials exist only on Google Cloud itself)",
+        spec.bucket
+    ))
+}
+
 /// The Azure Blob client of `spec`, configured from Azure's standard variables (read
 /// through `env`): `AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ACCOUNT_KEY` (or a SAS,
 /// token, service principal, ... as object_store reads them), `AZURE_STORAGE_ENDPOINT`
@@ -343,6 +376,9 @@ impl Bucket {
                 (Arc::new(b.build().map_err(cfg)?), None)
             }
             Some(Scheme::Gcs) => {
+                if let Some(why) = gcs_credentials_missing(spec, |k| std::env::var(k).ok()) {
+                    return Err(BucketError::Config(why));
+                }
                 let b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(&spec.bucket)
                     .with_client_options(client)
@@ -1415,6 +1451,42 @@ mod tests {
     /// A read that names the ETag of a replaced object fails as `Changed` instead of
     /// returning the new object's bytes (the local store too: a reader on another cache
     /// must never mix versions).
+    /// A GCS bucket on a custom endpoint with no credential is refused with one line
+    /// instead of waiting on the GCE metadata service; Google's endpoint is left alone.
+    #[test]
+    fn gcs_custom_endpoint_needs_credentials() {
+        let spec = BucketSpec::parse("gs://bk/p").expect("spec");
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let why =
+            gcs_credentials_missing(&spec, env(&[("GOOGLE_BASE_URL", "http://127.0.0.1:4443")]));
+        let why = why.expect("refused");
+        assert!(
+            why.contains("gs://bk") && why.contains("GOOGLE_SERVICE_ACCOUNT_KEY"),
+            "{why}"
+        );
+        assert!(!why.contains('\n'));
+        for ok in [
+            &[
+                ("GOOGLE_BASE_URL", "http://127.0.0.1:4443"),
+                ("GOOGLE_SERVICE_ACCOUNT_KEY", "{}"),
+            ][..],
+            &[
+                ("GOOGLE_BASE_URL", "http://127.0.0.1:4443"),
+                ("GOOGLE_SKIP_SIGNATURE", "true"),
+            ][..],
+            &[][..],
+        ] {
+            let vars: &'static [(&'static str, &'static str)] = ok;
+            assert_eq!(gcs_credentials_missing(&spec, env(vars)), None, "{vars:?}");
+        }
+    }
+
     /// GCS has no `If-Match` on writes: a conditional update names the generation the
     /// HEAD found with the wanted ETag, and a changed object is `Changed` before any write.
     #[test]
