@@ -122,6 +122,39 @@ fn s3_credentials_missing(
     ))
 }
 
+/// Why a GCS bucket on a custom endpoint (`GOOGLE_BASE_URL`, e.g. an emulator) has no
+/// credentials to use, or `None`. Without a service-account key
+/// (`GOOGLE_SERVICE_ACCOUNT`, `_PATH`, `_KEY`), `GOOGLE_APPLICATION_CREDENTIALS`, a
+/// bearer token or `GOOGLE_SKIP_SIGNATURE=true`, object_store asks the GCE metadata
+/// service for a token, which exists only on Google Cloud: a mount would wait on it, so
+/// it is refused at once. On Google's own endpoint (no `GOOGLE_BASE_URL`) the metadata
+/// service is a real credential source and nothing is refused here.
+fn gcs_credentials_missing(
+    spec: &BucketSpec,
+    env: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let set = |k: &str| env(k).is_some_and(|v| !v.trim().is_empty());
+    let custom =
+        env("GOOGLE_BASE_URL").filter(|u| !u.trim().is_empty() && !u.contains("googleapis.com"))?;
+    let creds = [
+        "GOOGLE_SERVICE_ACCOUNT",
+        "GOOGLE_SERVICE_ACCOUNT_PATH",
+        "GOOGLE_SERVICE_ACCOUNT_KEY",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "GOOGLE_BEARER_TOKEN",
+    ]
+    .iter()
+    .any(|k| set(k));
+    let skip = env("GOOGLE_SKIP_SIGNATURE").is_some_and(|v| v.eq_ignore_ascii_case("true"));
+    if creds || skip {
+        return None;
+    }
+    Some(format!(
+        "no credentials for bucket gs://{} on the endpoint {custom}: set GOOGLE_SERVICE_ACCOUNT_KEY (for an emulator a fake key with \"disable_oauth\": true, see scripts/gcs-server.sh), GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS (metadata-server credentials exist only on Google Cloud itself)",
+        spec.bucket
+    ))
+}
+
 /// The Azure Blob client of `spec`, configured from Azure's standard variables (read
 /// through `env`): `AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ACCOUNT_KEY` (or a SAS,
 /// token, service principal, ... as object_store reads them), `AZURE_STORAGE_ENDPOINT`
@@ -250,6 +283,26 @@ fn azure_connection_string(cs: &str) -> Result<Vec<(object_store::azure::AzureCo
     Ok(out)
 }
 
+/// The generation precondition of a GCS update of `key` that wants the ETag `want`, from
+/// the object's HEAD (`have` ETag, `generation`): the generation when the ETags match.
+/// Errors: [`BucketError::Changed`] when they differ; [`BucketError::Other`] when the HEAD
+/// gave no ETag or no generation (`x-goog-generation`), since then no write could be made
+/// conditional.
+fn gcs_generation_for(
+    key: &str,
+    want: &str,
+    have: Option<&str>,
+    generation: Option<String>,
+) -> Result<Option<String>> {
+    match (have, generation) {
+        (Some(have), Some(generation)) if have == want => Ok(Some(generation)),
+        (Some(_), Some(_)) => Err(BucketError::Changed(key.to_string())),
+        _ => Err(BucketError::Other(format!(
+            "GCS gave no ETag and generation for {key}: a conditional write cannot be made"
+        ))),
+    }
+}
+
 /// The metadata that marks an Azure blob as a directory (Azure's convention: Storage
 /// Explorer, blobfuse, Hadoop ABFS/WASB).
 const AZURE_FOLDER: &str = "hdi_isfolder";
@@ -323,6 +376,9 @@ impl Bucket {
                 (Arc::new(b.build().map_err(cfg)?), None)
             }
             Some(Scheme::Gcs) => {
+                if let Some(why) = gcs_credentials_missing(spec, |k| std::env::var(k).ok()) {
+                    return Err(BucketError::Config(why));
+                }
                 let b = object_store::gcp::GoogleCloudStorageBuilder::from_env()
                     .with_bucket_name(&spec.bucket)
                     .with_client_options(client)
@@ -584,11 +640,12 @@ impl Bucket {
             return r;
         }
         let size = data.len() as u64;
+        let path = self.path(key)?;
         let mode = match cond {
             PutIf::Absent => PutMode::Create,
             PutIf::Matches(etag) => PutMode::Update(object_store::UpdateVersion {
+                version: self.generation_if_etag(&path, key, &etag).await?,
                 e_tag: Some(etag),
-                version: None,
             }),
         };
         let opts = PutOptions {
@@ -597,7 +654,7 @@ impl Bucket {
         };
         match self
             .store
-            .put_opts(&self.path(key)?, PutPayload::from(data), opts)
+            .put_opts(&path, PutPayload::from(data), opts)
             .await
         {
             Ok(r) => Ok(PutInfo {
@@ -609,6 +666,33 @@ impl Bucket {
             }
             Err(e) => Err(store_err(e)),
         }
+    }
+
+    /// On GCS, the generation of the object at `path` if its ETag is `etag`, for the
+    /// precondition of an update: GCS has no `If-Match` on writes, only
+    /// `x-goog-if-generation-match` (object_store refuses an update without a version:
+    /// "Version required for conditional update", which made every lease renewal on a
+    /// `gs://` workspace fail). The HEAD checks the ETag; the generation precondition then
+    /// refuses any write that came between, so the update stays atomic. `None` on other
+    /// stores (they take the ETag). Errors: [`BucketError::Changed`] when the object is
+    /// gone or has another ETag; the HEAD's own errors.
+    async fn generation_if_etag(
+        &self,
+        path: &Path,
+        key: &str,
+        etag: &str,
+    ) -> Result<Option<String>> {
+        if self.spec.scheme != Some(Scheme::Gcs) {
+            return Ok(None);
+        }
+        let meta = match self.store.head(path).await {
+            Ok(m) => m,
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(BucketError::Changed(key.to_string()));
+            }
+            Err(e) => return Err(store_err(e)),
+        };
+        gcs_generation_for(key, etag, meta.e_tag.as_deref(), meta.version)
     }
 
     /// The user metadata a put stores for `meta`: none on `file://`; on Azure under names
@@ -1367,6 +1451,54 @@ mod tests {
     /// A read that names the ETag of a replaced object fails as `Changed` instead of
     /// returning the new object's bytes (the local store too: a reader on another cache
     /// must never mix versions).
+    /// A GCS bucket on a custom endpoint with no credential is refused with one line
+    /// instead of waiting on the GCE metadata service; Google's endpoint is left alone.
+    #[test]
+    fn gcs_custom_endpoint_needs_credentials() {
+        let spec = BucketSpec::parse("gs://bk/p").expect("spec");
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let why =
+            gcs_credentials_missing(&spec, env(&[("GOOGLE_BASE_URL", "http://127.0.0.1:4443")]));
+        let why = why.expect("refused");
+        assert!(
+            why.contains("gs://bk") && why.contains("GOOGLE_SERVICE_ACCOUNT_KEY"),
+            "{why}"
+        );
+        assert!(!why.contains('\n'));
+        for ok in [
+            &[
+                ("GOOGLE_BASE_URL", "http://127.0.0.1:4443"),
+                ("GOOGLE_SERVICE_ACCOUNT_KEY", "{}"),
+            ][..],
+            &[
+                ("GOOGLE_BASE_URL", "http://127.0.0.1:4443"),
+                ("GOOGLE_SKIP_SIGNATURE", "true"),
+            ][..],
+            &[][..],
+        ] {
+            let vars: &'static [(&'static str, &'static str)] = ok;
+            assert_eq!(gcs_credentials_missing(&spec, env(vars)), None, "{vars:?}");
+        }
+    }
+
+    /// GCS has no `If-Match` on writes: a conditional update names the generation the
+    /// HEAD found with the wanted ETag, and a changed object is `Changed` before any write.
+    #[test]
+    fn gcs_update_names_the_generation_of_the_wanted_etag() {
+        let r = gcs_generation_for("k", "\"e1\"", Some("\"e1\""), Some("1700".into()));
+        assert_eq!(r.ok().flatten().as_deref(), Some("1700"));
+        let r = gcs_generation_for("k", "\"e1\"", Some("\"e2\""), Some("1800".into()));
+        assert!(matches!(r, Err(BucketError::Changed(k)) if k == "k"));
+        let r = gcs_generation_for("k", "\"e1\"", Some("\"e1\""), None);
+        assert!(matches!(r, Err(BucketError::Other(_))), "{r:?}");
+    }
+
     #[test]
     fn conditional_read_refuses_a_replaced_object() {
         let (_d, b) = local();
