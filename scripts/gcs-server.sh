@@ -47,16 +47,9 @@ PORTFILE="$GDIR/port"
 ENVFILE="$GDIR/env.sh"
 LOG="$GDIR/server.log"
 
-log() { echo "gcs-server: $*" >&2; }
-die() { echo "gcs-server: error: $*" >&2; exit 1; }
-
-running() {
-  [[ -f "$PIDFILE" ]] || return 1
-  local pid; pid="$(cat "$PIDFILE")"
-  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
-}
-
-port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+SERVER_NAME=gcs-server
+# shellcheck source=scripts/server-lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/server-lib.sh"
 
 pick_port() {
   if [[ -n "${GCS_PORT:-}" ]]; then echo "$GCS_PORT"; return; fi
@@ -66,16 +59,6 @@ pick_port() {
     port_busy "$p" || port_busy $((p + 1)) || { echo "$p"; return; }
   done
   die "no free port for fake-gcs-server (tried 4443..4493); set GCS_PORT"
-}
-
-wait_port() { # PORT
-  local i
-  for i in $(seq 1 150); do
-    if port_busy "$1"; then return 0; fi
-    running || die "fake-gcs-server exited during startup, see $LOG"
-    sleep 0.2
-  done
-  die "fake-gcs-server or its shim did not open 127.0.0.1:$1 within 30s, see $LOG"
 }
 
 find_bin() {
@@ -140,10 +123,10 @@ cmd_start() {
       >>"$LOG" 2>&1 </dev/null &
     echo $! > "$PIDFILE"
     echo "$PORT" > "$PORTFILE"
-    wait_port "$bport"
+    PORT=$bport wait_port 30
     setsid nice -n 10 python3 "$SHIM" "$PORT" "$bport" >>"$GDIR/shim.log" 2>&1 </dev/null &
     echo $! > "$SHIMPIDFILE"
-    wait_port "$PORT"
+    wait_port 30
     log "started fake-gcs-server on 127.0.0.1:$PORT (pid $(cat "$PIDFILE"), log $LOG)"
   fi
   create_bucket || die "creating bucket $BUCKET failed"
@@ -160,17 +143,7 @@ stop_shim() {
 
 cmd_stop() {
   stop_shim
-  if running; then
-    local pid; pid="$(cat "$PIDFILE")"
-    kill -TERM "$pid" 2>/dev/null || true
-    local i
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid" 2>/dev/null || true
-    log "stopped pid $pid"
-  else
-    log "not running"
-  fi
-  rm -f "$PIDFILE"
+  stop_server
 }
 
 case "${1:-}" in

@@ -1448,9 +1448,6 @@ mod tests {
         assert_eq!(std::fs::read(out.join("of")).unwrap(), b"outside");
     }
 
-    /// A read that names the ETag of a replaced object fails as `Changed` instead of
-    /// returning the new object's bytes (the local store too: a reader on another cache
-    /// must never mix versions).
     /// A GCS bucket on a custom endpoint with no credential is refused with one line
     /// instead of waiting on the GCE metadata service; Google's endpoint is left alone.
     #[test]
@@ -1499,6 +1496,9 @@ mod tests {
         assert!(matches!(r, Err(BucketError::Other(_))), "{r:?}");
     }
 
+    /// A read that names the ETag of a replaced object fails as `Changed` instead of
+    /// returning the new object's bytes (the local store too: a reader on another cache
+    /// must never mix versions).
     #[test]
     fn conditional_read_refuses_a_replaced_object() {
         let (_d, b) = local();
