@@ -19,6 +19,8 @@
 # Skipped (failed under DESKFS_TEST_STRICT=1) only when Azurite cannot be installed.
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
+# shellcheck source=tests/backend.sh
+source "$LIB_DIR/backend.sh"
 need_deskfs
 need_cmd python3
 
@@ -51,6 +53,8 @@ assert_blob_eq() { # REL LOCALFILE
   [[ $(sha "$T/blob.got") == "$(sha "$2")" ]] ||
     fail "blob $key differs from $2 ($(stat -c %s "$T/blob.got") bytes in the container, $(stat -c %s "$2") expected)"
 }
+obj_eq() { assert_blob_eq "$@"; }
+obj_present() { az_exists "$PREFIX/$1"; } # REL KIND (a directory's marker has its name)
 WSD=$DESKFS_HOME/workspaces
 
 # ---- bad credentials at format: one line, non-zero, nothing left behind
@@ -85,32 +89,11 @@ az_exists "$PREFIX/.deskfs/format.json" || fail "format wrote no $PREFIX/.deskfs
 
 ws_mount "$NAME" "$MNT" --cache-dir "$T/cache1"
 M=$MNT
-log "writing files"
-head -c 20000000 /dev/urandom > "$T/big.bin"
-head -c 300000 /dev/urandom > "$T/mid.bin"
-mkdir -p "$M/a/b" "$M/emptydir" "$M/renamedir/x"
-echo "top level" > "$M/top.txt"
-echo "nested c" > "$M/a/b/c.txt"
-cp "$T/big.bin" "$M/a/big.bin"
-cp "$T/mid.bin" "$M/mid.bin"
-: > "$M/zero.txt"
-echo "unicode" > "$M/héllo wörld.txt"
-echo "in renamed dir" > "$M/renamedir/x/r.txt"
-echo "before rename" > "$M/a/old-name.txt"
-echo "to be deleted" > "$M/a/deleted.txt"
-touch -d '2001-02-03 04:05:06.123456789' "$M/a/b/c.txt"
-assert_eq "nested c" "$(cat "$M/a/b/c.txt")" "read back through the mount"
+backend_write_tree "$M"
 ws_sync "$NAME"
 
 log "checking the container after sync"
-echo "top level" > "$T/e.top"
-echo "nested c" > "$T/e.c"
-echo "unicode" > "$T/e.uni"
-assert_blob_eq top.txt "$T/e.top"
-assert_blob_eq a/b/c.txt "$T/e.c"
-assert_blob_eq a/big.bin "$T/big.bin"
-assert_blob_eq mid.bin "$T/mid.bin"
-assert_blob_eq "héllo wörld.txt" "$T/e.uni"
+backend_check_tree
 az_keys > "$T/keys.1"
 grep -qxF "0	$PREFIX/zero.txt" "$T/keys.1" || fail "no empty blob $PREFIX/zero.txt (blobs: $(cut -f2 "$T/keys.1" | tr '\n' ' '))"
 az head "$PREFIX/a/b/c.txt" > "$T/head.c" || fail "HEAD of a/b/c.txt failed"
@@ -122,32 +105,10 @@ grep -qix 'x-ms-meta-hdi_isfolder: true' "$T/head.d" || fail "the marker of empt
 st=$(dfs status "$NAME" 2>&1) || fail "deskfs status failed: $st"
 grep -q "uploads .*0 failing" <<< "$st" || fail "status shows failing uploads after sync: $(grep -A2 uploads <<< "$st")"
 
-log "rename + delete + overwrite, then sync"
-mv "$M/a/old-name.txt" "$M/a/new-name.txt"
-mv "$M/renamedir" "$M/renamed"
-rm "$M/a/deleted.txt"
-echo "changed content" > "$M/top.txt"
-head -c 18000000 /dev/urandom > "$T/big2.bin"
-cp "$T/big2.bin" "$M/a/big.bin"
-ws_sync "$NAME"
-echo "before rename" > "$T/e.ren"
-echo "in renamed dir" > "$T/e.rd"
-echo "changed content" > "$T/e.top2"
-assert_blob_eq a/new-name.txt "$T/e.ren"
-assert_blob_eq renamed/x/r.txt "$T/e.rd"
-assert_blob_eq top.txt "$T/e.top2"
-assert_blob_eq a/big.bin "$T/big2.bin"
-for gone in a/old-name.txt a/deleted.txt renamedir/x/r.txt renamedir/x renamedir; do
-  ! az_exists "$PREFIX/$gone" || fail "blob $PREFIX/$gone still in the container after rename/delete + sync"
-done
+backend_change_tree "$M"
+backend_check_changed
 
-tree_manifest "$M" > "$T/manifest.before"
-ws_umount "$M"
-
-log "cold remount (new cache dir)"
-ws_mount "$NAME" "$MNT2" --cache-dir "$T/cache2"
-assert_same_tree "$T/manifest.before" "$MNT2" "after cold remount"
-[[ -d $MNT2/emptydir ]] || fail "emptydir is not a directory after the remount"
+backend_cold_remount "$NAME" "$M" "$MNT2"
 ws_umount "$MNT2"
 
 log "a prefix prefilled by another client"

@@ -316,7 +316,8 @@ def sqlite_writer(db, wid, rows, q):
         con.close()
         q.put("ok")
     except Exception as e:  # noqa: BLE001 - reported as the failure
-        q.put("writer %d: %s" % (wid, e))
+        # SQLite's extended code says which call failed (IOERR_DELETE, _FSYNC, _LOCK, ...).
+        q.put("writer %d: %s (%s)" % (wid, e, getattr(e, "sqlite_errorname", "?")))
 
 
 def cmd_sqlite(a):
