@@ -69,7 +69,7 @@ backend_check_changed() {
 }
 
 # backend_cold_remount NAME M DIR: unmounts M, mounts NAME at DIR with a new cache dir,
-# and checks the tree is exactly what M showed (the empty dir included).
+# checks the tree is exactly what M showed (the empty dir included), unmounts DIR.
 backend_cold_remount() {
   local name=$1 m=$2 dir=$3
   tree_manifest "$m" > "$T/manifest.before"
@@ -78,4 +78,19 @@ backend_cold_remount() {
   ws_mount "$name" "$dir" --cache-dir "$T/cache2"
   assert_same_tree "$T/manifest.before" "$dir" "after cold remount"
   [[ -d $dir/emptydir ]] || fail "emptydir is not a directory after the remount"
+  ws_umount "$dir"
+}
+
+# backend_no_failing_uploads: after a sync, status lists no failing upload.
+backend_no_failing_uploads() {
+  local st
+  st=$(dfs status "$NAME" 2>&1) || fail "deskfs status failed: $st"
+  grep -q "uploads .*0 failing" <<< "$st" || fail "status shows failing uploads after sync: $(grep -A2 uploads <<< "$st")"
+}
+
+# backend_prefill_files: $T/x.txt and $T/y.bin, the files another client puts into a
+# prefix before deskfs mounts it.
+backend_prefill_files() {
+  echo "from another client" > "$T/x.txt"
+  head -c 100000 /dev/urandom > "$T/y.bin"
 }

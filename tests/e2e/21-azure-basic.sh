@@ -102,19 +102,16 @@ grep -qx 'x-ms-meta-deskfs_mtime_ns: 981173106123456789' "$T/head.c" ||
   fail "a/b/c.txt carries no ns mtime under an Azure-valid name: $(grep meta "$T/head.c" | tr '\n' ' ')"
 az head "$PREFIX/emptydir" > "$T/head.d" || fail "no directory marker blob $PREFIX/emptydir"
 grep -qix 'x-ms-meta-hdi_isfolder: true' "$T/head.d" || fail "the marker of emptydir has no hdi_isfolder=true: $(grep meta "$T/head.d" | tr '\n' ' ')"
-st=$(dfs status "$NAME" 2>&1) || fail "deskfs status failed: $st"
-grep -q "uploads .*0 failing" <<< "$st" || fail "status shows failing uploads after sync: $(grep -A2 uploads <<< "$st")"
+backend_no_failing_uploads
 
 backend_change_tree "$M"
 backend_check_changed
 
 backend_cold_remount "$NAME" "$M" "$MNT2"
-ws_umount "$MNT2"
 
 log "a prefix prefilled by another client"
 P2=$PREFIX-pre
-echo "from another client" > "$T/x.txt"
-head -c 100000 /dev/urandom > "$T/y.bin"
+backend_prefill_files
 az put "$P2/x.txt" "$T/x.txt"
 az put "$P2/sub/deeper/y.bin" "$T/y.bin"
 # Azure's folder convention (what deskfs writes for an empty dir; Storage Explorer too)

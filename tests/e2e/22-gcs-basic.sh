@@ -95,19 +95,16 @@ gj meta "$PREFIX/a/b/c.txt" > "$T/meta.c" || fail "no metadata of a/b/c.txt"
 grep -qx 'mode=33188' "$T/meta.c" || fail "a/b/c.txt carries no mode 33188 metadata: $(tr '\n' ' ' < "$T/meta.c")"
 grep -qx 'deskfs-mtime-ns=981173106123456789' "$T/meta.c" || fail "a/b/c.txt carries no ns mtime: $(tr '\n' ' ' < "$T/meta.c")"
 grep -qxF "0	$PREFIX/emptydir/" "$T/keys.1" || fail "no directory marker $PREFIX/emptydir/ (objects: $(cut -f2 "$T/keys.1" | tr '\n' ' '))"
-st=$(dfs status "$NAME" 2>&1) || fail "deskfs status failed: $st"
-grep -q "uploads .*0 failing" <<< "$st" || fail "status shows failing uploads after sync: $(grep -A2 uploads <<< "$st")"
+backend_no_failing_uploads
 
 backend_change_tree "$M"
 backend_check_changed
 
 backend_cold_remount "$NAME" "$M" "$MNT2"
-ws_umount "$MNT2"
 
 log "a prefix prefilled by another client"
 P2=$PREFIX-pre
-echo "from another client" > "$T/x.txt"
-head -c 100000 /dev/urandom > "$T/y.bin"
+backend_prefill_files
 gj put "$P2/x.txt" "$T/x.txt"
 gj put "$P2/sub/deeper/y.bin" "$T/y.bin"
 gj put "$P2/emptyd/" /dev/null
