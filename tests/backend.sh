@@ -1,9 +1,18 @@
 # tests/backend.sh — the basic-ops workload each backend's e2e test runs (21 Azure, 22
-# GCS), sourced after lib.sh. The test defines two hooks on its own client of the store:
-#   obj_eq REL FILE        the object of workspace path REL holds FILE's bytes, else fail
+# GCS), sourced after lib.sh. The test sets PREFIX (the workspace's key prefix) and
+# defines two hooks on its own client of the store:
+#   obj_get KEY            the object's bytes on stdout (non-zero when there is none)
 #   obj_present REL KIND   the object of REL (KIND: file or dir, its marker) exists
 # and calls, in order: backend_write_tree M; ws_sync; backend_check_tree;
 # backend_change_tree M (it syncs); backend_check_changed; backend_cold_remount NAME M DIR.
+
+# obj_eq REL FILE: the object of workspace path REL holds FILE's bytes, else fail.
+obj_eq() {
+  local key=$PREFIX/$1
+  obj_get "$key" > "$T/obj.got" || fail "object $key is not in the store"
+  [[ $(sha "$T/obj.got") == "$(sha "$2")" ]] ||
+    fail "object $key differs from $2 ($(stat -c %s "$T/obj.got") bytes in the store, $(stat -c %s "$2") expected)"
+}
 
 # backend_write_tree M: nested dirs, an empty dir and an empty file, a Unicode name, a
 # 20 MB file (multipart) and a 300 KB one, names to rename and delete, an exact mtime.

@@ -79,7 +79,7 @@ fn handle(conn: UnixStream, vfs: &Vfs, keeper: Option<&Keeper>) -> Result<()> {
                 // Error replies by errno name (as the metrics endpoint has them).
                 s["errors"] = deskfs_fuse::stats::errors()
                     .into_iter()
-                    .map(|(e, n)| (format!("{:?}", nix::errno::Errno::from_raw(e)), json!(n)))
+                    .map(|(e, n)| (crate::metrics::errno_name(e), json!(n)))
                     .collect::<serde_json::Map<_, _>>()
                     .into();
                 if let Some(k) = keeper {

@@ -311,14 +311,9 @@ fn cache_dir_check(dir: &Path, what: String) -> Check {
     )
 }
 
-/// The first executable file named `name` in the directories of `PATH`.
+/// The first executable file named `name` in the directories of `PATH` (the desk
+/// layer's lookup, as a command run on the desk would find it).
 fn find_on_path(name: &str) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
     let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(name))
-        .find(|p| {
-            p.metadata()
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
+    deskfs_desk::shell::find_program(name, Path::new("/"), &path)
 }

@@ -66,6 +66,11 @@ async fn scrape(vfs: Arc<Vfs>) -> axum::response::Response {
     }
 }
 
+/// An errno's symbolic name (`ENOENT`), as the metrics and `status --json` label errors.
+pub(crate) fn errno_name(errno: i32) -> String {
+    format!("{:?}", nix::errno::Errno::from_raw(errno))
+}
+
 /// The text exposition being written: one `# HELP`/`# TYPE` pair per family, then its
 /// samples.
 struct Exposition(String);
@@ -158,8 +163,7 @@ fn fuse_families(e: &mut Exposition) {
         "FUSE requests answered with an error, by errno.",
     );
     for (errno, n) in deskfs_fuse::stats::errors() {
-        let label = format!("{:?}", nix::errno::Errno::from_raw(errno));
-        e.sample(name, &[("errno", &label)], n as f64);
+        e.sample(name, &[("errno", &errno_name(errno))], n as f64);
     }
 }
 

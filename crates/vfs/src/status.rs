@@ -175,6 +175,7 @@ pub struct HeldSession {
 impl Vfs {
     /// Current status (cache, dirty data, pending and failing uploads).
     pub fn status(&self) -> Result<VfsStatus> {
+        let (lock_waits, lock_waiting) = self.locks.wait_counts();
         // The inode scan off the engine's connection (see `MetaEngine::usage`).
         let usage = self.meta.usage()?;
         let (pending, failed, held) = deskfs_meta::read(&*self.meta, |t| {
@@ -261,8 +262,8 @@ impl Vfs {
                 u64::try_from(crate::now_ns().saturating_sub(at) / 1_000_000).unwrap_or(0)
             }),
             bucket_requests: self.bucket.request_counts(),
-            lock_waits: self.locks.wait_counts().0,
-            lock_waiting: self.locks.wait_counts().1,
+            lock_waits,
+            lock_waiting,
             bucket_marker_missing: self
                 .marker_missing
                 .load(std::sync::atomic::Ordering::SeqCst),
