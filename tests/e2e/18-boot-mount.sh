@@ -3,7 +3,8 @@
 #   - fstab: `/sbin/mount.fuse.deskfs` (a symlink to deskfs, made here when missing and
 #     removed after) lets mount(8) mount a line of type fuse.deskfs — `mount -T FSTAB DIR`
 #     with a test fstab (options cache_dir=, home=, noatime, _netdev, nofail,
-#     x-systemd.requires=): mounted, written, `umount DIR` unmounts and the daemon exits;
+#     x-systemd.requires=): mounted with type fuse.deskfs in the mount table (`findmnt -t fuse.deskfs`), written,
+#     `umount DIR` unmounts and the daemon exits;
 #     mounted again, the file is there; `mount -t fuse.deskfs NAME DIR -o …` likewise; a
 #     line with an unknown option fails with one line naming it, nothing mounted;
 #   - systemd: `deskfs systemd-unit` prints a unit (checked by systemd-analyze verify when
@@ -38,7 +39,8 @@ register_mount "$T/m-fst"
 echo "fst $T/m-fst fuse.deskfs defaults,_netdev,nofail,x-systemd.requires=network-online.target,cache_dir=$T/cache-fst,home=$DESKFS_HOME,noatime 0 0" > "$T/fstab"
 mount -T "$T/fstab" "$T/m-fst" || fail "mount -T fstab $T/m-fst failed"
 is_alive "$T/m-fst" || fail "the fstab mount does not answer"
-grep -Eq "^deskfs:fst $T/m-fst fuse(.deskfs)? " /proc/self/mounts || fail "not a deskfs mount: $(grep m-fst /proc/self/mounts)"
+grep -q "^deskfs:fst $T/m-fst fuse.deskfs " /proc/self/mounts || fail "not a mount of type fuse.deskfs: $(grep m-fst /proc/self/mounts)"
+assert_eq "$T/m-fst" "$(findmnt -n -o TARGET -t fuse.deskfs "$T/m-fst")" "findmnt -t fuse.deskfs"
 [[ -d $T/cache-fst/staging ]] || fail "cache_dir= was not used"
 echo "from fstab" > "$T/m-fst/f"
 umount "$T/m-fst" || fail "umount $T/m-fst failed"

@@ -15,6 +15,10 @@
 #   - during the burst `deskfs status` shows the failing uploads with what the server
 #     answered ("the server answered 503 SlowDown …"), attempts counted; after it they
 #     succeed;
+#   - a bucket that stops answering (every request stalls): `deskfs umount --timeout 3`
+#     exits 3, the daemon exits within 30 s although its last metadata backup still waits
+#     on a PUT, without a panic; remounted with the faults off, the file written during
+#     the stall reaches the bucket;
 #   - every fault kind happened at least once (the proxy's counts).
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
@@ -142,6 +146,35 @@ rc copy --transfers 16 "$(rc_path "$S3_PREFIX")" "$T/got" --exclude '.deskfs/**'
 diff "$T/want.sha" "$T/got.sha" > "$T/bucket.diff" || fail "the bucket differs from what was written (< written, > bucket): $(head -n 20 "$T/bucket.diff")"
 
 ws_umount "$MNT"
+
+log "a bucket that stops answering (every request stalls 120 s): umount and exit stay bounded"
+ws_mount "$NAME" "$MNT" --cache-dir "$T/cache"
+PID=$(python3 -c 'import json,glob,sys; r=[json.load(open(p)) for p in glob.glob(sys.argv[1] + "/*.json")]; print(r[0]["pid"] if r else "")' "$DESKFS_HOME/workspaces/$NAME/run")
+[[ -n $PID ]] || fail "no run record of the mount's daemon"
+faults '{"burst": "stall", "stall_s": 120}'
+head -c 3000 /dev/urandom > "$W/stalled.bin"
+cp "$W/stalled.bin" "$MNT/stalled.bin" || fail "a write while the bucket stalls failed (writes go to the local journal)"
+rc=0
+t0=$SECONDS
+DFS_TIMEOUT=60 dfs umount "$MNT" --timeout 3 > "$T/umount.stall.out" 2>&1 || rc=$?
+((rc == 3)) || fail "umount --timeout 3 with the bucket stalled: exit $rc after $((SECONDS - t0)) s, expected 3: $(head -c 600 "$T/umount.stall.out")"
+wait_for 30 not_mounted "$MNT" || fail "the mount is still there after umount --timeout 3 (bucket stalled)"
+wait_for 30 eval '! pid_running "$PID"' || fail "daemon $PID still runs 30 s after umount --timeout 3 (bucket stalled)"
+log "umount --timeout 3: exit 3 after $((SECONDS - t0)) s, daemon gone after $((SECONDS - t0)) s"
+DLOG=$(ls -t "$DESKFS_HOME"/workspaces/$NAME/logs/*.log | head -n 1)
+# The last metadata backup still waits on a stalled PUT when the daemon exits: its thread
+# must not panic when the runtime it runs on shuts down.
+grep -q 'last metadata backup did not finish within' "$DLOG" ||
+  fail "harness: the last metadata backup of daemon $PID did not wait past its limit (no stall?): $(grep -i backup "$DLOG" | tail -n 3)"
+if grep -h -A3 'panicked' "$DLOG" > "$T/panics.txt"; then
+  fail "the daemon panicked while exiting with the bucket stalled: $(head -c 1500 "$T/panics.txt")"
+fi
+faults '{"rate": 0, "stall_s": 3}'
+ws_mount "$NAME" "$MNT" --cache-dir "$T/cache"
+ws_sync "$NAME"
+assert_obj_eq stalled.bin "$W/stalled.bin"
+ws_umount "$MNT"
+
 python3 - "$T/proxy.stats" <<'PY' || fail "not every fault kind happened: $(cat "$T/proxy.stats")"
 import json, sys
 s = json.load(open(sys.argv[1]))

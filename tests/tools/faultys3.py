@@ -22,7 +22,8 @@ request, with probability --rate, one of --kinds happens instead:
 --control FILE, re-read every 0.2 s when it changes, is JSON that overrides the above:
 {"rate": 0.3} changes the rate, {"kinds": ["503", "reset"]} the kinds drawn (unknown
 ones ignored; none known: --kinds), {"burst": "503"} makes every request get that fault
-until the file says otherwise, {"rate": 0} turns faults off. --stats FILE is rewritten
+until the file says otherwise, {"stall_s": 60} changes --stall-s, {"rate": 0} turns faults
+off. --stats FILE is rewritten
 every 0.5 s with {"requests": N, "faults": {"503": n, ...}}. The draws follow --seed.
 
 Output: "HOST:PORT" of the listener alone on the first line of stdout; a summary of the
@@ -56,6 +57,7 @@ class Faults:
         self.rng = random.Random(seed)
         self.control = control
         self.burst = None
+        self.stall_s = None
         self.mtime = None
         self.requests = 0
         self.counts = {k: 0 for k in KINDS}
@@ -81,6 +83,8 @@ class Faults:
         self.kinds = tuple(k) or self.base_kinds
         b = c.get("burst")
         self.burst = b if b in KINDS else None
+        st = c.get("stall_s")
+        self.stall_s = float(st) if isinstance(st, (int, float)) and st >= 0 else None
 
     def draw(self):
         self.requests += 1
@@ -170,7 +174,7 @@ async def serve(faults, to, stall_s, creader, cwriter):
                 await cwriter.drain()
                 continue
             if kind == "stall":
-                await asyncio.sleep(stall_s)
+                await asyncio.sleep(faults.stall_s if faults.stall_s is not None else stall_s)
             ureader, uwriter = await asyncio.open_connection(*to)
             try:
                 uwriter.write(head + body)
@@ -274,3 +278,7 @@ def parse(argv):
 
 if __name__ == "__main__":
     asyncio.run(main(parse(sys.argv[1:])))
+    # Connections still stalled are dropped with the process: letting asyncio cancel
+    # them only prints a CancelledError traceback per connection.
+    sys.stderr.flush()
+    os._exit(0)

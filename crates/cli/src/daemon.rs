@@ -15,6 +15,7 @@ use deskfs_vfs::{Vfs, VfsConfig};
 use serde_json::json;
 
 use crate::home::{self, is_mountpoint, mounts_of, ws_dir, MountRecord, WorkspaceConfig};
+use crate::keeper::LastBackup;
 
 /// Arguments of `deskfs mount`.
 #[derive(Args, Debug, Clone)]
@@ -908,10 +909,13 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     log_left_pending(&vfs);
     let _ = std::fs::remove_file(&rec_path);
     let _ = std::fs::remove_file(&sock);
-    if let Some(k) = &keeper {
-        let others = mounts_of(&a.name).iter().any(|m| m.pid != pid);
-        k.finish(keeper_thread, others, KEEPER_LIMIT);
-    }
+    let last_backup = match &keeper {
+        Some(k) => {
+            let others = mounts_of(&a.name).iter().any(|m| m.pid != pid);
+            k.finish(keeper_thread, others, KEEPER_LIMIT)
+        }
+        None => LastBackup::Ended,
+    };
     drop(vfs);
     // Uploads still in flight are abandoned (each is redone from the journal); after a
     // drain they get a moment to finish, after --no-wait none.
@@ -920,7 +924,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     } else {
         Duration::from_secs(2)
     };
-    rt.shutdown_timeout(in_flight);
+    last_backup.shut_down(rt, in_flight);
     res.context("FUSE session ended with an error")
 }
 
@@ -1250,22 +1254,30 @@ fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
     )?;
     let r = vfs.shutdown(true, timeout);
     drop(vfs);
-    let r = r.map_err(anyhow::Error::from).and_then(|()| {
+    let (r, last) = match r {
+        Err(e) => (Err(anyhow::Error::from(e)), LastBackup::Ended),
         // After the uploads, the metadata backup: a new machine rebuilds this state.
-        let rth = rt.handle().clone();
-        let keeper = std::thread::spawn(move || -> Result<()> {
-            if let Some(k) = crate::keeper::for_workspace(&o, &rth)? {
+        Ok(()) => {
+            let rth = rt.handle().clone();
+            let keeper = std::thread::spawn(move || -> (Result<()>, LastBackup) {
+                let k = match crate::keeper::for_workspace(&o, &rth) {
+                    Ok(Some(k)) => k,
+                    Ok(None) => return (Ok(()), LastBackup::Ended),
+                    Err(e) => return (Err(e), LastBackup::Ended),
+                };
                 let r = k.flush().map(|_| ());
-                k.finish(None, !mounts_of(&o.cfg.name).is_empty(), KEEPER_LIMIT);
-                r?;
-            }
-            Ok(())
-        });
-        keeper
-            .join()
-            .map_err(|_| anyhow!("metadata backup thread panicked"))?
-    });
-    rt.shutdown_timeout(Duration::from_secs(2));
+                let last = k.finish(None, !mounts_of(&o.cfg.name).is_empty(), KEEPER_LIMIT);
+                (r, last)
+            });
+            keeper.join().unwrap_or_else(|_| {
+                (
+                    Err(anyhow!("metadata backup thread panicked")),
+                    LastBackup::Ended,
+                )
+            })
+        }
+    };
+    last.shut_down(rt, Duration::from_secs(2));
     r
 }
 

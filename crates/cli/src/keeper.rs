@@ -228,12 +228,18 @@ impl Keeper {
     /// `keep_lease`: another live mount of this database on this host still holds it),
     /// waiting at most `limit`: a daemon told to stop exits promptly even when the bucket
     /// does not answer (the change marks stay; the next mount or `deskfs sync` writes them).
+    ///
+    /// Returns [`LastBackup::StillRunning`] when the limit passed first: the keeper's
+    /// threads then still wait on the runtime's timers and sockets, so the caller must not
+    /// shut that runtime down (tokio panics a thread whose timer outlives its runtime);
+    /// the process exits with the runtime left running instead.
+    #[must_use]
     pub fn finish(
         self: &Arc<Self>,
         thread: Option<std::thread::JoinHandle<()>>,
         keep_lease: bool,
         limit: Duration,
-    ) {
+    ) -> LastBackup {
         self.stop.store(true, Ordering::Release);
         {
             let (m, cv) = &self.wake;
@@ -263,6 +269,29 @@ impl Keeper {
                 "the last metadata backup did not finish within {} s (bucket slow or down); the next mount or `deskfs sync` writes it",
                 limit.as_secs()
             );
+            return LastBackup::StillRunning;
+        }
+        LastBackup::Ended
+    }
+}
+
+/// How [`Keeper::finish`] left the last metadata backup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LastBackup {
+    /// Written, failed, or never started: no keeper thread uses the runtime any more.
+    Ended,
+    /// Still waiting on the bucket past the limit: the runtime must outlive the process.
+    StillRunning,
+}
+
+impl LastBackup {
+    /// Shuts `rt` down, waiting at most `in_flight` for its tasks, unless the last backup
+    /// still runs on it: then the runtime is left to the process's exit (its threads end
+    /// with the process), since shutting it down would panic the keeper's threads.
+    pub fn shut_down(self, rt: tokio::runtime::Runtime, in_flight: Duration) {
+        match self {
+            LastBackup::Ended => rt.shutdown_timeout(in_flight),
+            LastBackup::StillRunning => std::mem::forget(rt),
         }
     }
 }

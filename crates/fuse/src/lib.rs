@@ -18,14 +18,19 @@
 //! Kernel connection settings: requests of up to 1 MiB (`max_write`, and `max_readahead`
 //! up to the kernel's cap); otherwise fuser's default init flags (async reads, big
 //! writes, max_pages). POSIX and BSD locks are therefore handled by the kernel locally
-//! (per mount). The mount is `rw`, and — fuser's default — `nodev,nosuid`.
+//! (per mount). The mount is `rw,nodev,nosuid`, of type [`FS_TYPE`] (`fuse.deskfs`): as
+//! root `mount(2)` is called here (fuser's own direct mount would say `fuse`), otherwise
+//! fusermount3 mounts with `subtype=deskfs`.
 
 #![warn(missing_docs)]
 
 mod backing;
 mod convert;
 mod filesystem;
+mod kernel_mount;
 pub mod stats;
+
+pub use kernel_mount::FS_TYPE;
 
 use std::ffi::OsStr;
 use std::io;
@@ -142,10 +147,31 @@ fn invalid(msg: &str) -> io::Error {
 /// `/dev/fuse`, of `mount(2)`/`fusermount3`, or of the handshake (e.g. `mountpoint`
 /// missing, not a directory, or not permitted).
 pub fn mount(vfs: Arc<Vfs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<MountHandle> {
+    let (session, kernel) = open_session(vfs, mountpoint, opts)?;
+    // The kernel mount is dropped (unmounted) if the serving thread cannot start.
+    let session = session.spawn()?;
+    Ok(MountHandle { session, kernel })
+}
+
+/// Mounts (see [`kernel_mount`]) and answers the kernel's `INIT`: a session ready to
+/// serve, and the kernel mount when it was made here rather than by fusermount3.
+fn open_session(
+    vfs: Arc<Vfs>,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> io::Result<(Session<DeskFs>, Option<kernel_mount::KernelMount>)> {
     let config = opts.config()?;
     let fs = DeskFs::new(vfs, opts.ttls());
-    let session = Session::new(fs, mountpoint, &config)?.spawn()?;
-    Ok(MountHandle { session })
+    let data = kernel_mount::MountData {
+        fsname: &opts.fsname,
+        default_permissions: opts.default_permissions,
+        allow_other: opts.allow_other,
+    };
+    match kernel_mount::mount(mountpoint, &data)? {
+        // On a failed handshake the kernel mount is dropped, which unmounts it.
+        Some((fd, kernel)) => Ok((Session::from_fd(fs, fd, config.acl, config)?, Some(kernel))),
+        None => Ok((Session::new(fs, mountpoint, &config)?, None)),
+    }
 }
 
 /// Mounts `vfs` at `mountpoint` and serves it on the calling thread (plus
@@ -155,15 +181,17 @@ pub fn mount(vfs: Arc<Vfs>, mountpoint: &Path, opts: &MountOptions) -> io::Resul
 /// # Errors
 /// As [`mount`], plus the error that ended the session, if any.
 pub fn mount_foreground(vfs: Arc<Vfs>, mountpoint: &Path, opts: &MountOptions) -> io::Result<()> {
-    let config = opts.config()?;
-    let fs = DeskFs::new(vfs, opts.ttls());
-    Session::new(fs, mountpoint, &config)?.run()
+    let (session, _kernel) = open_session(vfs, mountpoint, opts)?;
+    session.run()
 }
 
 /// A mount served from background threads (see [`mount`]).
 #[derive(Debug)]
 pub struct MountHandle {
     session: BackgroundSession,
+    /// The kernel mount when made here (as root); `None` when fusermount3 made it and
+    /// fuser's session unmounts it.
+    kernel: Option<kernel_mount::KernelMount>,
 }
 
 impl MountHandle {
@@ -186,8 +214,14 @@ impl MountHandle {
     /// # Errors
     /// The `umount(2)` error (the file system then stays mounted and served until it is
     /// unmounted externally), or as [`MountHandle::join`].
-    pub fn unmount(self) -> io::Result<()> {
-        self.session.umount_and_join()
+    pub fn unmount(mut self) -> io::Result<()> {
+        match self.kernel.take() {
+            Some(mut k) => {
+                k.unmount(0)?;
+                self.session.join()
+            }
+            None => self.session.umount_and_join(),
+        }
     }
 
     /// A handle to drop entries and inodes from the kernel's caches, for changes made
