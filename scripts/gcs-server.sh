@@ -157,8 +157,8 @@ stop_shim() {
   [[ -f "$SHIMPIDFILE" ]] || return 0
   local pid; pid="$(cat "$SHIMPIDFILE")"
   if [[ -n "$pid" ]] && kill -TERM "$pid" 2>/dev/null; then
-    local i
-    for i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    local _i
+    for _i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
     log "stopped the XML shim (pid $pid)"
   fi
   rm -f "$SHIMPIDFILE"

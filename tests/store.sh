@@ -65,6 +65,7 @@ _store_start_azure() {
   need_cmd python3
   AZ_STATE=$T/azurite-state
   STORE_PORT=$(free_port "a private Azurite")
+  # shellcheck disable=SC2016  # expanded when run, at exit
   on_exit '_STORE_ENDED=1; az_ctl stop > /dev/null 2>&1; cp "$AZ_STATE/azurite/debug.log" "$T/azurite-debug.log" 2> /dev/null || true'
   log "starting a private Azurite on 127.0.0.1:$STORE_PORT"
   if ! az_up; then
@@ -93,6 +94,7 @@ _store_start_gcs() {
     if ! (exec 3<> "/dev/tcp/127.0.0.1/$((p + 1))") 2> /dev/null; then STORE_PORT=$p; break; fi
   done
   [[ -n $STORE_PORT ]] || fail "no free port pair for a private fake-gcs-server"
+  # shellcheck disable=SC2016  # expanded when run, at exit
   on_exit '_STORE_ENDED=1; gcs_ctl stop > /dev/null 2>&1; cp "$GCS_STATE_DIR/gcs/server.log" "$T/gcs-server.log" 2> /dev/null; cp "$GCS_STATE_DIR/gcs/shim.log" "$T/gcs-shim.log" 2> /dev/null || true'
   log "starting a private fake-gcs-server on 127.0.0.1:$((STORE_PORT + 1)), its XML shim on :$STORE_PORT"
   if ! gcs_ctl start > "$T/gcs-env.sh" 2> "$T/gcs-start.log"; then
@@ -107,6 +109,7 @@ _store_start_gcs() {
 }
 
 # need_store [KIND]
+# shellcheck disable=SC2120  # KIND is optional
 need_store() {
   if (($#)); then
     [[ $_STORE_UP == 0 || $1 == "$STORE" ]] || fail "need_store $1: the store is already $STORE"

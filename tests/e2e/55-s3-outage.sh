@@ -88,6 +88,7 @@ PY
 
 log "batch A, then stop the store ($STORE) at once"
 timeout 120 python3 "$T/writer.py" "$M" "$EXP" batch-a 20 $((4 << 20)) || fail "writing batch A failed (server still up)"
+# shellcheck disable=SC2016  # expanded when run, at exit
 on_exit 'store_ctl start > /dev/null 2>&1 || log "could not restart the store ($STORE)"'
 store_ctl stop > "$T/s3-stop.log" 2>&1 || fail "stopping the store ($STORE) failed: $(cat "$T/s3-stop.log")"
 ! store_port_open || fail "harness error: the store's port still answers after stop"
