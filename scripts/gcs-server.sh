@@ -4,6 +4,9 @@
 #
 #   gcs-server.sh start    install if missing, start (idempotent), print the `export ...` lines
 #   gcs-server.sh stop     stop the server started by `start` (by its recorded PID only)
+#   gcs-server.sh stop-shim  stop only the XML shim: every request of deskfs (it goes
+#                          through the shim) is refused while the objects stay in the
+#                          in-memory emulator (an outage for tests); `start` brings it back
 #   gcs-server.sh status   exit 0 if running, 1 otherwise
 #   gcs-server.sh env      print the `export ...` lines (same as the tail of `start`)
 #   gcs-server.sh wipe     stop and delete all server state
@@ -111,6 +114,10 @@ cmd_start() {
   if running; then
     PORT="$(cat "$PORTFILE")"
     log "already running (pid $(cat "$PIDFILE"), 127.0.0.1:$PORT)"
+    if ! shim_running; then
+      start_shim "$((PORT + 1))"
+      log "restarted the XML shim on 127.0.0.1:$PORT (pid $(cat "$SHIMPIDFILE"))"
+    fi
   else
     install
     PORT="$(pick_port)"
@@ -124,9 +131,7 @@ cmd_start() {
     echo $! > "$PIDFILE"
     echo "$PORT" > "$PORTFILE"
     PORT=$bport wait_port 30
-    setsid nice -n 10 python3 "$SHIM" "$PORT" "$bport" >>"$GDIR/shim.log" 2>&1 </dev/null &
-    echo $! > "$SHIMPIDFILE"
-    wait_port 30
+    start_shim "$bport"
     log "started fake-gcs-server on 127.0.0.1:$PORT (pid $(cat "$PIDFILE"), log $LOG)"
   fi
   create_bucket || die "creating bucket $BUCKET failed"
@@ -134,10 +139,28 @@ cmd_start() {
   cat "$ENVFILE"
 }
 
+shim_running() {
+  [[ -f "$SHIMPIDFILE" ]] || return 1
+  local pid; pid="$(cat "$SHIMPIDFILE")"
+  [[ -n "$pid" ]] && kill -0 "$pid" 2>/dev/null
+}
+
+# start_shim BACKEND_PORT: the XML shim on $PORT in front of the emulator; waits for it.
+start_shim() {
+  port_busy "$PORT" && die "127.0.0.1:$PORT (the shim's port) is in use"
+  setsid nice -n 10 python3 "$SHIM" "$PORT" "$1" >>"$GDIR/shim.log" 2>&1 </dev/null &
+  echo $! > "$SHIMPIDFILE"
+  wait_port 30
+}
+
 stop_shim() {
   [[ -f "$SHIMPIDFILE" ]] || return 0
   local pid; pid="$(cat "$SHIMPIDFILE")"
-  [[ -n "$pid" ]] && kill -TERM "$pid" 2>/dev/null || true
+  if [[ -n "$pid" ]] && kill -TERM "$pid" 2>/dev/null; then
+    local _i
+    for _i in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    log "stopped the XML shim (pid $pid)"
+  fi
   rm -f "$SHIMPIDFILE"
 }
 
@@ -149,8 +172,9 @@ cmd_stop() {
 case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
+  stop-shim) stop_shim ;;
   status) if running; then echo "running pid $(cat "$PIDFILE") port $(cat "$PORTFILE")"; else echo "stopped"; exit 1; fi ;;
   env) [[ -f "$ENVFILE" ]] || die "not started yet"; cat "$ENVFILE" ;;
   wipe) cmd_stop; rm -rf "$GDIR"; log "wiped $GDIR" ;;
-  *) echo "usage: $0 start|stop|status|env|wipe" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|stop-shim|status|env|wipe" >&2; exit 2 ;;
 esac

@@ -9,12 +9,16 @@ tests to look at a container *without* going through deskfs (nor object_store), 
                                  upload a file as one block blob (FILE '-' = stdin), with
                                  the user metadata x-ms-meta-NAME: VALUE
     azblob.py rm KEY             delete one blob
+    azblob.py put-tree DIR PREFIX
+                                 every file below DIR as the blob PREFIX/relpath (16 at a
+                                 time, one process: a thousand files in seconds)
 
 Connection settings come from the environment, as printed by scripts/azurite.sh:
 AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_ENDPOINT
 (http://HOST:PORT/ACCOUNT, path-style), AZURITE_CONTAINER.
 """
 import base64
+import concurrent.futures
 import hashlib
 import hmac
 import http.client
@@ -72,6 +76,26 @@ def die_status(what, st, data):
     sys.exit(f"azblob.py: {what}: HTTP {st}: {data[:300]!r}")
 
 
+def put(key, body, meta=()):
+    hdrs = {"x-ms-blob-type": "BlockBlob", "Content-Type": "application/octet-stream"}
+    for kv in meta:
+        k, _, v = kv.partition("=")
+        hdrs[f"x-ms-meta-{k}"] = v
+    st, _, data = request("PUT", key, body=body, headers=hdrs)
+    if st != 201:
+        die_status(f"put {key}", st, data)
+
+
+def tree(root):
+    """(relpath, path) of every file below root, sorted."""
+    out = []
+    for dp, _, fns in os.walk(root):
+        for n in fns:
+            p = os.path.join(dp, n)
+            out.append((os.path.relpath(p, root), p))
+    return sorted(out)
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -108,13 +132,16 @@ def main():
     elif cmd == "put":
         src = sys.argv[3]
         body = sys.stdin.buffer.read() if src == "-" else open(src, "rb").read()
-        hdrs = {"x-ms-blob-type": "BlockBlob", "Content-Type": "application/octet-stream"}
-        for kv in sys.argv[4:]:
-            k, _, v = kv.partition("=")
-            hdrs[f"x-ms-meta-{k}"] = v
-        st, _, data = request("PUT", arg, body=body, headers=hdrs)
-        if st != 201:
-            die_status("put", st, data)
+        put(arg, body, sys.argv[4:])
+    elif cmd == "put-tree":
+        prefix = sys.argv[3].rstrip("/")
+
+        def one(item):
+            with open(item[1], "rb") as f:
+                put(f"{prefix}/{item[0]}", f.read())
+
+        with concurrent.futures.ThreadPoolExecutor(16) as ex:
+            list(ex.map(one, tree(arg)))
     elif cmd == "rm":
         st, _, data = request("DELETE", arg)
         if st not in (202, 404):

@@ -6,10 +6,13 @@ at a bucket in fake-gcs-server *without* going through deskfs, object_store or t
     gcsjson.py get KEY             object body to stdout (exit 2 if missing)
     gcsjson.py meta KEY            the object's user metadata, "name=value" per line (exit 2 if missing)
     gcsjson.py put KEY FILE|- [NAME=VALUE...]   upload with user metadata (multipart upload)
+    gcsjson.py put-tree DIR PREFIX every file below DIR as the object PREFIX/relpath (16 at a
+                                   time, one process)
 
 Settings from the environment, as printed by scripts/gcs-server.sh: GCS_EMULATOR_URL
 (http://127.0.0.1:PORT, the emulator's JSON API), GCS_BUCKET.
 """
+import concurrent.futures
 import http.client
 import json
 import os
@@ -51,6 +54,19 @@ def obj(key):
     return json.loads(data)
 
 
+def put(key, data, meta=None):
+    b = "b" + uuid.uuid4().hex
+    o = {"name": key}
+    if meta:
+        o["metadata"] = meta
+    body = (f"--{b}\r\nContent-Type: application/json\r\n\r\n{json.dumps(o)}\r\n"
+            f"--{b}\r\nContent-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{b}--\r\n".encode()
+    st, resp = request("POST", f"/upload/storage/v1/b/{q(BUCKET)}/o?uploadType=multipart", body,
+                       {"Content-Type": f"multipart/related; boundary={b}"})
+    if st != 200:
+        sys.exit(f"gcsjson.py: put {key}: HTTP {st}: {resp[:300]!r}")
+
+
 def main():
     if len(sys.argv) < 3:
         sys.exit(__doc__)
@@ -82,17 +98,21 @@ def main():
     elif cmd == "put":
         src = sys.argv[3]
         data = sys.stdin.buffer.read() if src == "-" else open(src, "rb").read()
-        meta = dict(a.split("=", 1) for a in sys.argv[4:])
-        b = "b" + uuid.uuid4().hex
-        o = {"name": arg}
-        if meta:
-            o["metadata"] = meta
-        body = (f"--{b}\r\nContent-Type: application/json\r\n\r\n{json.dumps(o)}\r\n"
-                f"--{b}\r\nContent-Type: application/octet-stream\r\n\r\n").encode() + data + f"\r\n--{b}--\r\n".encode()
-        st, resp = request("POST", f"/upload/storage/v1/b/{q(BUCKET)}/o?uploadType=multipart", body,
-                           {"Content-Type": f"multipart/related; boundary={b}"})
-        if st != 200:
-            sys.exit(f"gcsjson.py: put {arg}: HTTP {st}: {resp[:300]!r}")
+        put(arg, data, dict(a.split("=", 1) for a in sys.argv[4:]))
+    elif cmd == "put-tree":
+        prefix = sys.argv[3].rstrip("/")
+        files = []
+        for dp, _, fns in os.walk(arg):
+            for n in fns:
+                p = os.path.join(dp, n)
+                files.append((os.path.relpath(p, arg), p))
+
+        def one(item):
+            with open(item[1], "rb") as f:
+                put(f"{prefix}/{item[0]}", f.read())
+
+        with concurrent.futures.ThreadPoolExecutor(16) as ex:
+            list(ex.map(one, sorted(files)))
     else:
         sys.exit(__doc__)
 

@@ -14,6 +14,10 @@
 #     connection abort, lazy unmount as the last resort; only recorded PIDs are killed)
 #   * S3: need_s3, s3_url, s3_key, s3_get/s3_cat/s3_exists/s3_keys (exact keys, python
 #     stdlib SigV4 client tests/s3.py), rc (rclone with an env-only "e2es3:" remote)
+#   * the store of the test's workspaces, one interface for S3, Azure and GCS
+#     (tests/store.sh, sourced here): need_store, store_url, store_key, store_keys,
+#     store_exists, store_get, store_cat, store_put, store_put_dir, store_put_tree,
+#     store_ctl, store_port_open, store_obj_eq
 #   * PostgreSQL: need_pg, pg_fresh_db NAME (an empty database for this test, dropped at
 #     exit; prints its URL), pg_admin_psql ARGS... (superuser psql), pg_ctl_server
 #   * workspace metadata engine (DESKFS_E2E_META below): meta_is_pg, pg_meta_url NAME,
@@ -46,6 +50,13 @@
 #                            sourcing lib.sh then runs need_pg. The bucket stays whatever
 #                            the test asks for (the local bucket dir by default).
 #                            tests/e2e/8Np-*-pg.sh run the SQLite tests this way.
+#   DESKFS_E2E_STORE         the store of the tests that use store_* (tests/store.sh): s3
+#                            (default), azure or gcs: a private Azurite / fake-gcs-server
+#                            started for the test when lib.sh is sourced. Set (any of the
+#                            three): ws_format NAME with no --bucket puts the workspace on
+#                            it (store_url NAME), so local-bucket tests run there too.
+#                            tests/e2e/NNz-*-azure.sh and NNg-*-gcs.sh run the core tests so
+#                            (86b-coherence-s3 the two-mounts test on S3).
 #   DESKFS_E2E_PG_SCHEMA     schema in those URLs (default deskfs_e2e; empty: no ?schema=,
 #                            the database's default schema)
 #   DESKFS_E2E_NAME          the test's name (default: the script's file name), for thin
@@ -373,7 +384,12 @@ dfs_ok() {
 
 # ws_format NAME [ARGS...]: deskfs format NAME ARGS..., must succeed. With
 # DESKFS_E2E_META=postgres and no --meta in ARGS: also --meta "$(pg_meta_url NAME)".
+# With DESKFS_E2E_STORE set and no --bucket in ARGS: also --bucket "$(store_url NAME)".
 ws_format() {
+  if [[ -n ${DESKFS_E2E_STORE:-} ]] && ! _has_arg --bucket "$@"; then
+    need_store
+    set -- "$@" --bucket "$(store_url "${1:-ws}")"
+  fi
   if meta_is_pg && ! _has_meta_arg "$@"; then
     local murl
     pg_export_password
@@ -383,7 +399,13 @@ ws_format() {
   log "deskfs format $*"
   dfs_ok format "$@"
 }
-_has_meta_arg() { local a; for a in "$@"; do [[ $a == --meta || $a == --meta=* ]] && return 0; done; return 1; }
+_has_meta_arg() { _has_arg --meta "$@"; }
+_has_arg() { # FLAG ARGS...: ARGS hold FLAG or FLAG=…
+  local f=$1 a
+  shift
+  for a in "$@"; do [[ $a == "$f" || $a == "$f="* ]] && return 0; done
+  return 1
+}
 
 _mount_seq=0
 # ws_mount NAME DIR [ARGS...]: deskfs mount (daemonizing); must return with DIR mounted and
@@ -694,6 +716,13 @@ if meta_is_pg; then
   need_pg
   pg_export_password
 fi
+
+# ---------------------------------------------------------------- the store (S3, Azure, GCS)
+
+# shellcheck source=tests/store.sh
+source "$LIB_DIR/store.sh"
+# an emulator of the switch is started now (as need_pg above), in the test's main shell
+[[ ${DESKFS_E2E_STORE:-s3} == s3 ]] || need_store
 
 # ---------------------------------------------------------------- misc helpers
 

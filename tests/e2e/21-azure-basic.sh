@@ -24,27 +24,10 @@ source "$LIB_DIR/backend.sh"
 need_deskfs
 need_cmd python3
 
-# ---- a private Azurite
-AZ_STATE=$T/azurite-state
-PORT=$(free_port "a private Azurite")
-az_ctl() { AZURITE_STATE=$AZ_STATE AZURITE_PORT=$PORT bash "$ROOT/scripts/azurite.sh" "$@"; }
-on_exit 'az_ctl stop > /dev/null 2>&1; cp "$AZ_STATE/azurite/debug.log" "$T/azurite-debug.log" 2> /dev/null || true'
-az_up() {
-  az_ctl start > "$T/az-env.sh" 2> "$T/az-start.log" || return 1
-  register_pid "$(cat "$AZ_STATE/azurite/server.pid")"
-}
-log "starting a private Azurite on 127.0.0.1:$PORT"
-if ! az_up; then
-  if grep -q 'npm install\|npm not found' "$T/az-start.log"; then
-    skip_or_fail "Azurite cannot be installed: $(tail -n 3 "$T/az-start.log" | tr '\n' ' ')"
-  fi
-  fail "Azurite did not start: $(tail -n 5 "$T/az-start.log" | tr '\n' ' ')"
-fi
-# shellcheck disable=SC1091
-source "$T/az-env.sh"
+# ---- a private Azurite (tests/store.sh: az_ctl, az_up, AZ_STATE; az = tests/azblob.py)
+need_store azure
 C=$AZURITE_CONTAINER
 PREFIX="e2e-az-$(date +%Y%m%d%H%M%S)-$$"
-az() { timeout -k 5 300 python3 "$LIB_DIR/azblob.py" "$@"; }
 az_keys() { az ls "${1:-$PREFIX/}"; }
 az_exists() { az head "$1" > /dev/null 2>&1; }
 obj_get() { az get "$1"; }

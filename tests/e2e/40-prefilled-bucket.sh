@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# 40-prefilled-bucket: an existing bucket prefix, written by another tool (rclone; no
-# directory markers except one explicit `dir/` marker), mounts as-is: nested dirs, a
+# 40-prefilled-bucket: an existing bucket prefix, written by another tool (rclone on S3,
+# the emulator's client on Azure/GCS: DESKFS_E2E_STORE, tests/store.sh; no directory
+# markers except one explicit marker of an empty dir in the store's own form: `dir/` on
+# S3 and GCS, a blob `dir` with hdi_isfolder=true on Azure), mounts as-is: nested dirs, a
 # 1,000-object directory, a 64 MiB random object, a zero-length object. `deskfs format`
 # must accept the non-empty prefix (it has no .deskfs/ record) and must not change or
 # delete any existing object; the mount shows every file with the right size (stat) and
@@ -8,7 +10,7 @@
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
-need_s3
+need_store
 
 PRE=$T/prefill
 log "building the local tree"
@@ -30,18 +32,18 @@ head -c $((64 * 1024 * 1024)) /dev/urandom > "$PRE/data/big.bin"
 (cd "$PRE" && find . -type f -printf '%P\0' | sort -z | xargs -0 sha256sum) > "$T/expected.sha"
 NFILES=$(wc -l < "$T/expected.sizes")
 
-log "uploading $NFILES files with rclone to $S3_BUCKET/$S3_PREFIX"
-rc copy --transfers 16 --checkers 16 "$PRE" "$(rc_path "$S3_PREFIX")" > "$T/rclone-copy.log" 2>&1 \
-  || fail "rclone copy failed: $(tail -n 20 "$T/rclone-copy.log")"
-s3py put "$S3_PREFIX/emptydir/" - < /dev/null   # an explicit directory marker
-s3_keys > "$T/keys.before"
+log "uploading $NFILES files to $(store_url) ($STORE)"
+store_put_tree "$PRE" "$STORE_PREFIX" > "$T/put-tree.log" 2>&1 \
+  || fail "uploading the tree failed: $(tail -n 20 "$T/put-tree.log")"
+store_put_dir emptydir   # an explicit directory marker
+store_keys > "$T/keys.before"
 assert_eq $((NFILES + 1)) "$(wc -l < "$T/keys.before")" "objects in the prefilled prefix"
-! grep -q "	$S3_PREFIX/\.deskfs/" "$T/keys.before" || fail "harness error: .deskfs/ present before format"
+! grep -q "	$STORE_PREFIX/\.deskfs/" "$T/keys.before" || fail "harness error: .deskfs/ present before format"
 
 NAME=prefilled
-ws_format "$NAME" --bucket "$(s3_url)"
-s3_keys > "$T/keys.after-format"
-grep -v "	$S3_PREFIX/\.deskfs/" "$T/keys.after-format" > "$T/keys.after-format.user" || true
+ws_format "$NAME" --bucket "$(store_url)"
+store_keys > "$T/keys.after-format"
+grep -v "	$STORE_PREFIX/\.deskfs/" "$T/keys.after-format" > "$T/keys.after-format.user" || true
 diff "$T/keys.before" "$T/keys.after-format.user" > "$T/keys.diff" || fail "format changed existing objects: $(head -n 20 "$T/keys.diff")"
 
 ws_mount "$NAME" "$MNT" --cache-dir "$T/cache1"
@@ -61,7 +63,7 @@ check_tree "$MNT" "first mount"
 assert_not_listed "$MNT" .deskfs
 ws_umount "$MNT"
 
-s3_keys | grep -v "	$S3_PREFIX/\.deskfs/" > "$T/keys.after-umount" || true
+store_keys | grep -v "	$STORE_PREFIX/\.deskfs/" > "$T/keys.after-umount" || true
 diff "$T/keys.before" "$T/keys.after-umount" > "$T/keys.diff2" || fail "reading through the mount changed objects in the bucket: $(head -n 20 "$T/keys.diff2")"
 
 log "cold remount"

@@ -1,23 +1,24 @@
 #!/usr/bin/env bash
 # 50-crash-kill9: durability across kill -9 of the daemon (DESIGN: "what fsync acknowledged
 # survives kill -9 of the daemon; what close returned survives kill -9 of the daemon").
-# An S3 workspace is mounted with --foreground (its PID is the daemon); a writer creates
+# A workspace on the test's store (DESKFS_E2E_STORE, tests/store.sh: S3 by default; 50z/50g
+# on Azure/GCS emulators) is mounted with --foreground (its PID is the daemon); a writer creates
 # files that are fsynced and still open, fsynced and closed, only closed, overwritten,
 # appended, in new subdirs; right after the writer reports, the daemon gets SIGKILL (no
 # grace time for uploads). The dead mount is removed with fusermount3 -u, the workspace is
 # remounted with the same cache dir: every such file has its exact content; after
-# `deskfs sync` the bucket has them all (rclone cat).
+# `deskfs sync` the bucket has them all (store_obj_eq: rclone cat on S3).
 # On SQLite the first daemon runs with a 60 s commit window, and the writer's last
 # burst (60 closed files, a rename, an unlink, a chmod) comes after its last fsync: at the
 # kill those requests exist only in the metadata redo log (checked: `<db>-redo` is not
 # empty), so the remount shows that replaying it loses nothing close returned.
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
-need_s3
+need_store
 
 NAME=crash
 CACHE=$T/cache
-ws_format "$NAME" --bucket "$(s3_url)"
+ws_format "$NAME" --bucket "$(store_url)"
 REDO=$DESKFS_HOME/workspaces/$NAME/meta.db-redo
 export DESKFS_COMMIT_WINDOW_MS=60000
 # uploads held back (sync still drives them): no upload's delete barrier commits the window
@@ -125,13 +126,13 @@ log "all $n files intact after kill -9 + remount"
 
 ws_sync "$NAME"
 log "checking the bucket"
-s3_keys > "$T/keys"
+store_keys > "$T/keys"
 while IFS= read -r -d '' f; do
   rel=${f#"$EXP"/}
   if [[ -s $f ]]; then
-    assert_obj_eq "$rel" "$f"
+    store_obj_eq "$rel" "$f"
   else
-    grep -qxF "0	$(s3_key "$rel")" "$T/keys" || fail "zero-length object $(s3_key "$rel") missing"
+    grep -qxF "0	$(store_key "$rel")" "$T/keys" || fail "zero-length object $(store_key "$rel") missing"
   fi
 done < <(find "$EXP" -type f -print0)
 ws_umount "$MNT"

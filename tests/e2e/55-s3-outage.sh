@@ -1,21 +1,24 @@
 #!/usr/bin/env bash
 # 55-s3-outage: the bucket goes away while uploads are pending (DESIGN: "Bucket down: reads
 # of cached data and all writes keep working; uploads retry with backoff; deskfs status
-# shows what is pending and why"). Files are written, the Garage server is stopped at
-# once, more files are written/overwritten/renamed (every operation must succeed
+# shows what is pending and why"). The store is DESKFS_E2E_STORE (tests/store.sh; S3 by
+# default, 55z/55g on Azure/GCS emulators). Files are written, the store is stopped at once
+# (store_ctl stop: Garage; Azurite, its blobs kept in its state dir; GCS: the XML shim all
+# of deskfs's requests go through, the in-memory emulator and its objects stay), more files are written/overwritten/renamed (every operation must succeed
 # quickly), cached data stays readable, `deskfs status` reports pending/failing work,
 # `deskfs sync` does not claim success while the server is down; the server is started
 # again (same state and keys), `deskfs sync` finishes, every file is in the bucket with
 # its content, and status shows nothing pending.
-# Stops and starts only the server scripts/test.sh started (DESKFS_TEST_S3_OWNED=1).
+# Stops and starts only the server scripts/test.sh started (DESKFS_TEST_S3_OWNED=1) or the
+# test's private emulator.
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
-need_s3
-[[ ${DESKFS_TEST_S3_OWNED:-0} == 1 ]] || skip "the S3 server is not owned by this run (run through scripts/test.sh)"
+need_store
+store_ctl_allowed || skip "the S3 server is not owned by this run (run through scripts/test.sh)"
 
 NAME=outage
-ws_format "$NAME" --bucket "$(s3_url)"
+ws_format "$NAME" --bucket "$(store_url)"
 ws_mount "$NAME" "$MNT" --cache-dir "$T/cache"
 M=$MNT
 EXP=$T/expected
@@ -83,31 +86,32 @@ for i in range(n):
             f.write(data)
 PY
 
-log "batch A, then stop the S3 server at once"
+log "batch A, then stop the store ($STORE) at once"
 timeout 120 python3 "$T/writer.py" "$M" "$EXP" batch-a 20 $((4 << 20)) || fail "writing batch A failed (server still up)"
-on_exit 's3_ctl start > /dev/null 2>&1 || log "could not restart the S3 server"'
-s3_ctl stop > "$T/s3-stop.log" 2>&1 || fail "stopping the S3 server failed: $(cat "$T/s3-stop.log")"
-! s3_port_open || fail "harness error: the S3 port still answers after stop"
+# shellcheck disable=SC2016  # expanded when run, at exit
+on_exit 'store_ctl start > /dev/null 2>&1 || log "could not restart the store ($STORE)"'
+store_ctl stop > "$T/s3-stop.log" 2>&1 || fail "stopping the store ($STORE) failed: $(cat "$T/s3-stop.log")"
+! store_port_open || fail "harness error: the store's port still answers after stop"
 DOWN_AT=$SECONDS
 
 log "writing while the server is down"
-timeout 60 python3 "$T/writer.py" "$M" "$EXP" batch-b 30 $((2 << 20)) || fail "writing batch B while S3 is down failed or took > 60 s"
-echo "overwritten while down" > "$M/base.txt" || fail "overwrite while S3 is down failed"
+timeout 60 python3 "$T/writer.py" "$M" "$EXP" batch-b 30 $((2 << 20)) || fail "writing batch B while the store is down failed or took > 60 s"
+echo "overwritten while down" > "$M/base.txt" || fail "overwrite while the store is down failed"
 echo "overwritten while down" > "$EXP/base.txt"
-timeout 20 mkdir -p "$M/newdir/sub" || fail "mkdir while S3 is down failed"
+timeout 20 mkdir -p "$M/newdir/sub" || fail "mkdir while the store is down failed"
 echo "in new dir" > "$M/newdir/sub/n.txt"
 mkdir -p "$EXP/newdir/sub"
 echo "in new dir" > "$EXP/newdir/sub/n.txt"
-timeout 20 mv "$M/batch-a/file10.bin" "$M/batch-a/renamed10.bin" || fail "rename while S3 is down failed"
+timeout 20 mv "$M/batch-a/file10.bin" "$M/batch-a/renamed10.bin" || fail "rename while the store is down failed"
 mv "$EXP/batch-a/file10.bin" "$EXP/batch-a/renamed10.bin"
-assert_eq "overwritten while down" "$(timeout 20 cat "$M/base.txt")" "read while S3 is down"
-assert_file_eq "$EXP/batch-a/file00.bin" "$M/batch-a/file00.bin" "cached read of batch A while S3 is down"
+assert_eq "overwritten while down" "$(timeout 20 cat "$M/base.txt")" "read while the store is down"
+assert_file_eq "$EXP/batch-a/file00.bin" "$M/batch-a/file00.bin" "cached read of batch A while the store is down"
 log "all writes succeeded $((SECONDS - DOWN_AT)) s into the outage"
 
 log "deskfs status while down"
-DFS_TIMEOUT=20 dfs status "$NAME" > "$T/status.txt" 2>&1 || fail "deskfs status $NAME failed while S3 is down: $(cat "$T/status.txt")"
+DFS_TIMEOUT=20 dfs status "$NAME" > "$T/status.txt" 2>&1 || fail "deskfs status $NAME failed while the store is down: $(cat "$T/status.txt")"
 sed 's/^/    status: /' "$T/status.txt" >&2
-wait_for 60 status_is busy || fail "deskfs status --json does not show pending/failing uploads while S3 is down: $(cat "$T/status-check.out" "$T/status.err" 2>/dev/null | head -c 1500) json: $(head -c 1500 "$T/status.json")"
+wait_for 60 status_is busy || fail "deskfs status --json does not show pending/failing uploads while the store is down: $(cat "$T/status-check.out" "$T/status.err" 2>/dev/null | head -c 1500) json: $(head -c 1500 "$T/status.json")"
 log "status --json: $(cat "$T/status-check.out")"
 
 log "deskfs sync while down must not report success"
@@ -119,13 +123,13 @@ EARLY_SYNC=running
 if ! pid_running "$SYNC_PID"; then
   src=0
   wait "$SYNC_PID" || src=$?
-  ((src != 0)) || fail "deskfs sync returned 0 while the S3 server was down (nothing can have reached the bucket): $(cat "$T/sync-bg.out")"
+  ((src != 0)) || fail "deskfs sync returned 0 while the store was down (nothing can have reached the bucket): $(cat "$T/sync-bg.out")"
   EARLY_SYNC="exited $src"
   log "sync while down exited with $src (allowed): $(head -c 300 "$T/sync-bg.out")"
 fi
 
-log "start the S3 server again (down for $((SECONDS - DOWN_AT)) s)"
-s3_ctl start > /dev/null 2> "$T/s3-start.log" || fail "restarting the S3 server failed: $(cat "$T/s3-start.log")"
+log "start the store ($STORE) again (down for $((SECONDS - DOWN_AT)) s)"
+store_ctl start > /dev/null 2> "$T/s3-start.log" || fail "restarting the store ($STORE) failed: $(cat "$T/s3-start.log")"
 if [[ $EARLY_SYNC == running ]]; then
   src=0
   wait "$SYNC_PID" || src=$?
@@ -135,14 +139,14 @@ fi
 ws_sync "$NAME"
 
 log "checking the bucket"
-s3_keys > "$T/keys"
+store_keys > "$T/keys"
 n=0
 while IFS= read -r -d '' f; do
-  assert_obj_eq "${f#"$EXP"/}" "$f"
+  store_obj_eq "${f#"$EXP"/}" "$f"
   n=$((n + 1))
 done < <(find "$EXP" -type f -print0)
 log "$n objects with the right content"
-! s3_exists "$(s3_key batch-a/file10.bin)" || fail "old name batch-a/file10.bin still in the bucket after rename + sync"
+! store_exists "$(store_key batch-a/file10.bin)" || fail "old name batch-a/file10.bin still in the bucket after rename + sync"
 wait_for 30 status_is idle || fail "deskfs status --json still shows pending work after sync: $(cat "$T/status-check.out") json: $(head -c 1500 "$T/status.json")"
 ws_umount "$M"
 
