@@ -55,8 +55,7 @@
 #                            started for the test when lib.sh is sourced. Set (any of the
 #                            three): ws_format NAME with no --bucket puts the workspace on
 #                            it (store_url NAME), so local-bucket tests run there too.
-#                            tests/e2e/NNz-*-azure.sh and NNg-*-gcs.sh run the core tests so
-#                            (86b-coherence-s3 the two-mounts test on S3).
+#                            tests/e2e/NNz-*-azure.sh and NNg-*-gcs.sh run the core tests so.
 #   DESKFS_E2E_PG_SCHEMA     schema in those URLs (default deskfs_e2e; empty: no ?schema=,
 #                            the database's default schema)
 #   DESKFS_E2E_NAME          the test's name (default: the script's file name), for thin
