@@ -13,6 +13,7 @@
 //! (`file:///dir`) maps markers to real directories because a file system cannot hold a
 //! key ending in `/`, and keeps no user metadata (the metadata engine holds the attributes).
 
+pub mod aws_profile;
 mod counting;
 pub mod error;
 mod http;
@@ -25,7 +26,7 @@ pub use counting::{RequestCount, RequestCounters};
 pub use error::BucketError;
 pub use posix::PosixMeta;
 pub use read_retry::ReadCounters;
-pub use store::{Bucket, Listing, ObjectInfo, PutIf, PutInfo};
+pub use store::{s3_endpoint, Bucket, Listing, ObjectInfo, PutIf, PutInfo};
 pub use url_spec::{BucketSpec, Scheme};
 
 /// Result alias of the bucket layer.

@@ -92,8 +92,32 @@ impl std::fmt::Debug for Bucket {
     }
 }
 
+/// The endpoint of an S3 bucket, where a custom one is set: `--endpoint` (recorded in the
+/// workspace), else `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, `AWS_ENDPOINT`, else the
+/// `endpoint_url` of the AWS profile in the shared files (see [`crate::aws_profile`]);
+/// `None` is AWS itself. A profile that cannot be read counts as none here (opening the
+/// bucket reports it).
+pub fn s3_endpoint(spec: &BucketSpec) -> Option<String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let profile = crate::aws_profile::load(env).ok().flatten();
+    endpoint_from(spec, env, profile.as_ref())
+}
+
+fn endpoint_from(
+    spec: &BucketSpec,
+    env: impl Fn(&str) -> Option<String>,
+    profile: Option<&crate::aws_profile::AwsProfile>,
+) -> Option<String> {
+    spec.endpoint
+        .clone()
+        .or_else(|| env("AWS_ENDPOINT_URL_S3"))
+        .or_else(|| env("AWS_ENDPOINT_URL"))
+        .or_else(|| env("AWS_ENDPOINT"))
+        .or_else(|| profile.and_then(|p| p.endpoint_url.clone()))
+}
+
 /// Why an S3 bucket has no credentials to use, or `None`. Keys come from the URL or
-/// `AWS_ACCESS_KEY_ID`; a web identity or container credentials are used when their
+/// `AWS_ACCESS_KEY_ID` (or a profile of the shared files, checked before this); a web identity or container credentials are used when their
 /// variables are set; the EC2 instance metadata service (169.254.169.254) only for AWS
 /// itself (no custom endpoint) and unless `AWS_EC2_METADATA_DISABLED=true`. Without any,
 /// a mount would wait on a metadata service that is not there: refused at once instead.
@@ -112,7 +136,7 @@ fn s3_credentials_missing(
         return None;
     }
     Some(format!(
-        "no credentials for bucket s3://{}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY{}",
+        "no credentials for bucket s3://{}: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws/credentials (`aws configure`){}",
         spec.bucket,
         if custom_endpoint {
             " (instance-metadata credentials are used only for AWS itself, not a custom endpoint)"
@@ -343,12 +367,19 @@ impl Bucket {
                     .with_client_options(client)
                     .with_http_connector(http)
                     .with_retry(retry);
-                let endpoint = spec
-                    .endpoint
-                    .clone()
-                    .or_else(|| std::env::var("AWS_ENDPOINT_URL_S3").ok())
-                    .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-                    .or_else(|| std::env::var("AWS_ENDPOINT").ok());
+                let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+                // Keys from the URL/flags or the environment win; the shared files
+                // (`aws configure`) fill what they leave open.
+                let keys_given = spec.access_key.is_some() || env("AWS_ACCESS_KEY_ID").is_some();
+                let profile = match crate::aws_profile::load(env) {
+                    Ok(p) => p,
+                    Err(e) if keys_given => {
+                        tracing::debug!(error = %e, "AWS shared files ignored: keys are given");
+                        None
+                    }
+                    Err(e) => return Err(e),
+                };
+                let endpoint = endpoint_from(spec, env, profile.as_ref());
                 let endpoint_set = endpoint.is_some();
                 if let Some(ep) = endpoint {
                     b = b
@@ -358,13 +389,22 @@ impl Bucket {
                 let region = spec
                     .region
                     .clone()
-                    .or_else(|| std::env::var("AWS_REGION").ok())
-                    .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+                    .or_else(|| env("AWS_REGION"))
+                    .or_else(|| env("AWS_DEFAULT_REGION"))
+                    .or_else(|| profile.as_ref().and_then(|p| p.region.clone()))
                     .unwrap_or_else(|| "us-east-1".into());
                 b = b.with_region(region);
-                if let Some(why) =
-                    s3_credentials_missing(spec, endpoint_set, |k| std::env::var(k).ok())
-                {
+                let profile_keys = profile
+                    .as_ref()
+                    .filter(|p| !keys_given && p.access_key_id.is_some());
+                if let Some(p) = profile_keys {
+                    if let (Some(k), Some(s)) = (&p.access_key_id, &p.secret_access_key) {
+                        b = b.with_access_key_id(k).with_secret_access_key(s);
+                    }
+                    if let Some(t) = &p.session_token {
+                        b = b.with_token(t);
+                    }
+                } else if let Some(why) = s3_credentials_missing(spec, endpoint_set, env) {
                     return Err(BucketError::Config(why));
                 }
                 if let Some(k) = &spec.access_key {

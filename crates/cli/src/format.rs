@@ -185,7 +185,8 @@ enum Place {
 }
 
 impl Place {
-    /// The place of `spec` (its endpoint, else `AWS_ENDPOINT_URL`, names the S3 store).
+    /// The place of `spec` (its endpoint as [`deskfs_bucket::s3_endpoint`] finds it names
+    /// the S3 store).
     fn of(spec: &BucketSpec) -> Place {
         use deskfs_bucket::Scheme;
         let store = match spec.scheme {
@@ -193,11 +194,7 @@ impl Place {
                 return Place::Dir(crate::home::resolve(Path::new(&spec.bucket)));
             }
             Some(Scheme::S3) | None => {
-                let ep = spec
-                    .endpoint
-                    .clone()
-                    .or_else(|| std::env::var("AWS_ENDPOINT_URL").ok())
-                    .unwrap_or_default();
+                let ep = deskfs_bucket::s3_endpoint(spec).unwrap_or_default();
                 format!("s3 {}", endpoint_identity(&ep))
             }
             Some(Scheme::Gcs) => "gs".to_string(),

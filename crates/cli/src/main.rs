@@ -49,7 +49,7 @@ struct Cli {
 enum Cmd {
     /// Create a workspace on a bucket (or on the embedded local default).
     #[command(
-        after_help = "Examples:\n  deskfs format work\n  deskfs format work --bucket file:///srv/buckets/work\n  deskfs format work --meta postgres://deskfs@db:5432/work --bucket s3://b/work   # shared by hosts\n  AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \\\n    deskfs format work --bucket s3://my-bucket/agents/work --endpoint http://127.0.0.1:3900 --region garage\n\nS3 settings also come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and\nAWS_SECRET_ACCESS_KEY. An existing prefix keeps its objects: they appear as files."
+        after_help = "Examples:\n  deskfs format work\n  deskfs format work --bucket file:///srv/buckets/work\n  deskfs format work --meta postgres://deskfs@db:5432/work --bucket s3://b/work   # shared by hosts\n  AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... \\\n    deskfs format work --bucket s3://my-bucket/agents/work --endpoint http://127.0.0.1:3900 --region garage\n\nS3 settings also come from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and\nAWS_SECRET_ACCESS_KEY, else from the AWS_PROFILE profile of ~/.aws/credentials and ~/.aws/config. An existing prefix keeps its objects: they appear as files."
     )]
     Format(format::FormatArgs),
     /// Use an existing workspace on this machine: rebuild a SQLite workspace from its
