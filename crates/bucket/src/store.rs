@@ -170,11 +170,18 @@ fn gcs_credentials_missing(
     .iter()
     .any(|k| set(k));
     let skip = env("GOOGLE_SKIP_SIGNATURE").is_some_and(|v| v.eq_ignore_ascii_case("true"));
-    if creds || skip {
+    // gcloud's application default credentials (`gcloud auth application-default login`),
+    // which object_store reads when no variable names others.
+    let adc = env("HOME").is_some_and(|h| {
+        FsPath::new(&h)
+            .join(".config/gcloud/application_default_credentials.json")
+            .is_file()
+    });
+    if creds || skip || adc {
         return None;
     }
     Some(format!(
-        "no credentials for bucket gs://{} on the endpoint {custom}: set GOOGLE_SERVICE_ACCOUNT_KEY (for an emulator a fake key with \"disable_oauth\": true, see scripts/gcs-server.sh), GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS (metadata-server credentials exist only on Google Cloud itself)",
+        "no credentials for bucket gs://{} on the endpoint {custom}: set GOOGLE_SERVICE_ACCOUNT_KEY (for an emulator a fake key with \"disable_oauth\": true, see scripts/gcs-server.sh), GOOGLE_SERVICE_ACCOUNT or GOOGLE_APPLICATION_CREDENTIALS, or run `gcloud auth application-default login` (metadata-server credentials exist only on Google Cloud itself)",
         spec.bucket
     ))
 }
@@ -1522,6 +1529,19 @@ mod tests {
             let vars: &'static [(&'static str, &'static str)] = ok;
             assert_eq!(gcs_credentials_missing(&spec, env(vars)), None, "{vars:?}");
         }
+        // gcloud's application default credentials under HOME count as credentials.
+        let home = tempfile::tempdir().expect("tempdir");
+        let h = home.path().display().to_string();
+        let with_home = |k: &str| match k {
+            "GOOGLE_BASE_URL" => Some("http://127.0.0.1:4443".to_owned()),
+            "HOME" => Some(h.clone()),
+            _ => None,
+        };
+        assert!(gcs_credentials_missing(&spec, with_home).is_some());
+        let dir = home.path().join(".config/gcloud");
+        std::fs::create_dir_all(&dir).expect("mkdir");
+        std::fs::write(dir.join("application_default_credentials.json"), "{}").expect("write");
+        assert_eq!(gcs_credentials_missing(&spec, with_home), None);
     }
 
     /// GCS has no `If-Match` on writes: a conditional update names the generation the
