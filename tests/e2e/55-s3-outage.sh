@@ -2,9 +2,11 @@
 # 55-s3-outage: the bucket goes away while uploads are pending (DESIGN: "Bucket down: reads
 # of cached data and all writes keep working; uploads retry with backoff; deskfs status
 # shows what is pending and why"). The store is DESKFS_E2E_STORE (tests/store.sh; S3 by
-# default, 55z/55g on Azure/GCS emulators). Files are written, the store is stopped at once
+# default, 55z/55g on Azure/GCS emulators). Files are written (the first three of 20 MiB:
+# multipart uploads, in flight or queued when the store goes), the store is stopped at once
 # (store_ctl stop: Garage; Azurite, its blobs kept in its state dir; GCS: the XML shim all
-# of deskfs's requests go through, the in-memory emulator and its objects stay), more files are written/overwritten/renamed (every operation must succeed
+# of deskfs's requests go through, the in-memory emulator and its objects stay), more files
+# are written (three of 18 MiB)/overwritten/renamed (every operation must succeed
 # quickly), cached data stays readable, `deskfs status` reports pending/failing work,
 # `deskfs sync` does not claim success while the server is down; the server is started
 # again (same state and keys), `deskfs sync` finishes, every file is in the bucket with
@@ -87,7 +89,7 @@ for i in range(n):
 PY
 
 log "batch A, then stop the store ($STORE) at once"
-timeout 120 python3 "$T/writer.py" "$M" "$EXP" batch-a 20 $((4 << 20)) || fail "writing batch A failed (server still up)"
+timeout 120 python3 "$T/writer.py" "$M" "$EXP" batch-a 20 $((20 << 20)) || fail "writing batch A failed (server still up)"
 # shellcheck disable=SC2016  # expanded when run, at exit
 on_exit 'store_ctl start > /dev/null 2>&1 || log "could not restart the store ($STORE)"'
 store_ctl stop > "$T/s3-stop.log" 2>&1 || fail "stopping the store ($STORE) failed: $(cat "$T/s3-stop.log")"
@@ -95,7 +97,7 @@ store_ctl stop > "$T/s3-stop.log" 2>&1 || fail "stopping the store ($STORE) fail
 DOWN_AT=$SECONDS
 
 log "writing while the server is down"
-timeout 60 python3 "$T/writer.py" "$M" "$EXP" batch-b 30 $((2 << 20)) || fail "writing batch B while the store is down failed or took > 60 s"
+timeout 60 python3 "$T/writer.py" "$M" "$EXP" batch-b 30 $((18 << 20)) || fail "writing batch B while the store is down failed or took > 60 s"
 echo "overwritten while down" > "$M/base.txt" || fail "overwrite while the store is down failed"
 echo "overwritten while down" > "$EXP/base.txt"
 timeout 20 mkdir -p "$M/newdir/sub" || fail "mkdir while the store is down failed"
