@@ -16,9 +16,10 @@
 //! ```
 //!
 //! Kernel connection settings: requests of up to 1 MiB (`max_write`, and `max_readahead`
-//! up to the kernel's cap); otherwise fuser's default init flags (async reads, big
-//! writes, max_pages). POSIX and BSD locks are therefore handled by the kernel locally
-//! (per mount). The mount is `rw,nodev,nosuid`, of type [`FS_TYPE`] (`fuse.deskfs`): as
+//! up to the kernel's cap); `FUSE_POSIX_LOCKS` and `FUSE_FLOCK_LOCKS`, so `fcntl` and
+//! `flock` locks reach the VFS and hold across mounts and hosts; passthrough when the
+//! kernel offers it; otherwise fuser's default init flags (async reads, big writes,
+//! max_pages). The mount is `rw,nodev,nosuid`, of type [`FS_TYPE`] (`fuse.deskfs`): as
 //! root `mount(2)` is called here (fuser's own direct mount would say `fuse`), otherwise
 //! fusermount3 mounts with `subtype=deskfs`.
 
