@@ -8,6 +8,9 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use clap::Args;
 
+/// `--stop-timeout`'s default, seconds.
+const DEFAULT_STOP_TIMEOUT: u64 = 120;
+
 /// Arguments of `deskfs systemd-unit`.
 #[derive(Args, Debug)]
 pub struct UnitArgs {
@@ -20,11 +23,24 @@ pub struct UnitArgs {
     #[arg(long = "requires", value_name = "UNIT")]
     pub requires: Vec<String>,
     /// Longest wait for pending uploads at stop, seconds (`deskfs umount --timeout`).
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = DEFAULT_STOP_TIMEOUT)]
     pub stop_timeout: u64,
     /// More `deskfs mount` options, after `--` (e.g. -- --cache-dir /var/cache/deskfs/w).
     #[arg(last = true)]
     pub mount_args: Vec<OsString>,
+}
+
+/// `s` as one POSIX shell word: as is when it holds only characters no shell treats
+/// specially, else in single quotes (a `'` written as `'\''`).
+fn shell_quote(s: &str) -> String {
+    let plain = !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_./:=@%+,-".contains(c));
+    if plain {
+        s.to_owned()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
 }
 
 /// Prints the unit for `a` on stdout.
@@ -56,9 +72,28 @@ fn unit_text(a: &UnitArgs, exe: &std::path::Path, home: &std::path::Path) -> Str
     } else {
         format!("Requires={}\n", a.requires.join(" "))
     };
+    // The command that printed this unit, to print it again (every argument kept).
+    let mut again = format!(
+        "deskfs systemd-unit {} {}",
+        shell_quote(&a.name),
+        shell_quote(&mnt.to_string_lossy())
+    );
+    for r in &a.requires {
+        again.push_str(&format!(" --requires {}", shell_quote(r)));
+    }
+    if a.stop_timeout != DEFAULT_STOP_TIMEOUT {
+        again.push_str(&format!(" --stop-timeout {}", a.stop_timeout));
+    }
+    if !a.mount_args.is_empty() {
+        again.push_str(" --");
+        for m in &a.mount_args {
+            again.push(' ');
+            again.push_str(&shell_quote(&m.to_string_lossy()));
+        }
+    }
     format!(
         "# deskfs workspace {name} at {mnt}: install with\n\
-         #   deskfs systemd-unit {name} {mnt} > /etc/systemd/system/deskfs-{name}.service\n\
+         #   {again} > /etc/systemd/system/deskfs-{name}.service\n\
          #   systemctl daemon-reload && systemctl enable --now deskfs-{name}.service\n\
          [Unit]\n\
          Description=deskfs workspace {name} at {mnt}\n\
@@ -156,6 +191,9 @@ mod unit {
         );
         assert!(t.contains("\nEnvironment=DESKFS_HOME=/srv/h\n"), "{t}");
         assert!(t.contains("\nTimeoutStopSec=90\n"), "{t}");
+        // The install line repeats every argument, quoted for a shell.
+        assert!(t.contains("\n#   deskfs systemd-unit work '/mnt/my work' --requires postgresql.service --stop-timeout 60 -- --cache-dir /var/cache/50% > /etc/systemd/system/deskfs-work.service\n"), "{t}");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
     }
 
     #[test]
