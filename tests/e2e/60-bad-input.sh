@@ -468,4 +468,61 @@ for round in 1 2 3 4 5; do
   grep -q "mount point $T/m-race is busy" "$loser" || fail "round $round: the refused mount does not say the mount point is busy: $(cat "$loser")"
   ws_umount "$T/m-race"
 done
+
+# ---------------------------------------------------------------- mount points spelled otherwise
+# A trailing `/`, `/.` or a symlink: the mount used to wait forever on itself (the path was
+# resolved through the new mount before the kernel's INIT was answered); the record holds
+# the resolved path, and `deskfs umount` finds it under any of those spellings.
+ws_format spell
+mkdir -p "$T/m-spell"
+ln -s m-spell "$T/m-link"
+register_mount "$T/m-spell"
+for how in "$T/m-spell/" "$T/m-spell/." "$T/m-link" "$T/m-link/"; do
+  DESKFS_MOUNT_TIMEOUT=30 ws_mount spell "$how"
+  is_mounted "$T/m-spell" || fail "mounted as $how, but $T/m-spell is not a mount point"
+  assert_eq "$T/m-spell" "$(findmnt -n -o TARGET -t fuse.deskfs "$T/m-spell")" "the mount point in the table (mounted as $how)"
+  echo "via $how" > "$T/m-spell/f" || fail "writing through the mount made as $how failed"
+  ws_umount "$how"
+done
+# ---------------------------------------------------------------- another file system over a mount
+# `umount2` takes off whatever is on top of a mount point: with a bind mount over the
+# workspace, `deskfs umount` used to remove the bind mount (and SIGTERM detached it),
+# leaving its own mount behind. It refuses now, before any wait, and unmounts once the
+# mount over it is gone. A mount point elsewhere whose name is not UTF-8 is in the table
+# meanwhile: it used to blind every mount-table check.
+mkdir -p "$T/bad"$'\xff' "$T/other"
+mount -t tmpfs e2e-bad "$T/bad"$'\xff' || fail "cannot mount a tmpfs at a non-UTF-8 path"
+register_mount "$T/bad"$'\xff'
+ws_format under
+mkdir -p "$T/m-under"
+ws_mount under "$T/m-under"
+echo "under" > "$T/m-under/u.txt"
+rc=0
+"$DESKFS" mount spell "$T/m-under" > "$T/stack.out" 2>&1 < /dev/null || rc=$?
+((rc != 0)) || fail "a second workspace mounted over a live mount (the non-UTF-8 mount point blinded the check)"
+grep -q "is busy" "$T/stack.out" || fail "the stacked mount was not refused as busy: $(cat "$T/stack.out")"
+mount --bind "$T/other" "$T/m-under" || fail "bind mount over the workspace failed"
+rc=0
+DFS_TIMEOUT=60 dfs umount "$T/m-under" > "$T/covered.out" 2>&1 || rc=$?
+((rc != 0)) || fail "deskfs umount of a covered mount succeeded: $(cat "$T/covered.out")"
+grep -q "not this deskfs mount: something was mounted over it" "$T/covered.out" ||
+  fail "deskfs umount of a covered mount does not say so: $(cat "$T/covered.out")"
+assert_eq 2 "$(mount_count "$T/m-under")" "mounts at $T/m-under after the refused umount (deskfs + the bind mount)"
+log "ok (umount of a covered mount, exit $rc): $(cat "$T/covered.out")"
+umount "$T/m-under" || fail "removing the bind mount failed"
+assert_eq "under" "$(cat "$T/m-under/u.txt")" "the workspace after the bind mount is gone"
+ws_umount "$T/m-under"
+assert_eq 0 "$(mount_count "$T/m-under")" "mounts at $T/m-under after deskfs umount"
+# SIGTERM with a bind mount over the workspace: the daemon exits without detaching it.
+ws_mount under "$T/m-under"
+PID=$(python3 -c 'import json,glob,sys; r=[json.load(open(p)) for p in glob.glob(sys.argv[1] + "/*.json")]; print(r[0]["pid"] if r else "")' "$DESKFS_HOME/workspaces/under/run")
+mount --bind "$T/other" "$T/m-under" || fail "bind mount over the workspace failed"
+kill -TERM "$PID"
+wait_for 20 eval '! pid_running "$PID"' || fail "daemon $PID did not exit on SIGTERM"
+[[ $(findmnt -n -o FSTYPE --mountpoint "$T/m-under" | tail -n 1) != fuse.deskfs ]] || fail "harness: the top mount is deskfs"
+assert_eq 2 "$(mount_count "$T/m-under")" "mounts at $T/m-under after SIGTERM (the bind mount kept, deskfs's dead mount under it)"
+umount "$T/m-under" || fail "removing the bind mount failed"
+DFS_TIMEOUT=60 dfs umount "$T/m-under" > "$T/dead.out" 2>&1 || fail "deskfs umount of the dead mount left by SIGTERM failed: $(cat "$T/dead.out")"
+assert_eq 0 "$(mount_count "$T/m-under")" "mounts at $T/m-under at the end"
+umount "$T/bad"$'\xff'
 log "PASS"

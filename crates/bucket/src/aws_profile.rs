@@ -7,14 +7,18 @@
 //!   `AWS_CONFIG_FILE` (default `~/.aws/config`);
 //! - profile: `AWS_PROFILE` (default `default`); in the credentials file its section is
 //!   `[NAME]`, in the config file `[profile NAME]` (`[default]` for the default one);
-//! - keys: `aws_access_key_id`, `aws_secret_access_key`, `aws_session_token`, `region`,
-//!   `endpoint_url`; the credentials file wins over the config file for the keys;
-//! - syntax: `key = value` lines, `#` or `;` comments, and indented lines under a key
-//!   with an empty value (a sub-section such as `s3 =`) belong to that key.
+//! - keys: `aws_access_key_id`, `aws_secret_access_key`, `aws_session_token` (the
+//!   credentials file first, then the config file), `region` and `endpoint_url` (config
+//!   file);
+//! - syntax: `key = value` (or `key: value`) lines, `#` or `;` comments, and indented
+//!   lines after a setting continue it (a sub-section such as `s3 =`);
+//! - only regular files are read (a FIFO or device named there counts as no file).
 //!
-//! Environment variables win over both files (the caller applies them first). Profiles
-//! that get credentials another way (`role_arn`, `credential_process`, `sso_*`) are
-//! refused with one line naming the setting, since deskfs cannot follow them.
+//! Environment variables win over both files (the caller applies them first); the
+//! credentials file is read only when the keys must come from the files. Profiles whose
+//! credentials the AWS CLI takes before static keys (`role_arn`, SSO, a web identity) or
+//! from a `credential_process` without static keys are refused with one line naming the
+//! setting, since deskfs cannot follow them.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -38,41 +42,57 @@ pub struct AwsProfile {
     pub endpoint_url: Option<String>,
 }
 
-/// Settings of profiles that get credentials in ways deskfs does not follow.
-const UNFOLLOWED: [&str; 5] = [
+/// Settings of profiles whose credentials the AWS CLI takes before static keys (assume
+/// role, SSO, web identity), which deskfs does not follow.
+const BEFORE_KEYS: [&str; 6] = [
     "role_arn",
-    "credential_process",
+    "web_identity_token_file",
     "sso_session",
     "sso_start_url",
-    "web_identity_token_file",
+    "sso_account_id",
+    "sso_role_name",
 ];
+
+/// The largest shared file read, bytes: these files hold a few profiles.
+const MAX_FILE: u64 = 1 << 20;
 
 /// Reads the profile named by `AWS_PROFILE` (or `default`) from the shared files, with
 /// `env` giving the environment (`HOME`, `AWS_PROFILE`, `AWS_SHARED_CREDENTIALS_FILE`,
-/// `AWS_CONFIG_FILE`).
+/// `AWS_CONFIG_FILE`; a leading `~/` in the two paths is `HOME`). `need_keys`: the
+/// credentials must come from the files (none in the flags or the environment).
 ///
 /// Returns `Ok(None)` when neither file exists, or when the `default` profile (not asked
-/// for by name) is in neither.
+/// for by name) is in neither. A path that names no regular file counts as no file, as
+/// the AWS CLI has it.
 ///
 /// # Errors
-/// [`BucketError::Config`] with one line naming the file and the fix when a file cannot
-/// be read or parsed (`FILE:LINE`), when a profile named by `AWS_PROFILE` is in neither
-/// file, when the profile holds a key id without a secret (or the reverse), or when it
-/// uses `role_arn`, `credential_process` or SSO.
-pub fn load(env: impl Fn(&str) -> Option<String>) -> Result<Option<AwsProfile>> {
+/// [`BucketError::Config`] with one line naming the file and the fix when the config
+/// file (or, with `need_keys`, the credentials file) cannot be read or parsed
+/// (`FILE:LINE`) or exceeds 1 MiB, when a profile named by `AWS_PROFILE` is in neither
+/// file, and with `need_keys` when the profile holds a key id without a secret (or the
+/// reverse) or gets its credentials from `role_arn`, SSO, a web identity, or a
+/// `credential_process` without static keys.
+pub fn load(env: impl Fn(&str) -> Option<String>, need_keys: bool) -> Result<Option<AwsProfile>> {
     let get = |k: &str| env(k).filter(|v| !v.is_empty());
     let home = get("HOME").map(PathBuf::from);
-    let file = |var: &str, rel: &str| {
-        get(var)
-            .map(PathBuf::from)
-            .or_else(|| home.as_ref().map(|h| h.join(rel)))
+    let file = |var: &str, rel: &str| match get(var) {
+        Some(v) => match (v.strip_prefix("~/"), &home) {
+            (Some(rest), Some(h)) => Some(h.join(rest)),
+            _ => Some(PathBuf::from(v)),
+        },
+        None => home.as_ref().map(|h| h.join(rel)),
     };
     let named = get("AWS_PROFILE");
     let name = named.clone().unwrap_or_else(|| "default".to_owned());
     let cred_path = file("AWS_SHARED_CREDENTIALS_FILE", ".aws/credentials");
     let conf_path = file("AWS_CONFIG_FILE", ".aws/config");
     let creds = match &cred_path {
-        Some(p) => read_sections(p)?,
+        Some(p) => match read_sections(p) {
+            Ok(s) => s,
+            Err(e) if need_keys => return Err(e),
+            // The AWS CLI reads the credentials file only when it needs keys.
+            Err(_) => None,
+        },
         None => None,
     };
     let conf = match &conf_path {
@@ -89,53 +109,63 @@ pub fn load(env: impl Fn(&str) -> Option<String>) -> Result<Option<AwsProfile>> 
             None => Ok(None),
         };
     }
-    let conf_section = if name == "default" {
-        "default".to_owned()
+    let conf_sections: Vec<String> = if name == "default" {
+        vec!["default".to_owned(), "profile default".to_owned()]
     } else {
-        format!("profile {name}")
+        vec![format!("profile {name}")]
     };
     let from_creds = creds.as_ref().and_then(|s| s.get(&name));
-    let from_conf = conf.as_ref().and_then(|s| s.get(&conf_section));
+    let from_conf = conf
+        .as_ref()
+        .and_then(|s| conf_sections.iter().find_map(|n| s.get(n)));
     if from_creds.is_none() && from_conf.is_none() {
         return match named {
             Some(n) => Err(BucketError::Config(format!(
-                "AWS_PROFILE={n}: no profile [{n}] in {} and no [{conf_section}] in {}; fix the name or add it with `aws configure --profile {n}`",
+                "AWS_PROFILE={n}: no profile [{n}] in {} and no [{}] in {}; fix the name or add it with `aws configure --profile {n}`",
                 show(&cred_path),
+                conf_sections[0],
                 show(&conf_path)
             ))),
             None => Ok(None),
         };
     }
-    let value = |k: &str| {
-        from_creds
-            .and_then(|s| s.get(k))
-            .or_else(|| from_conf.and_then(|s| s.get(k)))
-            .filter(|v| !v.is_empty())
-            .cloned()
-    };
-    if let Some(k) = UNFOLLOWED.iter().find(|k| value(k).is_some()) {
-        return Err(BucketError::Config(format!(
-            "AWS profile {name} gets its credentials with {k}, which deskfs does not follow; export them first (`eval \"$(aws configure export-credentials --profile {name} --format env)\"`) or give the profile aws_access_key_id and aws_secret_access_key"
-        )));
-    }
+    let in_creds = |k: &str| from_creds.and_then(|s| s.get(k)).filter(|v| !v.is_empty());
+    let in_conf = |k: &str| from_conf.and_then(|s| s.get(k)).filter(|v| !v.is_empty());
+    // Keys: the credentials file first, then the config file; region and endpoint are
+    // config settings.
+    let key = |k: &str| in_creds(k).or_else(|| in_conf(k)).cloned();
     let p = AwsProfile {
         name: name.clone(),
-        access_key_id: value("aws_access_key_id"),
-        secret_access_key: value("aws_secret_access_key"),
-        session_token: value("aws_session_token"),
-        region: value("region"),
-        endpoint_url: value("endpoint_url"),
+        access_key_id: key("aws_access_key_id"),
+        secret_access_key: key("aws_secret_access_key"),
+        session_token: key("aws_session_token"),
+        region: in_conf("region").cloned(),
+        endpoint_url: in_conf("endpoint_url").cloned(),
     };
-    if p.access_key_id.is_some() != p.secret_access_key.is_some() {
-        let (has, lacks) = if p.access_key_id.is_some() {
-            ("aws_access_key_id", "aws_secret_access_key")
-        } else {
-            ("aws_secret_access_key", "aws_access_key_id")
-        };
-        return Err(BucketError::Config(format!(
-            "AWS profile {name} has {has} but no {lacks} ({}); add it with `aws configure --profile {name}`",
-            show(&cred_path)
-        )));
+    if need_keys {
+        let set = |k: &str| in_creds(k).or_else(|| in_conf(k)).is_some();
+        let static_keys = p.access_key_id.is_some() || p.secret_access_key.is_some();
+        let other = BEFORE_KEYS.iter().find(|k| set(k)).or_else(|| {
+            ["credential_process"]
+                .iter()
+                .find(|k| !static_keys && set(k))
+        });
+        if let Some(k) = other {
+            return Err(BucketError::Config(format!(
+                "AWS profile {name} gets its credentials with {k}, which deskfs does not follow; export them first (`eval \"$(aws configure export-credentials --profile {name} --format env)\"`) or give the profile aws_access_key_id and aws_secret_access_key"
+            )));
+        }
+        if p.access_key_id.is_some() != p.secret_access_key.is_some() {
+            let (has, lacks) = if p.access_key_id.is_some() {
+                ("aws_access_key_id", "aws_secret_access_key")
+            } else {
+                ("aws_secret_access_key", "aws_access_key_id")
+            };
+            return Err(BucketError::Config(format!(
+                "AWS profile {name} has {has} but no {lacks} ({}); add it with `aws configure --profile {name}`",
+                show(&cred_path)
+            )));
+        }
     }
     Ok(Some(p))
 }
@@ -149,29 +179,53 @@ fn show(p: &Option<PathBuf>) -> String {
 
 type Sections = HashMap<String, HashMap<String, String>>;
 
-/// The sections of one shared file, or `None` when it does not exist.
+/// The sections of one shared file, or `None` when there is no regular file there (a
+/// FIFO or a device is never opened).
 fn read_sections(path: &Path) -> Result<Option<Sections>> {
-    match std::fs::read_to_string(path) {
-        Ok(text) => parse(&text).map(Some).map_err(|(line, why)| {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) if m.is_file() => m,
+        Ok(_) => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(BucketError::Config(format!(
+                "cannot read the AWS shared file {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    if meta.len() > MAX_FILE {
+        return Err(BucketError::Config(format!(
+            "AWS shared file {} is {} bytes, more than a shared file holds (1 MiB at most); point AWS_SHARED_CREDENTIALS_FILE / AWS_CONFIG_FILE at the right file",
+            path.display(),
+            meta.len()
+        )));
+    }
+    let bytes = std::fs::read(path).map_err(|e| {
+        BucketError::Config(format!(
+            "cannot read the AWS shared file {}: {e}",
+            path.display()
+        ))
+    })?;
+    let text = String::from_utf8_lossy(&bytes);
+    parse(text.trim_start_matches('\u{feff}'))
+        .map(Some)
+        .map_err(|(line, why)| {
             BucketError::Config(format!(
                 "AWS shared file {}:{line}: {why}; fix that line (see `aws configure`)",
                 path.display()
             ))
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(BucketError::Config(format!(
-            "cannot read the AWS shared file {}: {e}",
-            path.display()
-        ))),
-    }
+        })
 }
 
 /// Parses the shared-file syntax; the error is the 1-based line and what is wrong there.
+/// A setting is `key = value` or `key: value` (the first `=` or `:`); an indented line
+/// after a setting continues it (a sub-section such as `s3 =` and its keys) and is not
+/// read; a later section or key of the same name replaces the earlier one.
 fn parse(text: &str) -> std::result::Result<Sections, (usize, &'static str)> {
     let mut out = Sections::new();
     let mut section: Option<String> = None;
-    // Inside a sub-section (`s3 =` followed by indented lines).
-    let mut nested = false;
+    // A setting was read in this section: indented lines after it continue it.
+    let mut after_key = false;
     for (i, raw) in text.lines().enumerate() {
         let line = raw.trim_end();
         let body = line.trim_start();
@@ -179,6 +233,9 @@ fn parse(text: &str) -> std::result::Result<Sections, (usize, &'static str)> {
             continue;
         }
         let indented = body.len() != line.len();
+        if indented && after_key {
+            continue;
+        }
         if let Some(rest) = body.strip_prefix('[') {
             let name = rest
                 .strip_suffix(']')
@@ -186,20 +243,20 @@ fn parse(text: &str) -> std::result::Result<Sections, (usize, &'static str)> {
             let name = name.split_whitespace().collect::<Vec<_>>().join(" ");
             out.entry(name.clone()).or_default();
             section = Some(name);
-            nested = false;
+            after_key = false;
             continue;
         }
-        let Some((k, v)) = body.split_once('=') else {
+        let Some(at) = body.find(['=', ':']) else {
             return Err((i + 1, "a line that is neither [section] nor key = value"));
         };
         let Some(sec) = &section else {
             return Err((i + 1, "a setting before any [section]"));
         };
-        if indented && nested {
-            continue; // a key of the sub-section: not one deskfs reads
-        }
-        let (k, v) = (k.trim().to_ascii_lowercase(), v.trim().to_owned());
-        nested = v.is_empty();
+        let (k, v) = (
+            body[..at].trim().to_ascii_lowercase(),
+            body[at + 1..].trim().to_owned(),
+        );
+        after_key = true;
         out.entry(sec.clone()).or_default().insert(k, v);
     }
     Ok(out)
@@ -241,7 +298,7 @@ mod tests {
             ("AWS_CONFIG_FILE", conf.clone()),
             ("AWS_PROFILE", "work".into()),
         ]);
-        let p = load(env).expect("load").expect("a profile");
+        let p = load(env, true).expect("load").expect("a profile");
         assert_eq!(
             p,
             AwsProfile {
@@ -257,7 +314,7 @@ mod tests {
             ("AWS_SHARED_CREDENTIALS_FILE", cred),
             ("AWS_CONFIG_FILE", conf),
         ]);
-        let p = load(env).expect("load").expect("the default profile");
+        let p = load(env, true).expect("load").expect("the default profile");
         assert_eq!(p.access_key_id.as_deref(), Some("DEF"));
         assert_eq!(p.region.as_deref(), Some("eu-west-1"));
         assert_eq!(p.endpoint_url, None);
@@ -267,15 +324,18 @@ mod tests {
     fn files_are_found_under_home_and_their_absence_is_no_profile() {
         let d = tempfile::tempdir().expect("tempdir");
         let home = d.path().display().to_string();
-        assert_eq!(load(env_of(&[("HOME", home.clone())])).expect("load"), None);
-        assert_eq!(load(env_of(&[])).expect("load"), None);
+        assert_eq!(
+            load(env_of(&[("HOME", home.clone())]), true).expect("load"),
+            None
+        );
+        assert_eq!(load(env_of(&[]), true).expect("load"), None);
         std::fs::create_dir(d.path().join(".aws")).expect("mkdir");
         write(
             &d.path().join(".aws"),
             "credentials",
             "[default]\naws_access_key_id = A\naws_secret_access_key = S\n",
         );
-        let p = load(env_of(&[("HOME", home)]))
+        let p = load(env_of(&[("HOME", home)]), true)
             .expect("load")
             .expect("profile");
         assert_eq!(p.access_key_id.as_deref(), Some("A"));
@@ -307,7 +367,7 @@ mod tests {
         for (text, want) in cases {
             let cred = write(d.path(), "credentials", text);
             let env = env_of(&[("AWS_SHARED_CREDENTIALS_FILE", cred)]);
-            let err = load(env).expect_err(text).to_string();
+            let err = load(env, true).expect_err(text).to_string();
             assert!(err.contains(want), "{text:?}: {err}");
             assert!(!err.contains('\n'), "one line: {err}");
         }
@@ -320,7 +380,9 @@ mod tests {
             ("AWS_SHARED_CREDENTIALS_FILE", cred),
             ("AWS_PROFILE", "nosuch".into()),
         ]);
-        let err = load(env).expect_err("a missing named profile").to_string();
+        let err = load(env, false)
+            .expect_err("a missing named profile")
+            .to_string();
         assert!(
             err.contains("AWS_PROFILE=nosuch: no profile [nosuch]"),
             "{err}"
@@ -329,10 +391,57 @@ mod tests {
             ("HOME", d.path().join("nohome").display().to_string()),
             ("AWS_PROFILE", "x".into()),
         ]);
-        let err = load(env).expect_err("no files at all").to_string();
+        let err = load(env, true).expect_err("no files at all").to_string();
         assert!(
             err.contains("no AWS shared credentials or config file"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_aws_cli_syntax_and_precedence_are_kept() {
+        let d = tempfile::tempdir().expect("tempdir");
+        let home = d.path().display().to_string();
+        std::fs::create_dir(d.path().join(".aws")).expect("mkdir");
+        // `key: value`, a BOM, CRLF, a continued value, [profile default], static keys
+        // beside a credential_process.
+        write(
+            &d.path().join(".aws"),
+            "config",
+            "\u{feff}[profile default]\r\nregion: here-1\r\nendpoint_url = http://127.0.0.1:9\r\nnote = a\r\n  region = not-a-key\r\ncredential_process = /bin/false\r\naws_access_key_id = K\r\naws_secret_access_key = S\r\n",
+        );
+        // `~/` in the variable is HOME.
+        let env = env_of(&[
+            ("HOME", home.clone()),
+            ("AWS_CONFIG_FILE", "~/.aws/config".into()),
+        ]);
+        let p = load(env, true).expect("load").expect("profile");
+        assert_eq!(p.region.as_deref(), Some("here-1"));
+        assert_eq!(p.endpoint_url.as_deref(), Some("http://127.0.0.1:9"));
+        assert_eq!(p.access_key_id.as_deref(), Some("K"));
+        // Keys given elsewhere: a broken credentials file is not read, the config is.
+        let garbage = write(d.path(), "garbage", "\0\x01 not ini\n");
+        let env = env_of(&[
+            ("HOME", home.clone()),
+            ("AWS_SHARED_CREDENTIALS_FILE", garbage.clone()),
+        ]);
+        let p = load(&env, false).expect("load").expect("profile");
+        assert_eq!(p.endpoint_url.as_deref(), Some("http://127.0.0.1:9"));
+        assert!(load(&env, true).is_err());
+        // A FIFO (or a device) is no file: never opened, so never waited on.
+        let fifo = d.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.display().to_string()).expect("path");
+        // SAFETY: a NUL-terminated path alive for the call.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        let env = env_of(&[
+            ("HOME", home.clone()),
+            ("AWS_SHARED_CREDENTIALS_FILE", fifo.display().to_string()),
+        ]);
+        assert!(load(env, true).expect("load").is_some());
+        let env = env_of(&[
+            ("HOME", home),
+            ("AWS_SHARED_CREDENTIALS_FILE", "/dev/zero".into()),
+        ]);
+        assert!(load(env, true).expect("load").is_some());
     }
 }

@@ -99,7 +99,7 @@ impl std::fmt::Debug for Bucket {
 /// bucket reports it).
 pub fn s3_endpoint(spec: &BucketSpec) -> Option<String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
-    let profile = crate::aws_profile::load(env).ok().flatten();
+    let profile = crate::aws_profile::load(env, false).ok().flatten();
     endpoint_from(spec, env, profile.as_ref())
 }
 
@@ -378,14 +378,7 @@ impl Bucket {
                 // Keys from the URL/flags or the environment win; the shared files
                 // (`aws configure`) fill what they leave open.
                 let keys_given = spec.access_key.is_some() || env("AWS_ACCESS_KEY_ID").is_some();
-                let profile = match crate::aws_profile::load(env) {
-                    Ok(p) => p,
-                    Err(e) if keys_given => {
-                        tracing::debug!(error = %e, "AWS shared files ignored: keys are given");
-                        None
-                    }
-                    Err(e) => return Err(e),
-                };
+                let profile = crate::aws_profile::load(env, !keys_given)?;
                 let endpoint = endpoint_from(spec, env, profile.as_ref());
                 let endpoint_set = endpoint.is_some();
                 if let Some(ep) = endpoint {

@@ -570,8 +570,12 @@ fn check_places(o: &Opened, mnt: &Path, cache_dir: &Path) -> Result<()> {
 
 /// `deskfs mount`: validates, then runs the daemon (in the foreground, or detached and
 /// waiting for its readiness line).
-pub fn mount(a: MountArgs) -> Result<()> {
-    let mnt = crate::absolute(&a.mountpoint);
+pub fn mount(mut a: MountArgs) -> Result<()> {
+    // Resolved (symlinks, `.`, `..`, a trailing `/`) before anything is mounted there:
+    // the record, the mount table and `umount` then name one path.
+    let mnt =
+        std::fs::canonicalize(&a.mountpoint).unwrap_or_else(|_| crate::absolute(&a.mountpoint));
+    a.mountpoint = mnt.clone();
     if let Some(meta) = &a.meta {
         if !ws_dir(&a.name).join("workspace.toml").exists() {
             crate::format::attach(crate::format::AttachArgs {
@@ -783,6 +787,8 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     let handle = deskfs_fuse::mount(vfs.clone(), &mnt, &opts)
         .with_context(|| format!("cannot mount FUSE at {}", mnt.display()))?;
     drop(mount_point_lock);
+    let own_dev = handle.device();
+    let own_mount = own_dev.map_or(Expect::AnyDeskfs, Expect::Dev);
     let inval = std::sync::Mutex::new(handle.invalidator());
     vfs.set_invalidator(Box::new(move |inv| {
         if let Ok(i) = inval.lock() {
@@ -818,6 +824,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
         socket: sock.clone(),
         cache_dir: cache_dir.clone(),
         log: std::env::var_os("DESKFS_DAEMON_LOG").map(PathBuf::from),
+        dev: own_dev,
     };
     let rec_path = MountRecord::path(&a.name, pid);
     std::fs::write(&rec_path, serde_json::to_string_pretty(&rec)?)?;
@@ -888,8 +895,8 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
                 "{name} received: detaching {} and exiting; pending uploads stay in the local journal",
                 mnt.display()
             );
-            if let Err(e) = unmount(&mnt, true) {
-                tracing::debug!(error = %e, "lazy unmount at stop");
+            if let Err(e) = unmount(&mnt, true, own_mount) {
+                tracing::warn!(error = %e, "lazy unmount at stop");
             }
             // Files still open under the detached tree keep the session alive: they get
             // ENOTCONN once this process exits.
@@ -980,7 +987,40 @@ fn control_socket_path(run_dir: &Path, pid: u32) -> Result<PathBuf> {
 /// Unmounts the FUSE mount at `mnt` (`lazy`: detach now, finish when the last user goes):
 /// as root with `umount2(2)` itself, as another user through `fusermount3 -u` (the setuid
 /// helper of fuse3, the only way an unprivileged user may unmount).
-fn unmount(mnt: &Path, lazy: bool) -> Result<()> {
+/// Which mount [`unmount`] may take off a mount point.
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    /// The deskfs mount with this device number (a daemon's own, from its record).
+    Dev((u32, u32)),
+    /// Any deskfs mount (one whose daemon is gone or never recorded its device).
+    AnyDeskfs,
+}
+
+/// Refuses when the top mount at `mnt` is not the one `expect` names: `umount2` and
+/// fusermount3 take off whatever was mounted last, which may be a bind mount or another
+/// file system mounted over the workspace.
+fn check_top(mnt: &Path, expect: Expect) -> Result<()> {
+    let Some(top) = deskfs_fuse::mountinfo::top_at(mnt) else {
+        bail!("{} is not a mount point", mnt.display());
+    };
+    let ours = match expect {
+        Expect::Dev(d) => top.dev == d,
+        Expect::AnyDeskfs => top.is_deskfs(),
+    };
+    if !ours {
+        bail!(
+            "the mount on top of {} is {} ({}), not this deskfs mount: something was mounted over it; unmount that first (`umount {}`), then retry",
+            mnt.display(),
+            top.source,
+            top.fstype,
+            mnt.display()
+        );
+    }
+    Ok(())
+}
+
+fn unmount(mnt: &Path, lazy: bool, expect: Expect) -> Result<()> {
+    check_top(mnt, expect)?;
     if nix::unistd::geteuid().is_root() {
         let flags = if lazy {
             nix::mount::MntFlags::MNT_DETACH
@@ -1063,13 +1103,43 @@ pub(crate) fn wait_spinner(msg: &str) -> indicatif::ProgressBar {
     }
 }
 
+/// The paths a mount point given to `umount` may be recorded under, the first the one
+/// to name in messages: as given (made absolute), with its parent resolved, and what a
+/// symlink there points to. The mount point itself is never resolved through a stat: a
+/// stopped daemon's mount would not answer.
+fn mount_point_spellings(given: &Path) -> Vec<PathBuf> {
+    let abs = crate::absolute(given);
+    let mut out = vec![abs.clone()];
+    if let (Some(parent), Some(name)) = (abs.parent(), abs.file_name()) {
+        if let Ok(p) = std::fs::canonicalize(parent) {
+            let resolved = p.join(name);
+            // A mount point is no symlink; only a path that is not one is read as a
+            // link (reading a mount point would ask its file system).
+            if deskfs_fuse::mountinfo::top_at(&resolved).is_none() {
+                if let Ok(target) = std::fs::read_link(&resolved) {
+                    if let Ok(t) = std::fs::canonicalize(p.join(target)) {
+                        out.push(t);
+                    }
+                }
+            }
+            out.push(resolved);
+        }
+    }
+    out
+}
+
 /// `deskfs umount`.
 pub fn umount(a: UmountArgs) -> Result<()> {
-    let mnt = crate::absolute(&a.mountpoint);
-    let rec = home::all_mounts().into_iter().find(|r| r.mountpoint == mnt);
+    let spellings = mount_point_spellings(&a.mountpoint);
+    let mnt = spellings[0].clone();
+    let rec = home::all_mounts()
+        .into_iter()
+        .find(|r| spellings.contains(&r.mountpoint));
+    let mnt = rec.as_ref().map_or(mnt, |r| r.mountpoint.clone());
     let Some(rec) = rec else {
         if is_mountpoint(&mnt) {
-            unmount(&mnt, false).with_context(|| format!("cannot unmount {}", mnt.display()))?;
+            unmount(&mnt, false, Expect::AnyDeskfs)
+                .with_context(|| format!("cannot unmount {}", mnt.display()))?;
             println!(
                 "unmounted {} (no live deskfs daemon was serving it)",
                 mnt.display()
@@ -1087,6 +1157,9 @@ pub fn umount(a: UmountArgs) -> Result<()> {
             rec.pid
         );
     }
+    let expect = rec.dev.map_or(Expect::AnyDeskfs, Expect::Dev);
+    // Before any wait: the unmount at the end would take off another file system.
+    check_top(&mnt, expect)?;
     // `Some(what)` when uploads were still pending as the wait ended.
     let mut left: Option<String> = None;
     if a.no_wait {
@@ -1148,7 +1221,7 @@ pub fn umount(a: UmountArgs) -> Result<()> {
             left = Some(what);
         }
     }
-    unmount(&mnt, false).map_err(|e| {
+    unmount(&mnt, false, expect).map_err(|e| {
         anyhow!(
             "cannot unmount {}: {e}; close the files and shells using it, then retry",
             mnt.display()

@@ -74,39 +74,10 @@ fn default_root() -> Result<PathBuf> {
     }
 }
 
-/// A mount from `/proc/self/mountinfo`: mount point, file system type, source.
-struct MountLine {
-    point: PathBuf,
-    fstype: String,
-    source: String,
-}
+use deskfs_fuse::mountinfo::{self, MountLine};
 
-fn unescape(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
-}
-
-fn mountinfo() -> Vec<MountLine> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| parse_mountinfo(&t))
-        .unwrap_or_default()
-}
-
-fn parse_mountinfo(text: &str) -> Vec<MountLine> {
-    text.lines()
-        .filter_map(|l| {
-            let (left, right) = l.split_once(" - ")?;
-            let point = unescape(left.split(' ').nth(4)?);
-            let mut r = right.split(' ');
-            Some(MountLine {
-                point: PathBuf::from(point),
-                fstype: r.next()?.to_owned(),
-                source: unescape(r.next()?),
-            })
-        })
-        .collect()
+fn mount_table() -> Vec<MountLine> {
+    mountinfo::read()
 }
 
 /// The nearest existing ancestor of `path` (itself included), resolved: where a path
@@ -121,7 +92,7 @@ fn existing_ancestor(path: &Path) -> Option<PathBuf> {
 
 /// The warning for a root not on a deskfs mount, or `None` when it is on one.
 fn not_deskfs_warning(root: &Path) -> Option<String> {
-    warning_for(root, &existing_ancestor(root)?, mountinfo())
+    warning_for(root, &existing_ancestor(root)?, mount_table())
 }
 
 /// The deepest mount point holding `probe`; among equals the last one (later mounts
@@ -136,17 +107,11 @@ fn holding_mount(probe: &Path, mounts: Vec<MountLine>) -> Option<MountLine> {
         })
 }
 
-impl MountLine {
-    fn is_deskfs(&self) -> bool {
-        self.fstype.starts_with("fuse") && self.source.starts_with("deskfs")
-    }
-}
-
 /// The deskfs mount `path` (or its nearest existing ancestor, resolved) lies on: its
 /// mount point and source (`deskfs:WORKSPACE`), or `None` when it is on another file
 /// system.
 pub(crate) fn on_deskfs_mount(path: &Path) -> Option<(PathBuf, String)> {
-    holding_mount(&existing_ancestor(path)?, mountinfo())
+    holding_mount(&existing_ancestor(path)?, mount_table())
         .filter(MountLine::is_deskfs)
         .map(|m| (m.point, m.source))
 }
@@ -177,7 +142,7 @@ mod tests {
 
     #[test]
     fn finds_the_mount_of_a_root() {
-        let m = parse_mountinfo(INFO);
+        let m = mountinfo::parse(INFO.as_bytes());
         assert_eq!(m.len(), 3);
         assert_eq!(m[1].point, Path::new("/mnt/my work"));
         assert_eq!(
@@ -185,17 +150,20 @@ mod tests {
             ("fuse", "deskfs:work")
         );
         let root = Path::new("/mnt/my work/desks");
-        assert_eq!(warning_for(root, root, parse_mountinfo(INFO)), None);
+        assert_eq!(
+            warning_for(root, root, mountinfo::parse(INFO.as_bytes())),
+            None
+        );
         let w = warning_for(
             Path::new("/mnt/other/d"),
             Path::new("/mnt/other"),
-            parse_mountinfo(INFO),
+            mountinfo::parse(INFO.as_bytes()),
         );
         assert!(w.unwrap().contains("(it is on tmpfs at /mnt/other)"));
         let w = warning_for(
             Path::new("/srv/d"),
             Path::new("/srv"),
-            parse_mountinfo(INFO),
+            mountinfo::parse(INFO.as_bytes()),
         );
         assert!(w.unwrap().contains("ext4 at /)"));
     }

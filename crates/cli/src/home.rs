@@ -167,6 +167,10 @@ pub struct MountRecord {
     /// Daemon log file, if daemonized.
     #[serde(default)]
     pub log: Option<PathBuf>,
+    /// The mount's device number (`major`, `minor`) in `/proc/self/mountinfo`: what
+    /// `umount` checks is still on top of the mount point before unmounting.
+    #[serde(default)]
+    pub dev: Option<(u32, u32)>,
 }
 
 impl MountRecord {
@@ -240,19 +244,7 @@ pub fn all_mounts() -> Vec<MountRecord> {
 
 /// Whether `path` is currently a mount point (per `/proc/self/mountinfo`).
 pub fn is_mountpoint(path: &Path) -> bool {
-    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
-        return false;
-    };
-    let target = path.to_string_lossy();
-    info.lines()
-        .any(|l| l.split(' ').nth(4).map(unescape_mountinfo).as_deref() == Some(target.as_ref()))
-}
-
-fn unescape_mountinfo(s: &str) -> String {
-    s.replace("\\040", " ")
-        .replace("\\011", "\t")
-        .replace("\\012", "\n")
-        .replace("\\134", "\\")
+    deskfs_fuse::mountinfo::top_at(path).is_some()
 }
 
 /// `path` made absolute with its longest existing ancestor resolved (symlinks, `.`,

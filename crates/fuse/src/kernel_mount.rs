@@ -12,7 +12,7 @@
 //! `default_permissions`, `allow_other`; flags `MS_NOSUID | MS_NODEV` as libfuse and
 //! fusermount3 set them.
 
-use std::ffi::{CString, OsStr};
+use std::ffi::CString;
 use std::fs::OpenOptions;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -49,10 +49,10 @@ impl MountData<'_> {
     }
 }
 
-/// A FUSE mount this process made with `mount(2)`; unmounted on [`KernelMount::unmount`]
-/// or on drop, only while the mount point still holds this very mount (its device
-/// number in `/proc/self/mountinfo`), so a later mount stacked or remade there is never
-/// touched.
+/// A FUSE mount this process made with `mount(2)` at a resolved path; unmounted on
+/// [`KernelMount::unmount`] or on drop, only while the mount point still holds this very
+/// mount (its device number in `/proc/self/mountinfo`), so a later mount stacked or
+/// remade there is never touched.
 #[derive(Debug)]
 pub(crate) struct KernelMount {
     path: PathBuf,
@@ -93,8 +93,12 @@ pub(crate) fn mount(
     // SAFETY: getuid/getgid cannot fail and touch no memory.
     let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
     let options = data.options(dev.as_raw_fd(), uid, gid);
+    // Resolved before the mount: once it is there, resolving a path through it (a
+    // trailing `/`, `.`, `..`, a symlink) asks the file system, which cannot answer
+    // before this thread has answered the kernel's INIT.
+    let path = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let c_source = cstring(data.fsname.as_bytes())?;
-    let c_target = cstring(mountpoint.as_os_str().as_bytes())?;
+    let c_target = cstring(path.as_os_str().as_bytes())?;
     let c_type = cstring(FS_TYPE.as_bytes())?;
     let c_data = cstring(options.as_bytes())?;
     let flags = libc::MS_NOSUID | libc::MS_NODEV;
@@ -122,7 +126,6 @@ pub(crate) fn mount(
             ),
         ));
     }
-    let path = std::fs::canonicalize(mountpoint).unwrap_or_else(|_| mountpoint.to_path_buf());
     let dev_no = mount_dev(&path);
     Ok(Some((
         OwnedFd::from(dev),
@@ -157,12 +160,16 @@ impl KernelMount {
         Ok(())
     }
 
-    /// Whether the top mount at the mount point is still the one made here.
+    /// Whether the top mount at the mount point is still the one made here; `false`
+    /// when that cannot be told (its device number was never found): never unmount
+    /// what may be another file system.
     fn still_mounted(&self) -> bool {
-        match self.dev {
-            Some(d) => mount_dev(&self.path) == Some(d),
-            None => true,
-        }
+        self.dev.is_some() && mount_dev(&self.path) == self.dev
+    }
+
+    /// The mount's device number in the mount table, when found right after mounting.
+    pub(crate) fn dev(&self) -> Option<(u32, u32)> {
+        self.dev
     }
 }
 
@@ -183,53 +190,9 @@ fn cstring(b: &[u8]) -> io::Result<CString> {
     })
 }
 
-/// The device number (`major:minor`) of the top mount at `path`, from
-/// `/proc/self/mountinfo` (never a call into the file system, which may not answer).
+/// The device number of the top mount at `path`.
 fn mount_dev(path: &Path) -> Option<(u32, u32)> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    top_mount_dev(&text, path.as_os_str())
-}
-
-/// The `major:minor` of the last `mountinfo` line whose mount point is `path` (the
-/// last one is the top of a stack). Format: proc(5), `/proc/[pid]/mountinfo`; the mount
-/// point is field 5 with space, tab, newline and backslash written as octal escapes.
-fn top_mount_dev(mountinfo: &str, path: &OsStr) -> Option<(u32, u32)> {
-    mountinfo
-        .lines()
-        .rev()
-        .find_map(|line| {
-            let mut f = line.split(' ');
-            let dev = f.nth(2)?;
-            let point = f.nth(1)?;
-            (unescape(point) == path.as_bytes()).then_some(dev)
-        })
-        .and_then(|dev| {
-            let (maj, min) = dev.split_once(':')?;
-            Some((maj.parse().ok()?, min.parse().ok()?))
-        })
-}
-
-/// Undoes mountinfo's `\NNN` octal escapes.
-fn unescape(s: &str) -> Vec<u8> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() {
-            let oct = &b[i + 1..i + 4];
-            if oct.iter().all(|c| (b'0'..=b'7').contains(c)) {
-                let v = oct.iter().fold(0u32, |a, c| a * 8 + u32::from(c - b'0'));
-                if let Ok(v) = u8::try_from(v) {
-                    out.push(v);
-                    i += 4;
-                    continue;
-                }
-            }
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    out
+    crate::mountinfo::top_at(path).map(|m| m.dev)
 }
 
 #[cfg(test)]
@@ -256,19 +219,5 @@ mod tests {
             d.options(3, 0, 0),
             "fd=3,rootmode=40000,user_id=0,group_id=0,allow_other"
         );
-    }
-
-    #[test]
-    fn the_top_mount_of_a_stack_and_escaped_paths_are_found() {
-        let info = "\
-22 1 0:21 / /proc rw,nosuid - proc proc rw
-40 22 0:50 / /mnt/a\\040b rw - fuse.deskfs deskfs:x rw,user_id=0
-41 40 0:51 / /mnt/a\\040b rw - fuse.deskfs deskfs:y rw,user_id=0
-42 22 0:52 / /mnt/a rw - fuse.deskfs deskfs:z rw,user_id=0
-";
-        assert_eq!(top_mount_dev(info, OsStr::new("/mnt/a b")), Some((0, 51)));
-        assert_eq!(top_mount_dev(info, OsStr::new("/mnt/a")), Some((0, 52)));
-        assert_eq!(top_mount_dev(info, OsStr::new("/mnt/c")), None);
-        assert_eq!(unescape("a\\134b\\011c\\"), b"a\\b\tc\\".to_vec());
     }
 }

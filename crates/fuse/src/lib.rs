@@ -29,6 +29,7 @@ mod backing;
 mod convert;
 mod filesystem;
 mod kernel_mount;
+pub mod mountinfo;
 pub mod stats;
 
 pub use kernel_mount::FS_TYPE;
@@ -151,7 +152,19 @@ pub fn mount(vfs: Arc<Vfs>, mountpoint: &Path, opts: &MountOptions) -> io::Resul
     let (session, kernel) = open_session(vfs, mountpoint, opts)?;
     // The kernel mount is dropped (unmounted) if the serving thread cannot start.
     let session = session.spawn()?;
-    Ok(MountHandle { session, kernel })
+    // fusermount3's mount is in the table once the handshake is done.
+    let dev = match &kernel {
+        Some(k) => k.dev(),
+        None => std::fs::canonicalize(mountpoint)
+            .ok()
+            .and_then(|p| mountinfo::top_at(&p))
+            .map(|m| m.dev),
+    };
+    Ok(MountHandle {
+        session,
+        kernel,
+        dev,
+    })
 }
 
 /// Mounts (see [`kernel_mount`]) and answers the kernel's `INIT`: a session ready to
@@ -193,6 +206,8 @@ pub struct MountHandle {
     /// The kernel mount when made here (as root); `None` when fusermount3 made it and
     /// fuser's session unmounts it.
     kernel: Option<kernel_mount::KernelMount>,
+    /// The mount's device number in the mount table.
+    dev: Option<(u32, u32)>,
 }
 
 impl MountHandle {
@@ -223,6 +238,13 @@ impl MountHandle {
             }
             None => self.session.umount_and_join(),
         }
+    }
+
+    /// The mount's device number (`major`, `minor`) in `/proc/self/mountinfo`, which
+    /// tells it apart from any other mount at the same mount point; `None` when it was
+    /// not found there after mounting.
+    pub fn device(&self) -> Option<(u32, u32)> {
+        self.dev
     }
 
     /// A handle to drop entries and inodes from the kernel's caches, for changes made
