@@ -110,7 +110,14 @@ check_all() {
   fi
   mkdir -p "$MNT/crash.$GEN"
   out=$(timeout -k 5 600 python3 "$CL" check --mnt "$MNT/crash.$GEN" --journal "$CJ" 2>&1) || rc=$?
-  ((rc == 0)) || fail "$1: crashload check (seed $SEED): $(grep -A 8 PROBLEMS <<< "$out" | head -c 2500)"
+  if ((rc != 0)); then
+    printf '%s\n' "$out" > "$T/crashload-check.$GEN.out"
+    # its PROBLEMS section, or (a crash of the checker, a timeout) the end of its output
+    local why
+    why=$(grep -A 8 PROBLEMS <<< "$out" | head -c 2500)
+    [[ -n $why ]] || why="exit $rc, no PROBLEMS section; last lines: $(tail -n 15 <<< "$out" | tail -c 2500)"
+    fail "$1: crashload check (seed $SEED; all of it in $T/crashload-check.$GEN.out): $why"
+  fi
   log "$1: agent: $(tail -n 1 <<< "$a"); power: $(head -n 1 <<< "$p"); crash: $(tail -n 1 <<< "$out")"
 }
 
