@@ -150,7 +150,7 @@ start_shim() {
   port_busy "$PORT" && die "127.0.0.1:$PORT (the shim's port) is in use"
   setsid nice -n 10 python3 "$SHIM" "$PORT" "$1" >>"$GDIR/shim.log" 2>&1 </dev/null &
   echo $! > "$SHIMPIDFILE"
-  wait_port 30
+  SERVER_NAME="gcs-server (its XML shim)" wait_port 30 "$SHIMPIDFILE" "$GDIR/shim.log"
 }
 
 stop_shim() {

@@ -17,16 +17,19 @@ running() {
 # port_busy PORT: something accepts connections on 127.0.0.1:PORT.
 port_busy() { (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
 
-# wait_port [SECONDS]: until the server answers on $PORT (default 20 s); dies when it
-# exits first or does not answer in time.
+# wait_port [SECONDS] [PIDFILE LOGFILE]: until something answers on $PORT (default 20 s);
+# dies when the process of PIDFILE (default $PIDFILE) exits first, quoting the last line
+# of LOGFILE (default $LOG), or when nothing answers in time.
 wait_port() {
-  local i secs=${1:-20}
+  local i secs=${1:-20} pidfile=${2:-$PIDFILE} logfile=${3:-$LOG}
   for i in $(seq 1 $((secs * 5))); do
     port_busy "$PORT" && return 0
-    running || die "$SERVER_NAME exited during startup, see $LOG"
+    if ! PIDFILE=$pidfile running; then
+      die "$SERVER_NAME exited during startup ($(tail -n 1 "$logfile" 2> /dev/null)), see $logfile"
+    fi
     sleep 0.2
   done
-  die "$SERVER_NAME did not open 127.0.0.1:$PORT within ${secs}s, see $LOG"
+  die "$SERVER_NAME did not open 127.0.0.1:$PORT within ${secs}s, see $logfile"
 }
 
 # stop_server: SIGTERM to the pid file's process, SIGKILL after 10 s; removes the pid file.

