@@ -12,7 +12,8 @@
 #           another cache dir while files written through the first wait for upload
 #           -> refused, naming the cache dir to use; nothing mounted
 #           the cache dir of another workspace (recorded in it, or from before records;
-#           also for `fsck --repair --cache-dir`),
+#           also for `fsck --repair --cache-dir`; fsck without --cache-dir checks the
+#           last mount's),
 #           a cache dir inside the mount point or the mount point inside it (also through
 #           a symlink, a relative path, or the same dir), a mount point holding the
 #           workspace's data dir or its SQLite database (format --meta), a file://
@@ -258,6 +259,11 @@ expect_error "fsck --repair of workspace B with A's cache dir" \
 state "$T/cache-shared" > "$T/cs.after"
 diff "$T/cs.before" "$T/cs.after" > "$T/cs.diff" || fail "the refused fsck changed A's cache dir: $(cat "$T/cs.diff")"
 dfs_ok fsck cachea --cache-dir "$T/cache-shared" > /dev/null
+# Without --cache-dir, fsck checks the cache dir the workspace was last mounted with here
+# (it checked the default one: every file whose only copy that cache holds looked lost).
+dfs fsck cachea > "$T/fsck-last.out" 2>&1 || fail "fsck cachea without --cache-dir failed: $(cat "$T/fsck-last.out")"
+grep -q "^fsck cachea (cache dir $T/cache-shared): .* 0 problems" "$T/fsck-last.out" \
+  || fail "fsck without --cache-dir did not check the cache dir of the last mount: $(cat "$T/fsck-last.out")"
 
 # A cache dir inside the mount point, or the mount point inside the cache dir.
 ws_format places

@@ -319,6 +319,12 @@ fn dead_fuse_mount(mnt: &Path) -> bool {
     )
 }
 
+/// The kv key naming the cache dir the workspace was last mounted with on `host`
+/// (`cache.last.<host>` = its absolute path; written at every mount, read by `fsck`).
+pub(crate) fn last_cache_key(host: &str) -> String {
+    format!("cache.last.{host}")
+}
+
 /// Where the cache dir of cache `id` is (kv `cache.<id>` = `HOST:PATH`).
 fn cache_location(meta: &dyn MetaEngine, id: u64) -> Result<Option<(String, PathBuf)>> {
     let v = deskfs_meta::read(meta, |t| t.get_kv(&format!("cache.{id}")))?;
@@ -753,7 +759,12 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     )?);
     let loc = format!("{}:{}", deskfs_vfs::hostname(), cache_dir.display());
     let key = format!("cache.{}", cache.id());
-    deskfs_meta::txn(&*o.meta, |t| t.set_kv(&key, &loc))?;
+    let last = last_cache_key(&deskfs_vfs::hostname());
+    let dir_text = cache_dir.display().to_string();
+    deskfs_meta::txn(&*o.meta, |t| {
+        t.set_kv(&key, &loc)?;
+        t.set_kv(&last, &dir_text)
+    })?;
     let cfg = VfsConfig {
         default_uid: nix::unistd::getuid().as_raw(),
         default_gid: nix::unistd::getgid().as_raw(),

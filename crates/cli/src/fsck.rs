@@ -71,15 +71,7 @@ pub fn run(a: FsckArgs) -> Result<()> {
         // PostgreSQL checks its own pages (checksums, WAL); deskfs checks the namespace.
         None => Vec::new(),
     };
-    // Without --cache-dir: the default one (or, for workspaces from before cache ids,
-    // the one recorded).
-    let recorded = deskfs_meta::read(&*meta, |t| t.get_kv("cache_dir"))?;
-    let cache_dir = a
-        .cache_dir
-        .clone()
-        .map(|p| crate::absolute(&p))
-        .or(recorded.map(PathBuf::from))
-        .unwrap_or_else(|| ws_dir(&a.name).join("cache"));
+    let cache_dir = cache_dir_to_check(&a, &*meta)?;
     // Another workspace's cache dir names other inodes: checked (and repaired) against
     // this namespace it would look broken, and `--repair` would drop its files.
     crate::daemon::check_cache_owner(&cfg, &*meta, &cache_dir)?;
@@ -120,10 +112,12 @@ pub fn run(a: FsckArgs) -> Result<()> {
     } else {
         for n in &report.notes {
             let tag = if n.repaired { "settled " } else { "note    " };
-            println!(
-                "{tag} [{}] {} (crash leftover; the next mount settles it)",
-                n.kind, n.detail
-            );
+            let why = if n.kind == "other-cache" {
+                ""
+            } else {
+                " (crash leftover; the next mount settles it)"
+            };
+            println!("{tag} [{}] {}{why}", n.kind, n.detail);
         }
         for p in &report.problems {
             let tag = if p.repaired { "repaired" } else { "PROBLEM " };
@@ -135,8 +129,9 @@ pub fn run(a: FsckArgs) -> Result<()> {
             "bucket not checked (--check-bucket)".to_string()
         };
         println!(
-            "fsck {}: {} inodes, {} entries, {objects}; {} problems ({} repaired, {} remaining)",
+            "fsck {} (cache dir {}): {} inodes, {} entries, {objects}; {} problems ({} repaired, {} remaining)",
             a.name,
+            cache_dir.display(),
             report.inodes,
             report.dentries,
             report.problems.len(),
@@ -148,6 +143,26 @@ pub fn run(a: FsckArgs) -> Result<()> {
         std::process::exit(1);
     }
     Ok(())
+}
+
+/// The cache dir `fsck` checks: `--cache-dir`; else the one the workspace was last
+/// mounted with on this host (see [`crate::daemon::last_cache_key`]) while it exists;
+/// else, for workspaces from before cache ids, the one recorded; else the default one.
+/// (Checked against the wrong one, every file whose content that cache holds would look
+/// lost, and its real staging files would go unchecked.)
+fn cache_dir_to_check(a: &FsckArgs, meta: &dyn deskfs_meta::MetaEngine) -> Result<PathBuf> {
+    if let Some(p) = &a.cache_dir {
+        return Ok(crate::absolute(p));
+    }
+    let last_key = crate::daemon::last_cache_key(&deskfs_vfs::hostname());
+    let (last, legacy) = deskfs_meta::read(meta, |t| {
+        Ok::<_, deskfs_meta::MetaError>((t.get_kv(&last_key)?, t.get_kv("cache_dir")?))
+    })?;
+    Ok(last
+        .map(PathBuf::from)
+        .filter(|p| p.join("cache-id").is_file())
+        .or(legacy.map(PathBuf::from))
+        .unwrap_or_else(|| ws_dir(&a.name).join("cache")))
 }
 
 /// `deskfs fsck NAME --rebuild-from-bucket`.

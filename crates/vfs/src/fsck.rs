@@ -388,6 +388,19 @@ pub fn fsck(
                         mark_dirty(meta, ino)?;
                     }
                 }
+                // Held by another cache (another host's, or this host's other
+                // --cache-dir): that cache's check looks at it, not this one.
+                None if matches!(r.local, Local::At(id) if Local::At(id) != here) => {
+                    rep.notes.push(Problem {
+                        kind: "other-cache",
+                        detail: format!(
+                            "inode {ino} ({} bytes): its only copy is in another cache (id {}), not checked here; run fsck with that cache's --cache-dir",
+                            r.size,
+                            r.local.code()
+                        ),
+                        repaired: false,
+                    })
+                }
                 None => add(
                     &mut rep,
                     "content-missing",

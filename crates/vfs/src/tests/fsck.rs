@@ -104,3 +104,50 @@ fn dirty_staging_longer_than_metadata_is_adopted() {
     h.sync_all();
     assert_eq!(h.bucket_file("f").as_deref(), Some(&b"abcdef"[..]));
 }
+
+#[test]
+fn content_in_another_cache_is_noted_not_lost() {
+    let mut h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"hello");
+    h.sync_all();
+    let ino = f.ino;
+    h.remount_after(|dir, db| {
+        // Clean, its only copy in this cache, its object forgotten (the state between the
+        // delete of its old name's object and the upload at its new name).
+        let meta = db.open();
+        deskfs_meta::txn(&*meta, |t| {
+            t.delete_object(b"f")?;
+            t.mark_pending(b"f", false, 0)?;
+            Ok::<_, deskfs_meta::MetaError>(())
+        })
+        .unwrap();
+        let here = run(dir, db, false);
+        assert!(here.problems.is_empty(), "{:?}", here.problems);
+        let notes: Vec<&str> = here.notes.iter().map(|n| n.kind).collect();
+        assert_eq!(notes, ["not-uploaded"]);
+        // Checked with another cache dir: that copy is not this cache's to judge.
+        let other = Cache::open(&dir.join("other-cache"), 64 << 20, 1 << 20).expect("cache");
+        let elsewhere = fsck(
+            &*meta,
+            &other,
+            None,
+            FsckOptions {
+                repair: false,
+                check_bucket: false,
+            },
+            &|_| {},
+        )
+        .expect("fsck");
+        assert!(elsewhere.problems.is_empty(), "{:?}", elsewhere.problems);
+        let notes: Vec<&str> = elsewhere.notes.iter().map(|n| n.kind).collect();
+        assert_eq!(notes, ["other-cache"]);
+        // In no cache at all: lost.
+        deskfs_meta::txn(&*meta, |t| {
+            let mut r = t.get_inode(ino)?.unwrap();
+            r.local = deskfs_meta::Local::None;
+            t.update_inode(&r)
+        })
+        .unwrap();
+        assert_eq!(kinds(&run(dir, db, false)), ["content-missing"]);
+    });
+}
