@@ -23,9 +23,10 @@
 # daemon alive (the cut kills it): the same promises hold.
 # At the end: a normal mount, `deskfs sync`, and every fsynced file is in the bucket dir
 # with its content.
-#   DESKFS_POWER_ITERS   kill-and-cut iterations (default 30)
-#   DESKFS_POWER_IMAGES  crash images per iteration (default 9: 30 + 270 = 300 cut points
-#                        per run, ~8.5 min here; `scripts/test.sh --long` runs 50 x 60:
+#   DESKFS_POWER_ITERS   kill-and-cut iterations (default 20)
+#   DESKFS_POWER_IMAGES  crash images per iteration (default 14: 20 + 280 = 300 cut points
+#                        per run, ~7.5 min here: an iteration costs ~7 s besides its
+#                        images, an image ~1 s; `scripts/test.sh --long` runs 50 x 60:
 #                        3,050). A cut point's check reads the whole tree: the workload
 #                        removes iterations older than the last two, so it stays bounded
 #                        (~450 files); a check costs 1.1-1.5 s there (restore by moving
@@ -37,8 +38,8 @@ source "$(dirname "$0")/../lib.sh"
 need_deskfs
 
 PL=$ROOT/tests/tools/powerload.py
-ITERS=${DESKFS_POWER_ITERS:-30}
-IMAGES=${DESKFS_POWER_IMAGES:-9}
+ITERS=${DESKFS_POWER_ITERS:-20}
+IMAGES=${DESKFS_POWER_IMAGES:-14}
 SEED=${DESKFS_POWER_SEED:-$((RANDOM * 32768 + RANDOM))}
 RANDOM=$SEED
 log "seed $SEED, $ITERS power cuts + $((ITERS * IMAGES)) crash images (replay: DESKFS_POWER_SEED=$SEED DESKFS_POWER_ITERS=$ITERS DESKFS_POWER_IMAGES=$IMAGES)"
