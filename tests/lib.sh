@@ -228,19 +228,22 @@ register_mount() {
   return 0
 }
 
-# is_mounted DIR: DIR is a mount point right now (per /proc/self/mountinfo; works for
-# dead FUSE mounts too, where stat fails with ENOTCONN).
-# free_port [WHAT]: prints a TCP port nobody listens on at 127.0.0.1, or fails naming
-# WHAT. Picked below the kernel's ephemeral range (net.ipv4.ip_local_port_range, 32768
-# by default), so that no client socket can take it between this check and the bind.
+# free_port [WHAT] [N]: prints a TCP port P such that nobody listens on 127.0.0.1 at P
+# .. P+N-1 (N defaults to 1), or fails naming WHAT. Picked below the kernel's ephemeral
+# range (net.ipv4.ip_local_port_range, 32768 by default), so that no client socket can
+# take it between this check and the bind.
 free_port() {
-  local p lo=32768 span
+  local p lo=32768 span n=${2:-1} i busy
   read -r lo _ < /proc/sys/net/ipv4/ip_local_port_range 2> /dev/null || lo=32768
-  span=$((lo - 20000))
+  span=$((lo - 20000 - n))
   ((span >= 1000)) || span=20000
   for _ in $(seq 1 50); do
     p=$((20000 + (RANDOM * 32768 + RANDOM) % span))
-    if ! (exec 3<> "/dev/tcp/127.0.0.1/$p") 2> /dev/null; then
+    busy=0
+    for ((i = 0; i < n; i++)); do
+      if (exec 3<> "/dev/tcp/127.0.0.1/$((p + i))") 2> /dev/null; then busy=1; break; fi
+    done
+    if ((!busy)); then
       echo "$p"
       return 0
     fi
@@ -248,6 +251,8 @@ free_port() {
   fail "no free port${1:+ for $1}"
 }
 
+# is_mounted DIR: DIR is a mount point right now (per /proc/self/mountinfo; works for
+# dead FUSE mounts too, where stat fails with ENOTCONN).
 is_mounted() {
   local p
   p=$(realpath -m "$1")

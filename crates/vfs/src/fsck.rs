@@ -390,7 +390,7 @@ pub fn fsck(
                 }
                 // Held by another cache (another host's, or this host's other
                 // --cache-dir): that cache's check looks at it, not this one.
-                None if matches!(r.local, Local::At(id) if Local::At(id) != here) => {
+                None if r.local != here && r.local != Local::None => {
                     rep.notes.push(Problem {
                         kind: "other-cache",
                         detail: format!(
