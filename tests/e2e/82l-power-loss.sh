@@ -25,7 +25,7 @@
 # with its content.
 #   DESKFS_POWER_ITERS   kill-and-cut iterations (default 20)
 #   DESKFS_POWER_IMAGES  crash images per iteration (default 14: 20 + 280 = 300 cut points
-#                        per run, ~7.5 min here: an iteration costs ~7 s besides its
+#                        per run, ~9.5 min here: an iteration costs ~7 s besides its
 #                        images, an image ~1 s; `scripts/test.sh --long` runs 50 x 60:
 #                        3,050). A cut point's check reads the whole tree: the workload
 #                        removes iterations older than the last two, so it stays bounded
