@@ -46,6 +46,17 @@
 #                               hosts; connections hang (no reset), new ones time out
 #   host_heal H                 brings the link up again and waits (<= 10 s) until H
 #                               reaches the bridge address (a TCP connect answered)
+#   host_block H PORT [WHICH]   cuts H off from one service only, HOSTS_BRIDGE_IP:PORT (e.g.
+#                               the bucket but not PostgreSQL), with tc on both ends of H's
+#                               veth (htb + a u32 filter into a pfifo of limit 0: the packets
+#                               are dropped, connections hang, new ones time out; no
+#                               iptables needed). WHICH: both (default); replies (only what
+#                               PORT sends to H is dropped: H's requests arrive and are acted
+#                               on, their answers never come back); requests (only what H
+#                               sends to PORT). Several ports may be blocked at once.
+#   host_throttle H PORT RATE   what H sends to PORT goes at most at RATE (tc rate, e.g.
+#                               4mbit): an upload to the bucket then takes a while
+#   host_unblock H              removes every rule host_block and host_throttle put on H
 #   host_reaches H [PORT]       exit 0 if a TCP connect from H to HOSTS_BRIDGE_IP:PORT
 #                               (default 9, where nothing listens) is answered (accepted or
 #                               refused) within 1 s
@@ -272,6 +283,66 @@ host_heal() {
   log "hosts: healing $1 (link ${_HOSTS_VETH[$1]} up)"
   ip link set "${_HOSTS_VETH[$1]}" up
   wait_for 10 host_reaches "$1" || fail "host_heal $1: still does not reach $HOSTS_BRIDGE_IP 10 s after the link came up"
+}
+
+# _hosts_tc H in|out ARGS...: tc ARGS on the end of H's veth where what H sends (in: the
+# host's eth0) or what it receives (out: the bridge end) leaves; @DEV@ in ARGS is that device
+_hosts_tc() {
+  local h=$1 side=$2
+  shift 2
+  if [[ $side == in ]]; then
+    tc -n "${_HOSTS_NS[$h]}" "${@//@DEV@/eth0}"
+  else
+    tc "${@//@DEV@/${_HOSTS_VETH[$h]}}"
+  fi
+}
+
+# _hosts_tc_root H in|out: an htb root there (once): class 1:10 passes (default), 1:20 drops
+_hosts_tc_root() {
+  _hosts_tc "$1" "$2" qdisc show dev @DEV@ | grep -q '^qdisc htb 1: root' && return 0
+  { _hosts_tc "$1" "$2" qdisc add dev @DEV@ root handle 1: htb default 10 &&
+    _hosts_tc "$1" "$2" class add dev @DEV@ parent 1: classid 1:10 htb rate 100gbit &&
+    _hosts_tc "$1" "$2" class add dev @DEV@ parent 1: classid 1:20 htb rate 100gbit &&
+    _hosts_tc "$1" "$2" qdisc add dev @DEV@ parent 1:20 handle 20: pfifo limit 0; } 2> "$T/tc.err" ||
+    fail "hosts: cannot set up tc for $1 (htb, u32 and pfifo are needed): $(head -n 1 "$T/tc.err")"
+}
+
+host_block() {
+  _hosts_host "${1:-}"
+  [[ ${2:-} =~ ^[0-9]+$ ]] || fail "host_block: expected H PORT [both|replies|requests], got '$*'"
+  need_cmd tc
+  local h=$1 p=$2 which=${3:-both}
+  [[ $which =~ ^(both|replies|requests)$ ]] || fail "host_block: WHICH is both, replies or requests, not '$which'"
+  if [[ $which != replies ]]; then
+    _hosts_tc_root "$h" in
+    _hosts_tc "$h" in filter add dev @DEV@ parent 1: protocol ip prio 1 u32 \
+      match ip dst "$HOSTS_BRIDGE_IP/32" match ip dport "$p" 0xffff flowid 1:20
+  fi
+  if [[ $which != requests ]]; then
+    _hosts_tc_root "$h" out
+    _hosts_tc "$h" out filter add dev @DEV@ parent 1: protocol ip prio 1 u32 \
+      match ip src "$HOSTS_BRIDGE_IP/32" match ip sport "$p" 0xffff flowid 1:20
+  fi
+  log "hosts: $h cut off from $HOSTS_BRIDGE_IP:$p ($which)"
+}
+
+host_throttle() {
+  _hosts_host "${1:-}"
+  [[ ${2:-} =~ ^[0-9]+$ && -n ${3:-} ]] || fail "host_throttle: expected H PORT RATE, got '$*'"
+  need_cmd tc
+  local h=$1 p=$2
+  _hosts_tc_root "$h" in
+  _hosts_tc "$h" in class replace dev @DEV@ parent 1: classid 1:30 htb rate "$3" ceil "$3"
+  _hosts_tc "$h" in filter add dev @DEV@ parent 1: protocol ip prio 2 u32 \
+    match ip dst "$HOSTS_BRIDGE_IP/32" match ip dport "$p" 0xffff flowid 1:30
+  log "hosts: $h sends to $HOSTS_BRIDGE_IP:$p at most at $3"
+}
+
+host_unblock() {
+  _hosts_host "${1:-}"
+  _hosts_tc "$1" in qdisc del dev @DEV@ root 2> /dev/null || true
+  _hosts_tc "$1" out qdisc del dev @DEV@ root 2> /dev/null || true
+  log "hosts: $1's tc rules removed"
 }
 
 _hosts_fwd_pid() { # PORT: prints the PID of a live forwarder of PORT

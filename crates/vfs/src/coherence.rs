@@ -140,6 +140,8 @@ pub(crate) struct Coherence {
     /// read its staging files by path), so a purged inode's staging file is deleted
     /// rather than reused. Mounts on other hosts never see this cache.
     local_peer: AtomicBool,
+    /// Held while this mount re-registers after a fence (see `Vfs::fenced`).
+    pub(crate) fencing: Mutex<()>,
 }
 
 impl Default for Coherence {
@@ -155,6 +157,7 @@ impl Default for Coherence {
             notified: AtomicBool::new(false),
             sharings: AtomicU64::new(0),
             local_peer: AtomicBool::new(true),
+            fencing: Mutex::new(()),
         }
     }
 }

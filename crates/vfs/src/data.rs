@@ -1584,7 +1584,12 @@ impl Vfs {
     ) -> Result<Option<InodeRow>> {
         let cur = self.meta.get_inode(ino)?;
         match cur {
-            Some(r) if r.data_version == s.version => {
+            // A newer version held by this very cache is this mount's own: a commit of
+            // these writes that the database applied although its answer was lost (the
+            // cut came between the commit and its reply). The staging file is that
+            // content: moving it to a conflict copy left the row naming content that
+            // was nowhere (every open EIO, its upload failing for ever).
+            Some(r) if r.data_version == s.version || r.local == self.here() => {
                 // Nobody committed meanwhile: the writes are this session's now.
                 s.dirty_session = self.coherence.session();
                 return self.commit_with(ino, s, durable, None, get);

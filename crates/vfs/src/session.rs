@@ -47,6 +47,20 @@ pub(crate) fn pid_alive(pid: u32) -> bool {
     pid == 0 || std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
+thread_local! {
+    /// This thread is re-registering this mount's session (inside `Vfs::fenced`).
+    static FENCING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Clears [`FENCING`] when the re-registration of this thread ends.
+struct FencingHere;
+
+impl Drop for FencingHere {
+    fn drop(&mut self) {
+        FENCING.with(|f| f.set(false));
+    }
+}
+
 /// A session found dead, with what its expiry must do.
 struct Dead {
     row: SessionRow,
@@ -231,6 +245,22 @@ impl Vfs {
     /// forget the locks held through it, and register anew (opens are published again
     /// when other mounts are live).
     pub(crate) fn fenced(&self, lost: u64) {
+        // One re-registration at a time: the lease thread, the feed thread and requests
+        // may all find the session gone at once. Each registering a session of its own
+        // made the later registration expire the earlier one as "its daemon is gone"
+        // (same host and pid), without a hold, dropping the open-file records published
+        // under it: another mount could then purge a file this one still has open.
+        // Whoever finds a re-registration under way waits for it, then finds the session
+        // replaced. (The registration itself may end up here again, on its own thread.)
+        if FENCING.with(|f| f.replace(true)) {
+            return;
+        }
+        let _reset = FencingHere;
+        let _one = self
+            .coherence
+            .fencing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         if self.coherence.session() != lost {
             return; // already re-registered
         }
