@@ -13,10 +13,11 @@
 #      removes U. h1 expires h3 (lease), h3 heals, notices the fence, writes more into A
 #      and closes everything. Then A and B hold h1's bytes, each with one
 #      NAME.deskfs-conflict-h3-UNIXTIME holding all of h3's writes; C and N hold h3's
-#      bytes, no conflict copy. With DESKFS_PART_PASSTHROUGH=1, also P: h3 mounts first,
-#      alone, and opens P for writing through FUSE passthrough (its writes bypass the
-#      daemon) before the others join; P must end as A does. That case fails today (see
-#      docs/SEMANTICS.md, "Not (yet) guaranteed"): it is off by default.
+#      bytes, no conflict copy. Also P: h3 mounts first, alone, and opens P for writing
+#      through FUSE passthrough (its writes bypass the daemon) before the others join; P
+#      must end as A does (its writes under the lost lease, first seen after h3
+#      registered anew, were committed over h1's content before the last look's session
+#      counted). DESKFS_PART_PASSTHROUGH=0 leaves P out.
 #   2. An ambiguous commit: h3 closes a new file F while PostgreSQL's replies to h3 are
 #      dropped (host_block ... replies): the commit is applied, h3's close gets EIO; then h3
 #      is cut off from PostgreSQL until its lease is lost, and healed. F holds h3's bytes
@@ -64,7 +65,7 @@ OPT=2
 WS=part
 HOSTS=(h1 h2 h3)
 SEED=${DESKFS_PART_SEED:-$RANDOM}
-PT_CASE=${DESKFS_PART_PASSTHROUGH:-0}
+PT_CASE=${DESKFS_PART_PASSTHROUGH:-1}
 declare -A HHOME HMNT HCACHE HLOG HPID
 T_START=$SECONDS
 

@@ -227,17 +227,23 @@ impl Vfs {
 
     /// The row of `ino` read in one batch with a +1 on `session`'s open count of it; as
     /// [`Vfs::current_held`] otherwise (the count is queued to be taken back when the
-    /// row is not servable).
+    /// row is not servable). Errors: `EIO` when `session` was expired (another mount
+    /// fenced this one: it registers anew first; a count under the dead session would
+    /// outlive it, and the orphan it names would never be purged).
     fn current_counting_open(&self, ino: Ino, held: bool, session: u64) -> Result<InodeRow> {
-        let out = self.meta.apply(&[
-            Op::AddOpen {
-                ino,
-                session,
-                delta: 1,
-            },
-            Op::GetInode(ino),
-        ])?;
-        let res = match out.get(1).and_then(OpOut::row) {
+        let out = self
+            .meta
+            .apply(&[
+                Op::CheckSession(session),
+                Op::AddOpen {
+                    ino,
+                    session,
+                    delta: 1,
+                },
+                Op::GetInode(ino),
+            ])
+            .map_err(|e| self.on_meta_error(e))?;
+        let res = match out.get(2).and_then(OpOut::row) {
             Some(r) => self.servable(r, held).map(|()| {
                 self.hints.note_row(r);
                 r.clone()
@@ -422,11 +428,18 @@ impl Vfs {
             .ok_or(VfsError::BadHandle)
     }
 
-    /// A new handle. `recorded`: its open is already in the open-file table (`create`
-    /// records it in its own batch); otherwise it is recorded now when other mounts are
-    /// live (see [`Vfs::publish_opens`]). `passthrough`: it was counted as a passthrough
-    /// open.
-    fn new_handle(&self, ino: Ino, flags: i32, recorded: bool, passthrough: bool) -> Result<u64> {
+    /// A new handle. `recorded`: the session its open is already counted under in the
+    /// open-file table (`open` counts it with its read of the row, `create` in its own
+    /// batch); otherwise (or when that session was replaced meanwhile) it is recorded now
+    /// when other mounts are live (see [`Vfs::publish_opens`]). `passthrough`: it was
+    /// counted as a passthrough open.
+    fn new_handle(
+        &self,
+        ino: Ino,
+        flags: i32,
+        recorded: Option<u64>,
+        passthrough: bool,
+    ) -> Result<u64> {
         let acc = flags & libc::O_ACCMODE;
         let h = Arc::new(Handle::new(
             ino,
@@ -434,7 +447,7 @@ impl Vfs {
             acc == libc::O_WRONLY || acc == libc::O_RDWR,
             flags & libc::O_APPEND != 0,
             false,
-            if recorded {
+            if recorded.is_some() {
                 OpenRecord::Recorded
             } else {
                 OpenRecord::Unrecorded
@@ -442,19 +455,39 @@ impl Vfs {
         ));
         h.passthrough.store(passthrough, Ordering::SeqCst);
         let fh = self.next_fh.fetch_add(1, Ordering::Relaxed);
-        self.handles
-            .lock()
-            .map_err(|_| poisoned())?
-            .insert(fh, h.clone());
+        {
+            // Inserted under the fencing lock: a re-registration either comes after and
+            // finds this handle (and records it again under its new session), or came
+            // before, and the count was made under a session that is gone (its records
+            // went with it): then the handle is unrecorded, and recorded below.
+            let _fencing = recorded.map(|_| {
+                self.coherence
+                    .fencing
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+            });
+            if recorded.is_some_and(|counted| counted != self.coherence.session()) {
+                h.unrecord();
+            }
+            self.handles
+                .lock()
+                .map_err(|_| poisoned())?
+                .insert(fh, h.clone());
+        }
         // Inserted first, then checked: either this open sees the shared state or the
         // publisher (which moves the state first) sees this handle.
-        if !recorded && self.shared() && h.claim_record() {
+        // (Only an unrecorded handle is claimed.)
+        if self.shared() && h.claim_record() {
             let session = self.coherence.session();
-            let res = self.meta.apply(&[Op::AddOpen {
-                ino,
-                session,
-                delta: 1,
-            }]);
+            // Under a live session only (a count under an expired one would outlive it).
+            let res = self.meta.apply(&[
+                Op::CheckSession(session),
+                Op::AddOpen {
+                    ino,
+                    session,
+                    delta: 1,
+                },
+            ]);
             match res {
                 Ok(_) => {
                     if h.finish_record() == OpenRecord::Closed {
@@ -468,7 +501,7 @@ impl Vfs {
                 Err(e) => {
                     h.abandon_record();
                     self.handles.lock().map_err(|_| poisoned())?.remove(&fh);
-                    return Err(e.into());
+                    return Err(self.on_meta_error(e));
                 }
             }
         }
@@ -555,7 +588,7 @@ impl Vfs {
                         self.kernel_pages.opened(ino, version);
                     }
                     let fh = self
-                        .new_handle(ino, flags, count.session.is_some(), backing.is_some())
+                        .new_handle(ino, flags, count.session, backing.is_some())
                         .inspect_err(|_| {
                             self.uncount_open(ino, backing.is_some(), acc != libc::O_RDONLY)
                         })?;
@@ -672,13 +705,13 @@ impl Vfs {
         umask: u32,
         flags: i32,
     ) -> Result<(Attr, Opened)> {
-        let tracked = self.shared();
+        let open_in = self.shared().then(|| self.coherence.session());
         let NewNode { row, staging } = self.create_node(
             ctx,
             parent,
             name,
             NodeSpec {
-                open_in: tracked.then(|| self.coherence.session()),
+                open_in,
                 ..NodeSpec::new(Kind::File, mode & !umask & 0o7777)
             },
         )?;
@@ -718,7 +751,7 @@ impl Vfs {
             Some(&row),
         )?;
         let fh = self
-            .new_handle(row.ino, flags, tracked, backing.is_some())
+            .new_handle(row.ino, flags, open_in, backing.is_some())
             .inspect_err(|_| self.uncount_open(row.ino, backing.is_some(), write))?;
         Ok((
             crate::attr_of(&row),
@@ -1598,6 +1631,9 @@ impl Vfs {
                 self.save_conflict(ino, s, &r)?;
                 // The kernel's pages hold the conflicting writes: they go.
                 self.invalidate_later(crate::Invalidation::Inode(ino));
+                // A passthrough backing file is the conflict copy's staging file now:
+                // nothing the kernel finds in it is this inode's any more.
+                s.pt.backing_moved();
             }
             _ => {
                 tracing::warn!(

@@ -309,6 +309,10 @@ impl Vfs {
                 OnFail::Errno(libc::EEXIST),
             );
             if let Some(session) = open_in {
+                if session != self.coherence.session() {
+                    // Replaced since (a fence): the count must not outlive the old one.
+                    b.guard(Op::CheckSession(session));
+                }
                 b.guard(Op::AddOpen {
                     ino,
                     session,

@@ -135,6 +135,10 @@ pub(crate) struct Passthrough {
     writer_flock: bool,
     /// The backing file's state as last absorbed.
     seen: Option<BackingLook>,
+    /// This mount's session when `seen` was taken: the kernel's writes found at the next
+    /// look may have been made any time since, so under that session's lease (which may
+    /// have been lost meanwhile: see `Vfs::commit_after_fence`).
+    seen_session: u64,
     /// The row was marked dirty for these writers (not by a write): when the last one
     /// closes without having written, the uploader is asked to look again (and mark it
     /// clean: the bucket already holds its content).
@@ -148,6 +152,16 @@ impl Passthrough {
     /// Passthrough handles are open.
     pub(crate) fn active(&self) -> bool {
         self.handles > 0
+    }
+
+    /// The backing file's content was moved to another inode (a conflict copy, see
+    /// `Vfs::commit_after_fence`): it is not looked at for this inode again. Handles the
+    /// kernel already holds keep writing to it; new opens of this inode fail with `EIO`
+    /// (the kernel's rule: the same backing file while any passthrough open is left)
+    /// until they are closed.
+    pub(crate) fn backing_moved(&mut self) {
+        self.file = None;
+        self.seen = None;
     }
 
     /// Passthrough handles open for writing.
@@ -296,6 +310,7 @@ impl Vfs {
             writers: u32::from(write),
             file: Some(f.clone()),
             seen: Some(look),
+            seen_session: self.coherence.session(),
             marked_dirty,
             writer_flock: write,
             from_fill: fill.is_some(),
@@ -425,6 +440,11 @@ impl Vfs {
             None => true,
         };
         s.pt.seen = Some(now);
+        // Writes found now were made since the last look, perhaps under the session of
+        // then, lost meanwhile (a partition or pause past the lease): they count as
+        // that session's, so a fenced mount's writes through the backing file are not
+        // committed over another mount's newer content.
+        let made_under = std::mem::replace(&mut s.pt.seen_session, self.coherence.session());
         if !changed {
             return Ok(());
         }
@@ -433,7 +453,12 @@ impl Vfs {
             self.cache.staging_dirty(ino);
         }
         s.size = now.size;
-        s.note_change(now.mtime_ns, self.coherence.session());
+        let session = if made_under != 0 {
+            made_under
+        } else {
+            self.coherence.session()
+        };
+        s.note_change(now.mtime_ns, session);
         s.ctime_ns = now.ctime_ns.max(s.ctime_ns);
         // The kernel's page cache of this inode did not see these writes.
         self.kernel_pages.forget(ino);
@@ -456,9 +481,15 @@ impl Vfs {
         }
         let look = BackingLook::of(&f)?;
         s.pt.seen = Some(look);
+        let made_under = std::mem::replace(&mut s.pt.seen_session, self.coherence.session());
         if look.size != s.size && s.pt.writers > 0 {
             s.size = look.size;
-            s.note_change(look.mtime_ns.max(s.mtime_ns), self.coherence.session());
+            let session = if made_under != 0 {
+                made_under
+            } else {
+                self.coherence.session()
+            };
+            s.note_change(look.mtime_ns.max(s.mtime_ns), session);
             s.ctime_ns = look.ctime_ns.max(s.ctime_ns);
             self.kernel_pages.forget(ino);
         }

@@ -292,3 +292,43 @@ fn a_new_open_of_another_mounts_orphan_is_stale_even_while_open_here() {
     assert_eq!(h.read_to_end(x.ino, fh, 0, 4096), b"content");
     h.release(x.ino, fh).unwrap();
 }
+
+/// An open made after another mount expired this one's session (a pause or cut past the
+/// lease) but before this mount noticed: counting it under the dead session left a
+/// record that outlived every mount, so the orphan it named was never purged. The count
+/// checks the session in its own batch: the open fails (`EIO`), the mount registers
+/// anew, and the next open is counted under the new session.
+#[test]
+fn an_open_under_an_expired_session_is_not_counted_under_it() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"data");
+    let (other, _sid) = other_mount(&h);
+    h.feed_round();
+    assert!(h.shared());
+    let lost = h.coherence.session();
+    other
+        .apply(&[deskfs_meta::Op::ExpireSession {
+            id: lost,
+            stale_before_ns: i64::MAX,
+            hold_opens: None,
+        }])
+        .unwrap();
+    let counted_elsewhere = |s: u64| read(&*other, |t| t.open_elsewhere(f.ino, s)).unwrap();
+    let first = h.open(&CTX, f.ino, libc::O_RDONLY);
+    let now = h.coherence.session();
+    assert!(
+        !counted_elsewhere(now),
+        "an open was recorded under the expired session {lost} (now {now})"
+    );
+    assert!(
+        first.is_err(),
+        "the open under the expired session succeeded"
+    );
+    assert_ne!(now, lost, "the mount registered a new session");
+    let fh = h.op(f.ino, libc::O_RDONLY);
+    assert!(
+        counted_elsewhere(0),
+        "the next open is recorded under the new session"
+    );
+    h.release(f.ino, fh).unwrap();
+}

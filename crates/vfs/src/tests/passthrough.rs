@@ -258,3 +258,60 @@ fn a_kernel_write_landing_during_the_daemons_truncate_is_absorbed() {
     want.extend_from_slice(b"late");
     assert_eq!(h.bucket_file("f"), Some(want), "uploaded whole");
 }
+
+/// A file held open for writing through passthrough while this mount's lease is lost
+/// (cut off or paused): another mount commits new content, expires this session, and
+/// this mount registers anew before it looks at the backing file again. The kernel's
+/// writes found then were made under the lost lease: they are kept beside the file as a
+/// conflict copy, never committed over the other mount's content (they were taken for
+/// the new session's and overwrote it, found by e2e 86n-partition-hosts).
+#[test]
+fn passthrough_writes_under_a_lost_lease_become_a_conflict_copy() {
+    let h = pt_harness();
+    let a = h.file(ROOT_INO, "f", b"old content");
+    h.sync_all();
+    let o = h.open(&CTX, a.ino, libc::O_RDWR).unwrap();
+    assert!(
+        o.backing.is_some(),
+        "opened through passthrough while alone"
+    );
+    let (other, _sid) = super::feed::other_mount(&h);
+    h.feed_round();
+    // The other mount commits its own content (held by its cache), then expires this
+    // mount's session (its heartbeats stopped reaching the database).
+    let theirs = deskfs_meta::txn(&*other, |t| {
+        let mut r = t.get_inode(a.ino)?.expect("inode");
+        r.size = 6;
+        r.data_version += 1;
+        r.local = deskfs_meta::Local::At(7);
+        t.update_inode(&r)?;
+        Ok::<_, deskfs_meta::MetaError>(r.data_version)
+    })
+    .unwrap();
+    let lost = h.coherence.session();
+    other
+        .apply(&[deskfs_meta::Op::ExpireSession {
+            id: lost,
+            stale_before_ns: i64::MAX,
+            hold_opens: None,
+        }])
+        .unwrap();
+    h.fenced(lost);
+    assert_ne!(h.coherence.session(), lost, "registered anew");
+    // The kernel's write under the lost lease, first seen now.
+    kernel_write(&o, 0, b"MINE");
+    h.release(a.ino, o.fh).expect("release");
+    drop(o);
+    let r = h.row(a.ino).unwrap();
+    assert_eq!(
+        (r.data_version, r.size),
+        (theirs, 6),
+        "the other mount's newer content was overwritten"
+    );
+    let names = h.ls(ROOT_INO);
+    let copy = names
+        .iter()
+        .find(|n| n.starts_with("f.deskfs-conflict-"))
+        .unwrap_or_else(|| panic!("no conflict copy: {names:?}"));
+    assert_eq!(h.cat_path(copy), b"MINEcontent");
+}
