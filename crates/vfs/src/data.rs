@@ -523,6 +523,7 @@ impl Vfs {
     /// content). Errors: `ENOENT`, `EISDIR` (write on a directory).
     pub fn open(&self, ctx: &Ctx, ino: Ino, flags: i32) -> Result<Opened> {
         let r = self.open_inner(ctx, ino, flags);
+        tracing::debug!(ino, pid = ctx.pid, flags, ok = r.is_ok(), err = ?r.as_ref().err(), "open");
         if matches!(r, Err(VfsError::Stale)) {
             // The kernel looks the path up again and repeats the open (see `kernel_refs`).
             self.retries.staled(ctx.pid);
@@ -539,6 +540,9 @@ impl Vfs {
         // The kernel's repeat of an open we answered ESTALE, through a fresh lookup: that
         // inode is served even if it lost its name since (see `kernel_refs`).
         let retry = self.retries.is_retry(ctx.pid, ino);
+        if retry {
+            tracing::debug!(ino, pid = ctx.pid, "open: the kernel's retry after ESTALE");
+        }
         let mut waited = false;
         // While other mounts are live the open is counted in the open-file table, in the
         // round trip that reads the row (once, whatever the loop below repeats).
@@ -705,6 +709,7 @@ impl Vfs {
         umask: u32,
         flags: i32,
     ) -> Result<(Attr, Opened)> {
+        self.retries.ended(ctx.pid);
         let open_in = self.shared().then(|| self.coherence.session());
         let NewNode { row, staging } = self.create_node(
             ctx,

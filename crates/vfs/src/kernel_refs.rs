@@ -147,16 +147,24 @@ impl StaleRetries {
             Some((t, Some(i))) if *i == ino && t.elapsed() < RETRY_WINDOW)
     }
 
-    /// Whether an open of `ino` by `pid` is the kernel's retry through a fresh lookup
-    /// (used up: a later open is a new request).
+    /// Whether an open of `ino` by `pid` is the kernel's retry through a fresh lookup.
+    /// The first open by `pid` after the `ESTALE` is the retry's, whatever it names: a
+    /// later open is a new request, not the retry (its lookup may have found an inode
+    /// that another mount has deleted since — serving it handed a process another
+    /// mount's deleted SQLite journal, e2e 86).
     pub(crate) fn is_retry(&self, pid: u32, ino: Ino) -> bool {
-        let mut m = lock(&self.map);
-        match m.get(&pid) {
-            Some((t, Some(i))) if *i == ino && t.elapsed() < RETRY_WINDOW => {
-                m.remove(&pid);
-                true
-            }
+        match lock(&self.map).remove(&pid) {
+            Some((t, Some(i))) => i == ino && t.elapsed() < RETRY_WINDOW,
             _ => false,
+        }
+    }
+
+    /// `pid`'s path walk ended without an open to retry: its fresh lookup found no
+    /// entry (the open fails with `ENOENT`, or creates a new file), or it created one.
+    pub(crate) fn ended(&self, pid: u32) {
+        let mut m = lock(&self.map);
+        if !m.is_empty() {
+            m.remove(&pid);
         }
     }
 }
@@ -186,9 +194,19 @@ mod unit {
         s.looked_up(6, 9);
         assert!(!s.is_retry(6, 9), "another process");
         s.looked_up(5, 9);
-        assert!(!s.is_retry(5, 8), "another inode");
         assert!(s.is_retry(5, 9));
         assert!(!s.is_retry(5, 9), "once");
+        // The first open after the ESTALE is the retry's, whatever it names.
+        s.staled(5);
+        s.looked_up(5, 9);
+        assert!(!s.is_retry(5, 8), "another inode");
+        assert!(!s.is_retry(5, 9), "a later open is not the retry");
+        // A fresh lookup that found nothing ends the retry: later lookups by the same
+        // process are no retry's.
+        s.staled(5);
+        s.ended(5);
+        s.looked_up(5, 9);
+        assert!(!s.is_retry(5, 9), "after a negative lookup");
         // A forget of more than was counted does not underflow.
         r.looked_up(8);
         assert!(!r.forget(8, 5));

@@ -375,7 +375,10 @@ impl Vfs {
         } else {
             self.meta.lookup(parent, name)?
         };
+        tracing::debug!(parent, name = %String::from_utf8_lossy(name), pid = ctx.pid, ino = row.as_ref().map(|r| r.ino), nlink = row.as_ref().map(|r| r.nlink), "lookup");
         let Some(row) = row else {
+            // (A retry's walk that finds no entry retries no open.)
+            self.retries.ended(ctx.pid);
             if name != b"." && name != b".." {
                 self.hints.note_absent(parent, name);
             }
