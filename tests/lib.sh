@@ -450,7 +450,7 @@ ws_mount_fg() {
   until is_mounted "$dir"; do
     pid_running "$FG_PID" || fail "deskfs mount --foreground exited before mounting: $(tail -n 20 "$out")"
     ((SECONDS < end)) || fail "$dir not mounted ${DESKFS_MOUNT_TIMEOUT:-60}s after deskfs mount --foreground"
-    sleep 0.2
+    sleep 0.05
   done
   is_alive "$dir" || fail "$dir is mounted but does not answer stat within 5 s"
 }

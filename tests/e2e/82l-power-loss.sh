@@ -60,9 +60,9 @@ remove_dead_mount() {
   timeout 20 fusermount3 -u "$MNT" > /dev/null 2>&1 || force_unmount "$MNT" || fail "cannot remove the dead mount $MNT"
 }
 
-check_tree() { # WHEN [JOURNAL PROMISED_BYTES]
+check_tree() { # WHEN [PROMISED_BYTES JOURNAL_BYTES]
   local rc=0
-  timeout -k 5 300 python3 "$PL" check --mnt "$MNT" --journal "${2:-$JOURNAL}" ${3:+--promised-bytes "$3"} > "$T/check.out" 2>&1 || rc=$?
+  timeout -k 5 300 python3 "$PL" check --mnt "$MNT" --journal "$JOURNAL" ${2:+--promised-bytes "$2"} ${3:+--journal-bytes "$3"} > "$T/check.out" 2>&1 || rc=$?
   ((rc == 0)) || fail "$1: the tree breaks a promise (seed $SEED): $(head -c 2500 "$T/check.out")"
   log "$1: $(head -n 1 "$T/check.out")"
 }
@@ -110,13 +110,8 @@ check_image() {
   restore_image "$1"
   local before after
   read -r before after < "$IMG/$1.jlen"
-  python3 - "$JOURNAL" "$after" "$T/journal.img" <<'PY'
-import sys
-data = open(sys.argv[1], "rb").read()[: int(sys.argv[2])]
-open(sys.argv[3], "wb").write(data[: data.rfind(b"\n") + 1])
-PY
   ws_mount_fg "$NAME" "$MNT" --cache-dir "$CACHE" --upload-delay-ms 3600000 > /dev/null 2>&1
-  check_tree "image $1" "$T/journal.img" "$before"
+  check_tree "image $1" "$before" "$after"
   DFS_TIMEOUT=60 dfs_ok umount "$MNT" --no-wait > /dev/null
   wait "$FG_PID" 2> /dev/null || true
   remove_dead_mount

@@ -2,7 +2,7 @@
 """powerload.py: workload + checker for the power-loss test (tests/e2e/82l-power-loss.sh).
 
   powerload.py work  --mnt DIR --journal FILE --iter N --seed S [--keep-iters K]
-  powerload.py check --mnt DIR --journal FILE [--promised-bytes N]
+  powerload.py check --mnt DIR --journal FILE [--promised-bytes N] [--journal-bytes M]
 
 `work` runs until it is killed, making files on DIR and appending a line to the journal
 (a file on the real disk, never on the mount or the power-loss file system) only after
@@ -31,7 +31,8 @@ SHA in the journal is the sha256 of the whole file.
 With --promised-bytes N (a crash image: the journal's length when the image began), only
 the lines within the first N bytes are promises; later lines (written while the image was
 taken) only widen what may be there: their fsynced/closed files may exist in any state,
-their replaced targets may hold that content.
+their replaced targets may hold that content. With --journal-bytes M (the journal's
+length when the image ended), only the whole lines within its first M bytes are read.
 Exit status 0 = as promised, 1 = problems (listed), 2 = usage error.
 """
 import argparse
@@ -134,39 +135,41 @@ def check(a):
     promised = a.promised_bytes if a.promised_bytes is not None else float("inf")
     at = 0
     with open(a.journal, "rb") as f:
-        for raw in f:
-            line = raw.decode()
-            at += len(raw)
-            p = line.split()
-            if not p:
-                continue
-            if at > promised:
-                # Written after the crash image began: the call it records may have
-                # returned before or after the instant of the image, so the line only
-                # widens what may be there.
-                if p[0] in ("fsynced", "closed"):
-                    p = ["begin", p[1]]
-                elif p[0] == "replaced":
-                    p = ["replacing", p[1], p[2], ""]
-                elif p[0] == "retired":
-                    p = ["retiring", p[1]]
-            if p[0] == "retiring":
-                retiring.add(p[1])
-            elif p[0] == "retired":
-                retired.add(p[1])
-            elif p[0] == "begin":
-                begun.add(p[1])
-            elif p[0] == "fsynced":
-                fsynced[p[1]] = p[2]
-            elif p[0] == "closed":
-                closed.add(p[1])
-            elif p[0] == "replacing":
-                pending.setdefault(p[1], set()).add(p[2])
-                if p[3]:
-                    tmps.add(p[3])
+        data = f.read() if a.journal_bytes is None else f.read(a.journal_bytes)
+    # (A partial last line was being written at the image's end: not in the journal then.)
+    for raw in data[: data.rfind(b"\n") + 1].split(b"\n")[:-1]:
+        line = raw.decode()
+        at += len(raw) + 1
+        p = line.split()
+        if not p:
+            continue
+        if at > promised:
+            # Written after the crash image began: the call it records may have
+            # returned before or after the instant of the image, so the line only
+            # widens what may be there.
+            if p[0] in ("fsynced", "closed"):
+                p = ["begin", p[1]]
             elif p[0] == "replaced":
-                replaced[p[1]] = p[2]
-                pending[p[1]] = set()
+                p = ["replacing", p[1], p[2], ""]
+            elif p[0] == "retired":
+                p = ["retiring", p[1]]
+        if p[0] == "retiring":
+            retiring.add(p[1])
+        elif p[0] == "retired":
+            retired.add(p[1])
+        elif p[0] == "begin":
+            begun.add(p[1])
+        elif p[0] == "fsynced":
+            fsynced[p[1]] = p[2]
+        elif p[0] == "closed":
+            closed.add(p[1])
+        elif p[0] == "replacing":
+            pending.setdefault(p[1], set()).add(p[2])
+            if p[3]:
+                tmps.add(p[3])
+        elif p[0] == "replaced":
+            replaced[p[1]] = p[2]
+            pending[p[1]] = set()
     problems = []
 
     def sha_of(rel):
@@ -238,6 +241,7 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--promised-bytes", type=int, default=None)
     ap.add_argument("--keep-iters", type=int, default=None)
+    ap.add_argument("--journal-bytes", type=int, default=None)
     a = ap.parse_args()
     if a.cmd == "work":
         work(a)
