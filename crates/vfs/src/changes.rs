@@ -36,14 +36,21 @@ pub(crate) struct Batch {
 impl Batch {
     /// A batch of this mount: it starts with the fencing check of its session.
     pub(crate) fn new(vfs: &Vfs) -> Batch {
+        Batch::checking(vfs.coherence.session())
+    }
+
+    /// A batch that starts with the fencing check of `session` (none for 0): the one
+    /// records it writes are made under (an open counted with a create), which may have
+    /// been replaced since the caller read it — then the batch fails as fenced, and no
+    /// record outlives the session it names.
+    pub(crate) fn checking(session: u64) -> Batch {
         let mut b = Batch {
             ops: Vec::with_capacity(8),
             on_fail: Vec::with_capacity(8),
             refresh: Vec::new(),
         };
-        let s = vfs.coherence.session();
-        if s != 0 {
-            b.push(Op::CheckSession(s), OnFail::Retry);
+        if session != 0 {
+            b.push(Op::CheckSession(session), OnFail::Retry);
         }
         b
     }

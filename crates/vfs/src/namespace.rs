@@ -287,7 +287,11 @@ impl Vfs {
                 row.dirty = true;
                 row.data_version = 1;
             }
-            let mut b = Batch::new(self);
+            // A create that counts its open checks the session it counts under.
+            let mut b = match open_in {
+                Some(session) => Batch::checking(session),
+                None => Batch::new(self),
+            };
             b.guard(Op::ExpectAttrs {
                 ino: parent,
                 perm: p.hint.perm,
@@ -309,10 +313,6 @@ impl Vfs {
                 OnFail::Errno(libc::EEXIST),
             );
             if let Some(session) = open_in {
-                if session != self.coherence.session() {
-                    // Replaced since (a fence): the count must not outlive the old one.
-                    b.guard(Op::CheckSession(session));
-                }
                 b.guard(Op::AddOpen {
                     ino,
                     session,

@@ -164,6 +164,17 @@ impl Passthrough {
         self.seen = None;
     }
 
+    /// A new look at the backing file under session `now`: the session the kernel's
+    /// writes it finds count as made under — the last look's (they may have been made
+    /// any time since, under that session's lease, perhaps lost meanwhile: a partition
+    /// or a pause past the lease; see `Vfs::commit_after_fence`), else `now`.
+    fn look_session(&mut self, now: u64) -> u64 {
+        match std::mem::replace(&mut self.seen_session, now) {
+            0 => now,
+            then => then,
+        }
+    }
+
     /// Passthrough handles open for writing.
     pub(crate) fn writers(&self) -> u32 {
         self.writers
@@ -440,11 +451,9 @@ impl Vfs {
             None => true,
         };
         s.pt.seen = Some(now);
-        // Writes found now were made since the last look, perhaps under the session of
-        // then, lost meanwhile (a partition or pause past the lease): they count as
-        // that session's, so a fenced mount's writes through the backing file are not
-        // committed over another mount's newer content.
-        let made_under = std::mem::replace(&mut s.pt.seen_session, self.coherence.session());
+        // (A fenced mount's writes through the backing file are not committed over
+        // another mount's newer content.)
+        let made_under = s.pt.look_session(self.coherence.session());
         if !changed {
             return Ok(());
         }
@@ -453,12 +462,7 @@ impl Vfs {
             self.cache.staging_dirty(ino);
         }
         s.size = now.size;
-        let session = if made_under != 0 {
-            made_under
-        } else {
-            self.coherence.session()
-        };
-        s.note_change(now.mtime_ns, session);
+        s.note_change(now.mtime_ns, made_under);
         s.ctime_ns = now.ctime_ns.max(s.ctime_ns);
         // The kernel's page cache of this inode did not see these writes.
         self.kernel_pages.forget(ino);
@@ -481,15 +485,10 @@ impl Vfs {
         }
         let look = BackingLook::of(&f)?;
         s.pt.seen = Some(look);
-        let made_under = std::mem::replace(&mut s.pt.seen_session, self.coherence.session());
+        let made_under = s.pt.look_session(self.coherence.session());
         if look.size != s.size && s.pt.writers > 0 {
             s.size = look.size;
-            let session = if made_under != 0 {
-                made_under
-            } else {
-                self.coherence.session()
-            };
-            s.note_change(look.mtime_ns.max(s.mtime_ns), session);
+            s.note_change(look.mtime_ns.max(s.mtime_ns), made_under);
             s.ctime_ns = look.ctime_ns.max(s.ctime_ns);
             self.kernel_pages.forget(ino);
         }

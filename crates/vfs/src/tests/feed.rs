@@ -379,3 +379,30 @@ fn only_the_open_right_after_a_stale_answer_is_the_kernels_retry() {
         "another mount's deleted file was served to an open that was no retry"
     );
 }
+
+/// Another mount removes a file this mount has open (its open is recorded, so the inode
+/// stays): at this mount's last close, the orphan is purged (after the grace other
+/// mounts get to open it), not left for a later mount's recovery.
+#[test]
+fn another_mounts_orphan_is_purged_at_the_last_close_here() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"data");
+    let (other, _) = other_mount(&h);
+    h.feed_round();
+    let fh = h.op(f.ino, libc::O_RDONLY);
+    txn(&*other, |t| {
+        t.delete_dentry(ROOT_INO, b"f")?;
+        let mut r = t.get_inode(f.ino)?.expect("row");
+        r.nlink = 0;
+        t.update_inode(&r)
+    })
+    .unwrap();
+    h.kernel_forgets(f.ino);
+    h.release(f.ino, fh).unwrap();
+    h.feed_round();
+    h.flush_purges_after(Duration::ZERO);
+    assert!(
+        h.row(f.ino).is_none(),
+        "another mount's orphan was left after the last close here"
+    );
+}

@@ -497,3 +497,16 @@ fn a_directory_row_read_back_before_a_later_change_is_not_kept_fresh() {
     assert_eq!(after_both.nlink, 4, "d, ., x/.. and y/..");
     assert_eq!(h.ls(d.ino), ["x", "y"]);
 }
+
+/// A lookup under a file is `ENOTDIR` (POSIX), also when this mount remembers nothing of
+/// the parent (a fresh mount: its kind is read from the database). The kernel checks
+/// the parent's type before it asks, so only this test asks.
+#[test]
+fn a_lookup_under_a_file_is_enotdir_even_with_nothing_remembered() {
+    let mut h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"x");
+    let d = h.dir(ROOT_INO, "d");
+    h.remount();
+    assert_eq!(errno(h.lookup(&CTX, f.ino, b"x")), libc::ENOTDIR);
+    assert_eq!(errno(h.lookup(&CTX, d.ino, b"nothing")), libc::ENOENT);
+}
