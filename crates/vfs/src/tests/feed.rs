@@ -28,6 +28,18 @@ pub(super) fn other_mount(h: &Harness) -> (std::sync::Arc<dyn deskfs_meta::MetaE
     (other, sid)
 }
 
+/// The other mount `other` expires session `id` (its heartbeats stopped reaching the
+/// database: a pause or a cut past the lease), without holding its opens.
+pub(super) fn expire_session(other: &dyn deskfs_meta::MetaEngine, id: u64) {
+    other
+        .apply(&[deskfs_meta::Op::ExpireSession {
+            id,
+            stale_before_ns: i64::MAX,
+            hold_opens: None,
+        }])
+        .expect("expire the session");
+}
+
 fn entry(parent: Ino, name: &str) -> Invalidation {
     Invalidation::Entry {
         parent,
@@ -306,13 +318,7 @@ fn an_open_under_an_expired_session_is_not_counted_under_it() {
     h.feed_round();
     assert!(h.shared());
     let lost = h.coherence.session();
-    other
-        .apply(&[deskfs_meta::Op::ExpireSession {
-            id: lost,
-            stale_before_ns: i64::MAX,
-            hold_opens: None,
-        }])
-        .unwrap();
+    expire_session(&*other, lost);
     let counted_elsewhere = |s: u64| read(&*other, |t| t.open_elsewhere(f.ino, s)).unwrap();
     let first = h.open(&CTX, f.ino, libc::O_RDONLY);
     let now = h.coherence.session();

@@ -289,13 +289,7 @@ fn passthrough_writes_under_a_lost_lease_become_a_conflict_copy() {
     })
     .unwrap();
     let lost = h.coherence.session();
-    other
-        .apply(&[deskfs_meta::Op::ExpireSession {
-            id: lost,
-            stale_before_ns: i64::MAX,
-            hold_opens: None,
-        }])
-        .unwrap();
+    super::feed::expire_session(&*other, lost);
     h.fenced(lost);
     assert_ne!(h.coherence.session(), lost, "registered anew");
     // The kernel's write under the lost lease, first seen now.
