@@ -25,8 +25,8 @@
 # with its content.
 #   DESKFS_POWER_ITERS   kill-and-cut iterations (default 20)
 #   DESKFS_POWER_IMAGES  crash images per iteration (default 14: 20 + 280 = 300 cut points
-#                        per run, ~9.5 min here: an iteration costs ~7 s besides its
-#                        images, an image ~1 s; `scripts/test.sh --long` runs 50 x 60:
+#                        per run, ~7.5 min here: an iteration costs ~7 s besides its
+#                        images, an image ~0.8-1.5 s; `scripts/test.sh --long` runs 50 x 60:
 #                        3,050). A cut point's check reads the whole tree: the workload
 #                        removes iterations older than the last two, so it stays bounded
 #                        (~450 files); a check costs 1.1-1.5 s there (restore by moving
