@@ -162,10 +162,7 @@ impl StaleRetries {
     /// `pid`'s path walk ended without an open to retry: its fresh lookup found no
     /// entry (the open fails with `ENOENT`, or creates a new file), or it created one.
     pub(crate) fn ended(&self, pid: u32) {
-        let mut m = lock(&self.map);
-        if !m.is_empty() {
-            m.remove(&pid);
-        }
+        lock(&self.map).remove(&pid);
     }
 }
 

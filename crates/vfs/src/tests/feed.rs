@@ -40,6 +40,18 @@ pub(super) fn expire_session(other: &dyn deskfs_meta::MetaEngine, id: u64) {
         .expect("expire the session");
 }
 
+/// The other mount `other` unlinks `name` in the root, the last name of `ino`: an orphan
+/// of that mount now.
+fn unlink_by(other: &dyn deskfs_meta::MetaEngine, name: &[u8], ino: Ino) {
+    txn(other, |t| {
+        t.delete_dentry(ROOT_INO, name)?;
+        let mut r = t.get_inode(ino)?.expect("row");
+        r.nlink = 0;
+        t.update_inode(&r)
+    })
+    .unwrap();
+}
+
 fn entry(parent: Ino, name: &str) -> Invalidation {
     Invalidation::Entry {
         parent,
@@ -292,13 +304,7 @@ fn a_new_open_of_another_mounts_orphan_is_stale_even_while_open_here() {
     let (other, _) = other_mount(&h);
     h.feed_round();
     let fh = h.op(x.ino, libc::O_RDONLY);
-    txn(&*other, |t| {
-        t.delete_dentry(ROOT_INO, b"f")?;
-        let mut r = t.get_inode(x.ino)?.expect("row");
-        r.nlink = 0;
-        t.update_inode(&r)
-    })
-    .unwrap();
+    unlink_by(&*other, b"f", x.ino);
     assert_eq!(errno(h.open(&CTX, x.ino, libc::O_RDONLY)), libc::ESTALE);
     assert_eq!(errno(h.lk(ROOT_INO, "f")), libc::ENOENT);
     assert_eq!(h.read_to_end(x.ino, fh, 0, 4096), b"content");
@@ -354,15 +360,7 @@ fn only_the_open_right_after_a_stale_answer_is_the_kernels_retry() {
     let (other, _) = other_mount(&h);
     h.feed_round();
     // The other mount deletes its journal: j0 is its orphan.
-    let remove = |ino: Ino| {
-        txn(&*other, |t| {
-            t.delete_dentry(ROOT_INO, b"app.db-journal")?;
-            let mut r = t.get_inode(ino)?.expect("row");
-            r.nlink = 0;
-            t.update_inode(&r)
-        })
-        .unwrap();
-    };
+    let remove = |ino: Ino| unlink_by(&*other, b"app.db-journal", ino);
     remove(j0.ino);
     let me = Ctx { pid: 5151, ..CTX };
     assert_eq!(errno(h.open(&me, j0.ino, libc::O_RDWR)), libc::ESTALE);
@@ -396,13 +394,7 @@ fn another_mounts_orphan_is_purged_at_the_last_close_here() {
     let (other, _) = other_mount(&h);
     h.feed_round();
     let fh = h.op(f.ino, libc::O_RDONLY);
-    txn(&*other, |t| {
-        t.delete_dentry(ROOT_INO, b"f")?;
-        let mut r = t.get_inode(f.ino)?.expect("row");
-        r.nlink = 0;
-        t.update_inode(&r)
-    })
-    .unwrap();
+    unlink_by(&*other, b"f", f.ino);
     h.kernel_forgets(f.ino);
     h.release(f.ino, fh).unwrap();
     h.feed_round();
