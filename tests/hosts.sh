@@ -298,8 +298,12 @@ _hosts_tc() {
 }
 
 # _hosts_tc_root H in|out: an htb root there (once): class 1:10 passes (default), 1:20 drops
+# (the show is read whole before it is matched: under pipefail, `tc ... | grep -q` fails when
+# grep's early exit ends tc with SIGPIPE, and an existing root was then added again)
 _hosts_tc_root() {
-  _hosts_tc "$1" "$2" qdisc show dev @DEV@ | grep -q '^qdisc htb 1: root' && return 0
+  local shown
+  shown=$(_hosts_tc "$1" "$2" qdisc show dev @DEV@)
+  [[ $shown =~ (^|$'\n')'qdisc htb 1: root' ]] && return 0
   { _hosts_tc "$1" "$2" qdisc add dev @DEV@ root handle 1: htb default 10 &&
     _hosts_tc "$1" "$2" class add dev @DEV@ parent 1: classid 1:10 htb rate 100gbit &&
     _hosts_tc "$1" "$2" class add dev @DEV@ parent 1: classid 1:20 htb rate 100gbit &&

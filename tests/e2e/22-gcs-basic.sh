@@ -36,7 +36,7 @@ obj_get() { gj get "$1"; }
 obj_present() { # REL KIND (a directory's marker is REL/)
   local key=$PREFIX/$1
   [[ $2 == dir ]] && key=$key/
-  gj_keys | cut -f2 | grep -qxF "$key"
+  gj_keys | cut -f2 | grep -xF "$key" > /dev/null # (not -q: its early exit would be a SIGPIPE under pipefail)
 }
 
 WSD=$DESKFS_HOME/workspaces

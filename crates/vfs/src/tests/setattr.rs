@@ -500,3 +500,68 @@ fn with_a_peer_mount_a_chown_to_the_owner_a_stale_row_names_is_applied() {
     assert_eq!((row.uid, row.gid), (f.uid, f.gid));
     h.release(f.ino, fh).unwrap();
 }
+
+#[test]
+fn a_chown_of_a_file_not_being_written_is_committed_and_marked_at_once() {
+    // The fast path and the ride on the close's upload mark above are for a file this
+    // mount is writing, whose close commits and marks: a file closed or open only for
+    // reading has no such commit coming, so the chown's ctime goes to the row at once and
+    // the inode is marked for upload (its owner is in the object's metadata) at once.
+    let h = Harness::new();
+    let (a, fh) = h.create_rw(ROOT_INO, "db");
+    h.write(a.ino, fh, 0, b"committed").unwrap();
+    h.release(a.ino, fh).unwrap();
+    let owner = |uid, gid| SetAttr {
+        uid: Some(uid),
+        gid: Some(gid),
+        ..Default::default()
+    };
+    let last_mark = || deskfs_meta::read(&**h.meta(), |t| t.pending_last_seq()).unwrap();
+    let tick = || std::thread::sleep(std::time::Duration::from_millis(2));
+    // Closed (this also leaves the row this mount read back fresh: the fast path's
+    // condition on the owner holds from here on).
+    let before = h.row(a.ino).unwrap().ctime_ns;
+    tick();
+    let closed = h.setattr(&CTX, a.ino, &owner(a.uid, a.gid)).unwrap();
+    assert!(closed.ctime_ns > before, "ctime moves");
+    assert_eq!(
+        h.row(a.ino).unwrap().ctime_ns,
+        closed.ctime_ns,
+        "a chown of a closed file is committed at once"
+    );
+    // Open only for reading: a new owner is marked for upload at once (and leaves the
+    // row this mount read back fresh: the fast path's condition on the owner holds for
+    // the next chown); the same owner again commits its ctime at once.
+    let reader = h.op(a.ino, libc::O_RDONLY);
+    let marks = last_mark();
+    let moved = h.setattr(&CTX, a.ino, &owner(7, 8)).unwrap();
+    assert!(
+        last_mark() > marks,
+        "a new owner of a file open only for reading is marked for upload at once"
+    );
+    tick();
+    let same = h.setattr(&CTX, a.ino, &owner(7, 8)).unwrap();
+    assert!(same.ctime_ns > moved.ctime_ns, "ctime moves");
+    assert_eq!(
+        h.row(a.ino).unwrap().ctime_ns,
+        same.ctime_ns,
+        "a chown of a file open only for reading is committed before its close"
+    );
+    h.release(a.ino, reader).unwrap();
+    // Being written: the close's commit carries the new owner's mark.
+    let writer = h.op(a.ino, libc::O_RDWR);
+    h.write(a.ino, writer, 0, b"C").unwrap();
+    let marks = last_mark();
+    h.setattr(&CTX, a.ino, &owner(9, 10)).unwrap();
+    assert_eq!(
+        last_mark(),
+        marks,
+        "no mark of its own while a close will mark"
+    );
+    h.release(a.ino, writer).unwrap();
+    assert!(last_mark() > marks, "the close marks it");
+    assert_eq!(
+        (h.row(a.ino).unwrap().uid, h.row(a.ino).unwrap().gid),
+        (9, 10)
+    );
+}
