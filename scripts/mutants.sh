@@ -8,8 +8,9 @@
 #
 # AREA: locks (crates/vfs/src/locks.rs, 158 mutants), namespace (namespace.rs, 370), data
 # (data.rs, 444), desk (crates/desk/src, 823 of 1,147: see `excl` below). Tests: for the
-# VFS areas the package's library tests (`cargo test -p deskfs-vfs --lib`: the VFS tests
-# run on SQLite), for desk all of the package's tests (its library's and
+# VFS areas the package's library tests (`cargo test -p deskfs-vfs --lib`, built with
+# `--lib` too: the plain library and its doc tests are not built; the VFS tests run on
+# SQLite), for desk all of the package's tests (its library's and
 # crates/desk/tests), in the dev profile without debug info (optimized at level 1 and
 # incrementally built: ~10 s per mutant) and 6 test threads (RUST_TEST_THREADS; the VFS
 # tests mostly wait: 29 s on 2 threads, 11 s on 6), ~20 s per VFS mutant on 2 CPUs.
@@ -53,9 +54,9 @@ cd "$ROOT"
 rc=0
 for area in "${areas[@]}"; do
   case $area in
-    locks) pkg=deskfs-vfs files=(crates/vfs/src/locks.rs) targs=(--lib) ;;
-    namespace) pkg=deskfs-vfs files=(crates/vfs/src/namespace.rs) targs=(--lib) ;;
-    data) pkg=deskfs-vfs files=(crates/vfs/src/data.rs) targs=(--lib) ;;
+    locks) pkg=deskfs-vfs files=(crates/vfs/src/locks.rs) targs=(--cargo-arg=--lib) ;;
+    namespace) pkg=deskfs-vfs files=(crates/vfs/src/namespace.rs) targs=(--cargo-arg=--lib) ;;
+    data) pkg=deskfs-vfs files=(crates/vfs/src/data.rs) targs=(--cargo-arg=--lib) ;;
     desk) pkg=deskfs-desk files=('crates/desk/src/**') targs=() ;;
   esac
   fargs=()
@@ -73,7 +74,7 @@ for area in "${areas[@]}"; do
   echo "mutants.sh: $area: $(cargo mutants -p "$pkg" "${fargs[@]}" "${excl[@]}" --list | wc -l) mutants of ${files[*]} (package $pkg) -> $out" >&2
   CARGO_PROFILE_DEV_DEBUG=0 RUST_TEST_THREADS=${RUST_TEST_THREADS:-6} \
     cargo mutants -p "$pkg" "${fargs[@]}" "${excl[@]}" "${shard[@]}" "${iterate[@]}" --test-package "$pkg" \
-    --output "$out" --timeout-multiplier 3 -- "${targs[@]}" || {
+    --output "$out" --timeout-multiplier 3 "${targs[@]}" || {
     r=$?
     # 2: missed mutants, 3: timeouts — results, not a failure of the run
     ((r == 2 || r == 3)) || { echo "mutants.sh: $area: cargo mutants failed (exit $r)" >&2; rc=1; }
