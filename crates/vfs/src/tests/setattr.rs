@@ -383,10 +383,16 @@ fn unprivileged_write_or_truncate_drops_setuid_setgid_and_capabilities() {
         h.setattr(&CTX, ino, &set).unwrap();
     };
     let f = h.file(ROOT_INO, "f", b"data");
-    // setuid always goes; setgid when group-executable.
+    // setuid always goes; setgid when group-executable; ctime moves with them.
     chmod(f.ino, 0o6777);
+    let before = h.row(f.ino).unwrap().ctime_ns;
+    std::thread::sleep(Duration::from_millis(2));
     h.kill_privs(&in_group, f.ino).unwrap();
     assert_eq!(perm(f.ino), 0o777);
+    assert!(
+        h.row(f.ino).unwrap().ctime_ns > before,
+        "dropping privileges is a change of the inode: ctime moves"
+    );
     // setgid without group-exec stays for a member of the group...
     chmod(f.ino, 0o2767);
     h.kill_privs(&in_group, f.ino).unwrap();
@@ -472,8 +478,13 @@ fn a_chown_to_the_owner_of_a_file_being_written_costs_no_round_trip_and_its_ctim
     let before = rt();
     assert_eq!(h.setattr(&CTX, b.ino, &owner(7, 8)).unwrap().uid, 7);
     assert_eq!(rt() - before, 0);
+    // Only the group, or only the user, new: a real change too.
+    assert_eq!(h.setattr(&CTX, b.ino, &owner(7, 9)).unwrap().gid, 9);
+    assert_eq!(h.row(b.ino).unwrap().gid, 9, "a new group alone is applied");
+    assert_eq!(h.setattr(&CTX, b.ino, &owner(6, 9)).unwrap().uid, 6);
+    assert_eq!(h.row(b.ino).unwrap().uid, 6, "a new user alone is applied");
     h.release(b.ino, fh).unwrap();
-    assert_eq!(h.row(b.ino).unwrap().uid, 7);
+    assert_eq!(h.row(b.ino).unwrap().uid, 6);
 }
 
 #[test]
