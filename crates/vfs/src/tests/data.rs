@@ -572,3 +572,147 @@ fn writes_whose_commit_failed_at_close_are_committed_when_the_database_answers_a
     );
     assert_eq!(h.cat(a.ino), b"hello");
 }
+
+/// `fallocate(2)`: the modes deskfs takes (0, `KEEP_SIZE`, `PUNCH_HOLE | KEEP_SIZE`,
+/// `ZERO_RANGE`) change the content and size as Linux documents them and are committed at
+/// close; the others are `EOPNOTSUPP` (`PUNCH_HOLE` needs `KEEP_SIZE`: fallocate(2)), a
+/// handle not open for writing is `EBADF`, a range past the largest file `EFBIG`.
+#[test]
+fn fallocate_modes_change_content_and_size_as_linux_documents() {
+    let h = Harness::new();
+    let (a, fh) = h.create_rw(ROOT_INO, "f");
+    h.write(a.ino, fh, 0, b"abcd").unwrap();
+    let size = |h: &Harness| h.getattr(a.ino).unwrap().size;
+    let before = h.getattr(a.ino).unwrap();
+    std::thread::sleep(Duration::from_millis(2));
+    // Mode 0 extends the size with zeros, and is a change (mtime, ctime).
+    h.fallocate(a.ino, fh, 0, 8192, 0).unwrap();
+    assert_eq!(size(&h), 8192);
+    let after = h.getattr(a.ino).unwrap();
+    assert!(after.mtime_ns > before.mtime_ns && after.ctime_ns > before.ctime_ns);
+    let mut want = b"abcd".to_vec();
+    want.resize(8192, 0);
+    assert_eq!(h.read(a.ino, fh, 0, 16384).unwrap(), want);
+    // KEEP_SIZE allocates without changing the size.
+    h.fallocate(a.ino, fh, 0, 65536, libc::FALLOC_FL_KEEP_SIZE)
+        .unwrap();
+    assert_eq!(size(&h), 8192);
+    // A hole punched (with KEEP_SIZE) reads as zeros; the size stays.
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    h.fallocate(a.ino, fh, 0, 2, punch).unwrap();
+    assert_eq!(h.read(a.ino, fh, 0, 4).unwrap(), b"\0\0cd");
+    assert_eq!(size(&h), 8192);
+    // ZERO_RANGE zeroes, and extends the size past the end.
+    h.fallocate(a.ino, fh, 2, 1, libc::FALLOC_FL_ZERO_RANGE)
+        .unwrap();
+    assert_eq!(h.read(a.ino, fh, 0, 4).unwrap(), b"\0\0\0d");
+    h.fallocate(a.ino, fh, 8192, 100, libc::FALLOC_FL_ZERO_RANGE)
+        .unwrap();
+    assert_eq!(size(&h), 8292);
+    // What deskfs does not take.
+    for mode in [
+        libc::FALLOC_FL_PUNCH_HOLE,
+        libc::FALLOC_FL_COLLAPSE_RANGE,
+        libc::FALLOC_FL_INSERT_RANGE,
+        libc::FALLOC_FL_KEEP_SIZE | libc::FALLOC_FL_COLLAPSE_RANGE,
+    ] {
+        assert_eq!(
+            errno(h.fallocate(a.ino, fh, 0, 4096, mode)),
+            libc::EOPNOTSUPP,
+            "mode {mode:#x}"
+        );
+    }
+    assert_eq!(
+        errno(h.fallocate(a.ino, fh, crate::data::MAX_FILE_SIZE - 10, 11, 0)),
+        libc::EFBIG
+    );
+    assert_eq!(errno(h.fallocate(a.ino, fh, u64::MAX, 2, 0)), libc::EFBIG);
+    let ro = h.op(a.ino, libc::O_RDONLY);
+    assert_eq!(errno(h.fallocate(a.ino, ro, 0, 10, 0)), libc::EBADF);
+    let (b, fb) = h.create_rw(ROOT_INO, "g");
+    assert_eq!(
+        errno(h.fallocate(a.ino, fb, 0, 10, 0)),
+        libc::EBADF,
+        "another file's handle"
+    );
+    h.release(a.ino, ro).unwrap();
+    h.release(b.ino, fb).unwrap();
+    h.release(a.ino, fh).unwrap();
+    let row = h.row(a.ino).unwrap();
+    assert_eq!((row.size, row.dirty), (8292, true), "committed at close");
+    let mut want = b"\0\0\0d".to_vec();
+    want.resize(8292, 0);
+    assert_eq!(h.cat(a.ino), want);
+}
+
+/// `fallocate` on a file whose content is committed and clean makes it dirty again (the
+/// next upload carries it): the first change after a commit begins a dirty period.
+#[test]
+fn fallocate_of_a_clean_file_makes_it_dirty() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"abc");
+    h.sync_all();
+    assert!(!h.row(f.ino).unwrap().dirty);
+    let fh = h.op(f.ino, libc::O_RDWR);
+    h.fallocate(f.ino, fh, 0, 100, 0).unwrap();
+    h.release(f.ino, fh).unwrap();
+    let row = h.row(f.ino).unwrap();
+    assert_eq!((row.size, row.dirty), (100, true));
+    h.sync_all();
+    let b = h.second_mount("cache-b");
+    let mut want = b"abc".to_vec();
+    want.resize(100, 0);
+    let fb = b.open(&CTX, f.ino, libc::O_RDONLY).unwrap().fh;
+    assert_eq!(
+        b.read(f.ino, fb, 0, 4096).unwrap(),
+        want,
+        "the upload carried the new size"
+    );
+    b.release(f.ino, fb).unwrap();
+}
+
+/// `lseek` with `SEEK_DATA`/`SEEK_HOLE` (lseek(2)): local content answers from the staging
+/// file's holes (the end of the file is a hole); past the end is `ENXIO`, as is a negative
+/// offset; another `whence` is `EINVAL`. Content that is only in the bucket is one data
+/// extent.
+#[test]
+fn lseek_finds_data_and_holes() {
+    let h = Harness::new();
+    let (a, fh) = h.create_rw(ROOT_INO, "sparse");
+    const MIB: u64 = 1 << 20;
+    h.write(a.ino, fh, 0, b"x").unwrap();
+    h.write(a.ino, fh, MIB, b"y").unwrap();
+    let size = (MIB + 1) as i64;
+    let seek = |off: i64, whence| h.lseek(a.ino, fh, off, whence);
+    assert_eq!(seek(0, libc::SEEK_DATA).unwrap(), 0);
+    let hole = seek(0, libc::SEEK_HOLE).unwrap();
+    assert!(hole > 0 && hole <= MIB as i64, "hole at {hole}");
+    let data = seek(hole, libc::SEEK_DATA).unwrap();
+    assert!(data > hole && data <= MIB as i64, "data at {data}");
+    assert_eq!(
+        seek(MIB as i64, libc::SEEK_HOLE).unwrap(),
+        size,
+        "the end of the file is a hole"
+    );
+    assert_eq!(errno(seek(size, libc::SEEK_DATA)), libc::ENXIO);
+    assert_eq!(errno(seek(size, libc::SEEK_HOLE)), libc::ENXIO);
+    assert_eq!(errno(seek(-1, libc::SEEK_DATA)), libc::ENXIO);
+    assert_eq!(errno(seek(0, libc::SEEK_SET)), libc::EINVAL);
+    assert_eq!(errno(seek(0, libc::SEEK_END)), libc::EINVAL);
+    // Bytes written past a hole at the end of the staging file: no data after them.
+    h.fallocate(a.ino, fh, 0, size as u64 + 4096, libc::FALLOC_FL_KEEP_SIZE)
+        .unwrap();
+    assert_eq!(seek(size - 1, libc::SEEK_HOLE).unwrap(), size);
+    h.release(a.ino, fh).unwrap();
+    h.sync_all();
+    // Another mount has the content in the bucket only: one extent.
+    let b = h.second_mount("cache-b");
+    let fb = b.open(&CTX, a.ino, libc::O_RDONLY).unwrap().fh;
+    assert_eq!(b.lseek(a.ino, fb, 10, libc::SEEK_DATA).unwrap(), 10);
+    assert_eq!(b.lseek(a.ino, fb, 10, libc::SEEK_HOLE).unwrap(), size);
+    assert_eq!(
+        errno(b.lseek(a.ino, fb, size, libc::SEEK_DATA)),
+        libc::ENXIO
+    );
+    b.release(a.ino, fb).unwrap();
+}
