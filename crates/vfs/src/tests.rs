@@ -397,6 +397,26 @@ impl Harness {
     }
 
     /// The committed metadata row of `ino` (what the engine holds, without overlay).
+    /// Makes the database refuse every update of `column` in `table` (a SQLite trigger
+    /// raising an abort: a real failure of the transaction, as an engine that cannot commit
+    /// gives), until [`Refusal::lift`]. `None` on PostgreSQL: the caller skips.
+    pub(crate) fn refuse_updates(&self, table: &str, column: &str) -> Option<Refusal> {
+        let MetaDb::Sqlite(db) = &self.db else {
+            eprintln!("skipped: the failure is injected with a SQLite trigger");
+            return None;
+        };
+        let conn = rusqlite::Connection::open(db).expect("open the test's database");
+        conn.busy_timeout(Duration::from_secs(30))
+            .expect("busy timeout");
+        let name = format!("refuse_{table}_{column}");
+        conn.execute_batch(&format!(
+            "CREATE TRIGGER {name} BEFORE UPDATE OF {column} ON {table} \
+             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+        ))
+        .expect("create the refusing trigger");
+        Some(Refusal { conn, name })
+    }
+
     pub(crate) fn row(&self, ino: Ino) -> Option<InodeRow> {
         deskfs_meta::read(&**self.meta(), |t| t.get_inode(ino)).expect("meta read")
     }
@@ -582,4 +602,19 @@ fn harness_mounts_and_remounts() {
     assert_eq!(h.cat_path("x"), b"1");
     h.sync_all();
     assert_eq!(h.bucket_file("x").as_deref(), Some(&b"1"[..]));
+}
+
+/// A refusal made by [`Harness::refuse_updates`].
+pub(crate) struct Refusal {
+    conn: rusqlite::Connection,
+    name: String,
+}
+
+impl Refusal {
+    /// The database takes the updates again.
+    pub(crate) fn lift(self) {
+        self.conn
+            .execute_batch(&format!("DROP TRIGGER {}", self.name))
+            .expect("drop the refusing trigger");
+    }
 }

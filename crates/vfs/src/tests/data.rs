@@ -549,23 +549,15 @@ fn fsync_through_a_read_only_open_after_a_forget_flushes_the_data() {
 #[test]
 fn writes_whose_commit_failed_at_close_are_committed_when_the_database_answers_again() {
     let h = Harness::new();
-    let MetaDb::Sqlite(db) = &h.db else {
-        eprintln!("skipped: the commit failure is injected with a SQLite trigger");
-        return;
-    };
     let (a, fh) = h.create_rw(ROOT_INO, "f");
     h.write(a.ino, fh, 0, b"hello").unwrap();
-    let c = rusqlite::Connection::open(db).unwrap();
-    c.busy_timeout(Duration::from_secs(30)).unwrap();
-    c.execute_batch(
-        "CREATE TRIGGER refuse_size BEFORE UPDATE OF size ON inodes \
-         BEGIN SELECT RAISE(ABORT, 'commit refused by the test'); END;",
-    )
-    .unwrap();
+    let Some(refusal) = h.refuse_updates("inodes", "size") else {
+        return;
+    };
     assert_eq!(errno(h.flush(a.ino, fh)), libc::EIO, "the close's commit");
     let _ = h.release(a.ino, fh);
     assert_eq!(h.row(a.ino).unwrap().size, 0, "nothing committed yet");
-    c.execute_batch("DROP TRIGGER refuse_size").unwrap();
+    refusal.lift();
     assert!(
         wait_until(Duration::from_secs(20), || h.row(a.ino).unwrap().size == 5),
         "the writes of the closed file were never committed"

@@ -164,10 +164,6 @@ fn a_lock_released_while_alone_is_free_for_a_mount_that_joins() {
 #[test]
 fn a_mount_that_cannot_renew_its_lease_decides_no_lock_in_memory() {
     let h = Harness::new();
-    let MetaDb::Sqlite(db) = &h.db else {
-        eprintln!("skipped: the renewal failure is injected with a SQLite trigger");
-        return;
-    };
     let f = h.file(ROOT_INO, "f", b"x");
     let fh1 = h.op(f.ino, libc::O_RDWR);
     h.setlk(f.ino, fh1, 1, 0, 9, W, 100, false).unwrap();
@@ -175,20 +171,16 @@ fn a_mount_that_cannot_renew_its_lease_decides_no_lock_in_memory() {
         *h.locks_table().unwrap(),
         crate::locks::Table::Memory { .. }
     ));
-    let c = rusqlite::Connection::open(db).unwrap();
-    c.busy_timeout(Duration::from_secs(30)).unwrap();
-    c.execute_batch(
-        "CREATE TRIGGER refuse_renewal BEFORE UPDATE OF heartbeat ON sessions \
-         BEGIN SELECT RAISE(ABORT, 'renewal refused by the test'); END;",
-    )
-    .unwrap();
+    let Some(refusal) = h.refuse_updates("sessions", "heartbeat") else {
+        return;
+    };
     h.locks.forget_renewal();
     assert_eq!(
         errno(h.setlk(f.ino, fh1, 1, 10, 19, W, 100, false)),
         libc::EIO,
         "a lock was decided in memory without a renewed lease"
     );
-    c.execute_batch("DROP TRIGGER refuse_renewal").unwrap();
+    refusal.lift();
     h.setlk(f.ino, fh1, 1, 10, 19, W, 100, false)
         .expect("renewed again: decisions go on");
 }
