@@ -293,6 +293,10 @@ fn passthrough_writes_under_a_lost_lease_become_a_conflict_copy() {
     h.fenced(lost);
     assert_ne!(h.coherence.session(), lost, "registered anew");
     // The kernel's write under the lost lease, first seen now.
+    // (The kernel stamps the backing file's mtime from its coarse clock, a tick behind
+    // ours at most: 20 ms of slack, 100 ms after every earlier time of the file.)
+    std::thread::sleep(Duration::from_millis(100));
+    let t0 = crate::now_ns() - 20_000_000;
     kernel_write(&o, 0, b"MINE");
     h.release(a.ino, o.fh).expect("release");
     drop(o);
@@ -308,4 +312,15 @@ fn passthrough_writes_under_a_lost_lease_become_a_conflict_copy() {
         .find(|n| n.starts_with("f.deskfs-conflict-"))
         .unwrap_or_else(|| panic!("no conflict copy: {names:?}"));
     assert_eq!(h.cat_path(copy), b"MINEcontent");
+    // The copy is a new file of its own: its size, times from the writes and its
+    // creation, one link, its first version, dirty in this cache — and uploaded.
+    let c = h.row(h.walk(copy).unwrap().ino).unwrap();
+    assert_eq!((c.size, c.nlink, c.data_version), (11, 1, 1), "{c:?}");
+    assert!(
+        c.mtime_ns >= t0 && c.ctime_ns >= t0 && c.btime_ns >= t0,
+        "{c:?}"
+    );
+    assert!(c.dirty && c.local == h.here(), "{c:?}");
+    h.sync_all();
+    assert_eq!(h.bucket_file(copy).as_deref(), Some(&b"MINEcontent"[..]));
 }
