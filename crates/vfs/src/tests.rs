@@ -396,7 +396,6 @@ impl Harness {
             .exists()
     }
 
-    /// The committed metadata row of `ino` (what the engine holds, without overlay).
     /// Makes the database refuse every update of `column` in `table` (a SQLite trigger
     /// raising an abort: a real failure of the transaction, as an engine that cannot commit
     /// gives), until [`Refusal::lift`]. `None` on PostgreSQL: the caller skips.
@@ -417,6 +416,7 @@ impl Harness {
         Some(Refusal { conn, name })
     }
 
+    /// The committed metadata row of `ino` (what the engine holds, without overlay).
     pub(crate) fn row(&self, ino: Ino) -> Option<InodeRow> {
         deskfs_meta::read(&**self.meta(), |t| t.get_inode(ino)).expect("meta read")
     }
