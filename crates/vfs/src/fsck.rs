@@ -268,6 +268,9 @@ pub fn fsck(
     }
 
     progress("checking staging files");
+    // The last mount of this cache dir died (kill -9, power loss) and none has recovered
+    // since: what that recovery settles is a note, not a problem.
+    let crashed = crate::mount_marker::unclean_end(cache.root())?;
     let staged: HashSet<Ino> = cache.staging_inodes()?.into_iter().collect();
     for ino in &staged {
         let keep = inodes.get(ino).is_some_and(|r| r.local == here);
@@ -295,6 +298,27 @@ pub fn fsck(
         let len = std::fs::metadata(&staging).ok().map(|m| m.len());
         if r.local == here {
             match len {
+                None if r.dirty && r.size > 0 && crashed => {
+                    // A power loss kept the commit of a file never fsynced but not its
+                    // staging file's name: recovery at the next mount leaves it empty
+                    // (`Vfs::recover`), as ext4 leaves such a file.
+                    rep.notes.push(Problem {
+                        kind: "unflushed-content-lost",
+                        detail: format!("inode {ino}: its {} unuploaded bytes were never fsynced and a crash took its staging file; the next mount leaves it empty", r.size),
+                        repaired: opts.repair,
+                    });
+                    if opts.repair {
+                        cache.open_staging(ino, true)?;
+                        let now = now_ns();
+                        meta.apply(&[deskfs_meta::Op::CommitContent {
+                            ino,
+                            size: 0,
+                            mtime_ns: r.mtime_ns.max(now),
+                            ctime_ns: r.ctime_ns.max(now),
+                            local: here,
+                        }])?;
+                    }
+                }
                 None if r.dirty && r.size > 0 => add(
                     &mut rep,
                     "dirty-data-missing",

@@ -551,11 +551,19 @@ impl Vfs {
         if let Err(e) = self.meta.settle() {
             tracing::warn!(error = %e, "cannot commit the last commit window at stop; the redo log keeps it for the next open");
         }
-        // Everything written is committed: the next mount needs no crash recovery.
+        // Everything written is committed: once it is also on disk (the metadata here,
+        // the staging files in `ended_cleanly`), the next mount needs no crash recovery.
+        // Without the flushes a power loss could keep the marker's removal and lose the
+        // commits or staging bytes that recovery would have reconciled.
         let marker = self.marker.lock().ok().and_then(|mut m| m.take());
         if let Some(m) = marker {
-            if let Err(e) = m.ended_cleanly() {
-                tracing::warn!(error = %e, "cannot remove the mount marker; the next mount recovers in full");
+            let ended = self
+                .meta
+                .make_durable()
+                .map_err(|e| std::io::Error::other(e.to_string()))
+                .and_then(|()| m.ended_cleanly());
+            if let Err(e) = ended {
+                tracing::warn!(error = %e, "cannot flush the last commits or remove the mount marker; the next mount recovers in full");
             }
         }
         res

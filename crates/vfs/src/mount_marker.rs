@@ -44,43 +44,86 @@ fn try_exclusive(f: &File) -> std::io::Result<bool> {
     }
 }
 
+/// Whether a marker file may be removed: `NotFound` (another mount removed it first) is
+/// not an error.
+fn remove_if_present(p: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// `fsync` of a directory: its entries (created, renamed, removed) are on disk.
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// A marker of `dir` with its lock state: `Ok(Some(true))` when nobody holds it (its
+/// mount is gone), `Ok(Some(false))` when a live mount does, `Ok(None)` when it vanished.
+fn probe(p: &Path) -> std::io::Result<Option<bool>> {
+    match File::open(p) {
+        Ok(f) => Ok(Some(try_exclusive(&f)?)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Markers (`.live`) and half-made markers (`.new`) in `dir`, but for `own`.
+fn markers(dir: &Path, own: Option<&Path>) -> std::io::Result<Vec<(PathBuf, bool)>> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        if Some(p.as_path()) == own {
+            continue;
+        }
+        match p.extension().and_then(|x| x.to_str()) {
+            Some("live") => out.push((p, true)),
+            Some("new") => out.push((p, false)),
+            _ => {}
+        }
+    }
+    Ok(out)
+}
+
+/// Whether a mount of the cache dir `cache_root` ended without a clean shutdown and no
+/// mount has recovered since: an unlocked marker is there (read-only: for `fsck`, which
+/// then takes the leftovers recovery settles for notes). Errors: reading the dir
+/// (`EIO`, `EACCES`); a cache dir without markers is `Ok(false)`.
+pub(crate) fn unclean_end(cache_root: &Path) -> std::io::Result<bool> {
+    let dir = cache_root.join("mounts");
+    if !dir.is_dir() {
+        return Ok(false);
+    }
+    for (p, live) in markers(&dir, None)? {
+        if live && probe(&p)? == Some(true) {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
 impl MountMarker {
     /// Places this mount's marker in `cache_root/mounts/` and tells whether crash
     /// recovery is needed: true when a marker of a mount that did not end cleanly is
     /// found (it is removed), or when the cache dir has never held markers (a cache dir
     /// of an older deskfs). Markers of live mounts sharing the cache dir are left alone.
+    ///
+    /// Order, so that a power loss at any point keeps the evidence of a crash until a
+    /// mount has recovered from it: this mount's marker is made (locked under a `.new`
+    /// name no scan trusts, renamed to `.live`) and its directory entry flushed
+    /// (`fsync` of `mounts/`) before any dead mount's marker is removed. A removal that a
+    /// power loss undoes only makes the next mount recover again. An unlocked `.new`
+    /// (a crash between its creation and its rename, when the dead mount's markers were
+    /// all still there) is removed.
     /// Errors: the cache dir's file system (`EIO`, `ENOSPC`, `EACCES`).
     pub(crate) fn claim(cache_root: &Path) -> std::io::Result<(MountMarker, Found)> {
         let dir = cache_root.join("mounts");
         let mut needs_recovery = !dir.is_dir();
         let mut others_live = false;
-        std::fs::create_dir_all(&dir)?;
-        for e in std::fs::read_dir(&dir)? {
-            let p = e?.path();
-            if p.extension().and_then(|x| x.to_str()) != Some("live") {
-                continue;
-            }
-            let f = match File::open(&p) {
-                Ok(f) => f,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            if try_exclusive(&f)? {
-                // Its mount ended without a clean shutdown.
-                needs_recovery = true;
-                std::fs::remove_file(&p).or_else(|e| {
-                    if e.kind() == std::io::ErrorKind::NotFound {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    }
-                })?;
-            } else {
-                others_live = true;
-            }
+        if needs_recovery {
+            std::fs::create_dir_all(&dir)?;
+            sync_dir(cache_root)?;
         }
-        // Locked under a name no scan looks at, then renamed: a marker any scan sees is
-        // locked while its mount lives.
         let name = format!("{}-{}", std::process::id(), crate::now_ns());
         let tmp = dir.join(format!("{name}.new"));
         let file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
@@ -92,6 +135,18 @@ impl MountMarker {
         }
         let path = dir.join(format!("{name}.live"));
         std::fs::rename(&tmp, &path)?;
+        sync_dir(&dir)?;
+        for (p, live) in markers(&dir, Some(&path))? {
+            match probe(&p)? {
+                Some(true) => {
+                    // Its mount ended without a clean shutdown (or, `.new`, while it began).
+                    needs_recovery |= live;
+                    remove_if_present(&p)?;
+                }
+                Some(false) => others_live |= live,
+                None => {}
+            }
+        }
         let found = Found {
             after_crash: needs_recovery,
             others_live,
@@ -99,10 +154,17 @@ impl MountMarker {
         Ok((MountMarker { path, _file: file }, found))
     }
 
-    /// Every write of this mount is committed: the next mount needs no crash recovery
-    /// on its account. Errors: removing the marker (`EIO`); the marker then stays and
-    /// the next mount recovers in full, which is only slower.
+    /// Every write of this mount is committed and flushed (the caller made the metadata
+    /// durable; here `syncfs` of the cache dir's file system flushes the staging files):
+    /// the next mount needs no crash recovery on its account, even after a power loss.
+    /// Errors: the flush or the removal (`EIO`); the marker then stays and the next mount
+    /// recovers in full, which is only slower.
     pub(crate) fn ended_cleanly(self) -> std::io::Result<()> {
+        let dir = File::open(self.path.parent().unwrap_or(Path::new(".")))?;
+        // SAFETY: plain syscall on an open fd owned by `dir`.
+        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
         std::fs::remove_file(&self.path)
     }
 }
@@ -130,5 +192,27 @@ mod unit {
         third.ended_cleanly().unwrap();
         let (_fourth, found) = MountMarker::claim(tmp.path()).unwrap();
         assert!(!found.after_crash, "after clean ends, none is needed");
+    }
+
+    #[test]
+    fn fsck_sees_an_unclean_end_until_a_mount_recovers() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(!unclean_end(tmp.path()).unwrap(), "no markers at all");
+        let (first, _) = MountMarker::claim(tmp.path()).unwrap();
+        assert!(!unclean_end(tmp.path()).unwrap(), "a live mount");
+        drop(first);
+        assert!(unclean_end(tmp.path()).unwrap(), "a dead mount's marker");
+        // A crash of the next mount between its marker's creation and its rename.
+        std::fs::write(tmp.path().join("mounts/1-1.new"), b"").unwrap();
+        let (second, found) = MountMarker::claim(tmp.path()).unwrap();
+        assert!(found.after_crash);
+        assert!(!unclean_end(tmp.path()).unwrap(), "recovered, and live");
+        let left: Vec<_> = std::fs::read_dir(tmp.path().join("mounts"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left.len(), 1, "only this mount's marker: {left:?}");
+        second.ended_cleanly().unwrap();
+        assert!(!unclean_end(tmp.path()).unwrap(), "a clean end");
     }
 }

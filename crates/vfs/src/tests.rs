@@ -303,12 +303,12 @@ impl Harness {
     /// torn down and the VFS dropped without `shutdown`, so nothing is committed or
     /// flushed on the way out; only what reached the database and the cache dir remains.
     pub(crate) fn crash_and_remount(&mut self) {
-        self.crash_and_remount_after(|_| {});
+        self.crash_and_remount_after(|_, _| {});
     }
 
     /// [`Harness::crash_and_remount`], running `f` on the temp dir between the crash and
-    /// the restart (e.g. to take away what a power cut would).
-    pub(crate) fn crash_and_remount_after(&mut self, f: impl FnOnce(&Path)) {
+    /// the restart (e.g. to take away what a power cut would, or to run `fsck`).
+    pub(crate) fn crash_and_remount_after(&mut self, f: impl FnOnce(&Path, &MetaDb)) {
         let vfs = self.vfs.take().expect("vfs is mounted");
         let rt = self.rt.take().expect("runtime");
         rt.shutdown_timeout(Duration::from_secs(10));
@@ -318,7 +318,7 @@ impl Harness {
             "background tasks still hold the VFS after the runtime stopped"
         );
         drop(vfs);
-        f(self.tmp.path());
+        f(self.tmp.path(), &self.db);
         let rt = runtime();
         let vfs = Self::open_vfs(
             self.tmp.path(),

@@ -361,7 +361,7 @@ fn after_a_crash_a_file_whose_unflushed_staging_file_is_gone_is_empty() {
         b"content that never reached the disk",
     );
     let kept = h.file(ROOT_INO, "kept", b"still here");
-    h.crash_and_remount_after(|dir| {
+    h.crash_and_remount_after(|dir, _| {
         std::fs::remove_file(dir.join("cache/staging").join(f.ino.to_string()))
             .expect("remove the staging file");
     });
