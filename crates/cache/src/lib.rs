@@ -365,7 +365,6 @@ impl Cache {
         }
     }
 
-    /// Whether `ino` has a staging file.
     /// Flushes the staging file of `ino` to stable storage (`fdatasync`); a missing file
     /// needs nothing. The uploader calls it before a row may say clean: after a power
     /// loss only dirty staging files are recovered, so a clean one must already be on
@@ -390,6 +389,7 @@ impl Cache {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Whether `ino` has a staging file.
     pub fn has_staging(&self, ino: u64) -> bool {
         self.staging_path(ino).exists()
     }

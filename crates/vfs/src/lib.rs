@@ -558,15 +558,30 @@ impl Vfs {
         let marker = self.marker.lock().ok().and_then(|mut m| m.take());
         if let Some(m) = marker {
             let ended = self
-                .meta
-                .make_durable()
-                .map_err(|e| std::io::Error::other(e.to_string()))
-                .and_then(|()| m.ended_cleanly());
+                .flush_for_clean_end()
+                .and_then(|()| m.ended_cleanly().map_err(VfsError::Io));
             if let Err(e) = ended {
                 tracing::warn!(error = %e, "cannot flush the last commits or remove the mount marker; the next mount recovers in full");
             }
         }
         res
+    }
+
+    /// Puts on disk what crash recovery would otherwise reconcile, before the clean-end
+    /// marker goes: every staging file of a dirty file held here (`fdatasync`: the
+    /// uploader flushes a file before its row says clean, so only dirty ones can be
+    /// behind), then the metadata log. One flush per file left dirty (none after a
+    /// `umount` that waited for its uploads). Errors: the first failed flush (`EIO`,
+    /// `ENOSPC`) or the engine's; the marker then stays.
+    fn flush_for_clean_end(&self) -> Result<()> {
+        let here = self.here();
+        let dirty = deskfs_meta::read(&*self.meta, |t| t.dirty_inodes())?;
+        for r in dirty {
+            if r.kind == deskfs_meta::Kind::File && r.local == here {
+                self.cache.sync_staging(r.ino)?;
+            }
+        }
+        Ok(self.meta.make_durable()?)
     }
 
     /// Indexes the staging files of the cache dir: clean ones holding their inode's

@@ -154,17 +154,11 @@ impl MountMarker {
         Ok((MountMarker { path, _file: file }, found))
     }
 
-    /// Every write of this mount is committed and flushed (the caller made the metadata
-    /// durable; here `syncfs` of the cache dir's file system flushes the staging files):
-    /// the next mount needs no crash recovery on its account, even after a power loss.
-    /// Errors: the flush or the removal (`EIO`); the marker then stays and the next mount
-    /// recovers in full, which is only slower.
+    /// Every write of this mount is committed and on disk (the caller flushed the dirty
+    /// staging files and the metadata log): the next mount needs no crash recovery on
+    /// its account, even after a power loss. Errors: the removal (`EIO`); the marker
+    /// then stays and the next mount recovers in full, which is only slower.
     pub(crate) fn ended_cleanly(self) -> std::io::Result<()> {
-        let dir = File::open(self.path.parent().unwrap_or(Path::new(".")))?;
-        // SAFETY: plain syscall on an open fd owned by `dir`.
-        if unsafe { libc::syncfs(dir.as_raw_fd()) } != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
         std::fs::remove_file(&self.path)
     }
 }

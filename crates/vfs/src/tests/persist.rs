@@ -415,3 +415,37 @@ fn a_sync_waiting_for_an_open_writer_does_not_spin_the_uploader() {
     h.sync_all();
     assert_eq!(h.bucket_file("held").as_deref(), Some(&b"x"[..]));
 }
+
+/// A clean unmount that leaves files dirty (`umount --no-wait`, or uploads failing) puts
+/// their staging files on disk before it removes its clean-end marker: the next mount
+/// skips crash recovery on the marker's word, so a power loss after the unmount must not
+/// be able to keep the marker's removal and lose staging bytes a commit names.
+#[test]
+fn a_clean_unmount_flushes_the_files_it_leaves_dirty_before_its_marker_goes() {
+    let h = Harness::with_config(VfsConfig {
+        upload_delay: Duration::from_secs(3600),
+        ..test_cfg()
+    });
+    let dirty = h.file(ROOT_INO, "pending", b"not uploaded yet");
+    let _clean = h.file(ROOT_INO, "uploaded", b"in the bucket");
+    h.sync_all();
+    h.write(
+        dirty.ino,
+        h.open(&CTX, dirty.ino, libc::O_RDWR).unwrap().fh,
+        0,
+        b"N",
+    )
+    .unwrap();
+    let before = h.cache.staging_syncs();
+    h.shutdown(false, Duration::ZERO).expect("shutdown");
+    assert_eq!(
+        h.cache.staging_syncs(),
+        before + 1,
+        "the one dirty file's staging file is flushed, and only it"
+    );
+    let markers: Vec<_> = std::fs::read_dir(h.tmp.path().join("cache/mounts"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(markers.is_empty(), "the clean end is recorded: {markers:?}");
+}
