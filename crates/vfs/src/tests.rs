@@ -197,6 +197,15 @@ impl Harness {
         Harness::build(test_cfg(), |_| {})
     }
 
+    /// A fresh workspace whose uploader waits an hour before it uploads a change: files
+    /// stay dirty, their only copy the staging file, until a test syncs.
+    pub(crate) fn uploads_held() -> Harness {
+        Harness::with_config(VfsConfig {
+            upload_delay: Duration::from_secs(3600),
+            ..test_cfg()
+        })
+    }
+
     /// A fresh workspace with `cfg`.
     pub(crate) fn with_config(cfg: VfsConfig) -> Harness {
         Harness::build(cfg, |_| {})

@@ -31,10 +31,7 @@ fn upload_record(h: &Harness, path: &str, ino: Ino, etag: &str, size: u64) -> Ob
 /// the path meanwhile): recording it marks the path again, so the object goes.
 #[test]
 fn a_put_landing_after_its_path_was_removed_is_deleted() {
-    let h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let h = Harness::uploads_held();
     let d = h.dir(ROOT_INO, "d");
     let f = h.file(d.ino, "db-shm", b"shared memory v1");
     let row = upload_record(&h, "d/db-shm", f.ino, "\"late\"", 16);
@@ -61,10 +58,7 @@ fn a_put_landing_after_its_path_was_removed_is_deleted() {
 /// again, so that object goes too instead of staying unrecorded for ever.
 #[test]
 fn a_delete_racing_with_a_newer_put_does_not_forget_it() {
-    let h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let h = Harness::uploads_held();
     let d = h.dir(ROOT_INO, "d");
     let f = h.file(d.ino, "db-shm", b"version one");
     h.sync_all();

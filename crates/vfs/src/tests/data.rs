@@ -519,10 +519,7 @@ fn getattr_racing_a_close_answers_the_written_size() {
 /// success with the data in the page cache only.
 #[test]
 fn fsync_through_a_read_only_open_after_a_forget_flushes_the_data() {
-    let h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let h = Harness::uploads_held();
     let (a, fh) = h.create_rw(ROOT_INO, "f");
     h.put(a.ino, fh, 0, &pattern(8192, 7));
     h.release(a.ino, fh).unwrap();

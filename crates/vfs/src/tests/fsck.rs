@@ -158,10 +158,7 @@ fn content_in_another_cache_is_noted_not_lost() {
 /// After a clean unmount the same state has no such cause: a problem.
 #[test]
 fn content_lost_with_an_unflushed_staging_file_is_a_note_until_the_next_mount() {
-    let mut h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let mut h = Harness::uploads_held();
     let f = h.file(
         ROOT_INO,
         "never-fsynced",

@@ -385,10 +385,7 @@ fn access_checks_mode_bits() {
 
 #[test]
 fn status_reports_pending_then_clean() {
-    let h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let h = Harness::uploads_held();
     h.file(ROOT_INO, "f", b"12345");
     let (a, fh) = h.create_rw(ROOT_INO, "open");
     let st = h.status().unwrap();

@@ -80,10 +80,7 @@ fn writes_of_a_file_left_open_survive_remount() {
 #[test]
 fn pending_uploads_resume_after_remount() {
     // A long coalescing delay: nothing is uploaded before the restart.
-    let mut h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let mut h = Harness::uploads_held();
     let d = h.dir(ROOT_INO, "d");
     h.file(d.ino, "a", b"waiting in the journal");
     let big = pattern(2 << 20, 5);
@@ -181,10 +178,7 @@ fn deletions_and_renames_made_before_remount_reach_the_bucket() {
 
 #[test]
 fn closed_and_fsynced_writes_survive_a_crash() {
-    let mut h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let mut h = Harness::uploads_held();
     let closed = h.file(ROOT_INO, "closed", b"returned from close");
     let (f, fh) = h.create_rw(ROOT_INO, "fsynced");
     h.put(f.ino, fh, 0, b"fsync acknowledged");
@@ -351,10 +345,7 @@ fn a_remount_indexes_its_staging_files_clean_copies_evictable_stale_ones_removed
 /// and uploads would fail for ever.
 #[test]
 fn after_a_crash_a_file_whose_unflushed_staging_file_is_gone_is_empty() {
-    let mut h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let mut h = Harness::uploads_held();
     let f = h.file(
         ROOT_INO,
         "never-fsynced",
@@ -422,10 +413,7 @@ fn a_sync_waiting_for_an_open_writer_does_not_spin_the_uploader() {
 /// be able to keep the marker's removal and lose staging bytes a commit names.
 #[test]
 fn a_clean_unmount_flushes_the_files_it_leaves_dirty_before_its_marker_goes() {
-    let h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let h = Harness::uploads_held();
     let dirty = h.file(ROOT_INO, "pending", b"not uploaded yet");
     let _clean = h.file(ROOT_INO, "uploaded", b"in the bucket");
     h.sync_all();

@@ -10,10 +10,7 @@ use super::*;
 /// up: the path's upload would upload what the path names now, not it.
 #[test]
 fn a_wanted_inode_that_lost_its_name_is_uploaded_as_an_orphan() {
-    let h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let h = Harness::uploads_held();
     let x = h.file(ROOT_INO, "result", b"version one");
     let id = h.cache.id();
     txn(&*h.meta, |t| t.want_upload(x.ino, id, now_ns())).unwrap();

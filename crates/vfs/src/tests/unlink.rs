@@ -184,10 +184,7 @@ fn open_unlinked_file_is_reclaimed_on_remount() {
 
 #[test]
 fn unlinked_file_never_reaches_the_bucket() {
-    let h = Harness::with_config(VfsConfig {
-        upload_delay: Duration::from_secs(3600),
-        ..test_cfg()
-    });
+    let h = Harness::uploads_held();
     h.file(ROOT_INO, "gone", b"x");
     h.unlink(&CTX, ROOT_INO, b"gone").unwrap();
     h.sync_all();
