@@ -245,6 +245,8 @@ pub struct Cache {
     readers: std::sync::Mutex<std::collections::HashMap<u64, usize>>,
     /// Flushes run by [`Cache::sync_staging`].
     staging_syncs: std::sync::atomic::AtomicU64,
+    /// Flushes run by [`Cache::sync_staging_names`].
+    name_syncs: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Cache {
@@ -274,6 +276,7 @@ impl Cache {
             pool: pool::Pool::new(root),
             readers: std::sync::Mutex::new(std::collections::HashMap::new()),
             staging_syncs: std::sync::atomic::AtomicU64::new(0),
+            name_syncs: std::sync::atomic::AtomicU64::new(0),
         };
         cache.index_blocks()?;
         Ok(cache)
@@ -381,6 +384,21 @@ impl Cache {
         self.staging_syncs
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Flushes the staging directory (`fsync` of the directory), so that a file just
+    /// renamed into it keeps its name after a power loss — before a row may name this
+    /// cache as the holder of that content. Errors: the open or the flush (`EIO`).
+    pub fn sync_staging_names(&self) -> Result<()> {
+        sync_dir(&self.staging).map_err(|e| CacheError::io(&self.staging, e))?;
+        self.name_syncs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// How many staging-directory flushes [`Cache::sync_staging_names`] ran.
+    pub fn staging_name_syncs(&self) -> u64 {
+        self.name_syncs.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many staging flushes [`Cache::sync_staging`] ran.

@@ -848,7 +848,13 @@ impl Vfs {
             return Ok(());
         }
         match tmp {
-            Some(t) => std::fs::rename(t, &path)?,
+            Some(t) => {
+                // The download was flushed; its new name must be on disk too before the
+                // row names this cache (a power loss must not leave a clean row here
+                // with no file).
+                std::fs::rename(t, &path)?;
+                self.cache.sync_staging_names()?;
+            }
             None => {
                 let f = self.cache.open_staging(row.ino, true)?;
                 f.set_len(0)?;

@@ -82,6 +82,10 @@ fn a_file_read_whole_becomes_a_flushed_local_copy_opened_through_passthrough() {
         h.fills.flushes.load(Ordering::SeqCst) >= 1,
         "flushed before its row names this cache"
     );
+    assert!(
+        h.cache.staging_name_syncs() >= 1,
+        "its name in the staging directory too"
+    );
     assert_eq!(
         std::fs::read(h.cache.staging_path(a.ino)).unwrap(),
         data,
