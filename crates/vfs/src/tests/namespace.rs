@@ -507,3 +507,34 @@ fn a_lookup_under_a_file_is_enotdir_even_with_nothing_remembered() {
     assert_eq!(errno(h.lookup(&CTX, f.ino, b"x")), libc::ENOTDIR);
     assert_eq!(errno(h.lookup(&CTX, d.ino, b"nothing")), libc::ENOENT);
 }
+
+/// The kernel looks a rename's new name up before it renames (`mv a b`, and every
+/// write-to-temp-then-rename): the miss is remembered, so the rename plans on it and its
+/// batch (which guards that the name is still free) is its one round trip to the engine.
+/// Without the remembered miss the rename reads the new name's entry first: a second
+/// round trip on every such rename.
+#[test]
+fn a_rename_to_the_name_a_lookup_just_missed_reads_nothing_first() {
+    let h = Harness::new();
+    let d = h.dir(ROOT_INO, "d");
+    let rt = deskfs_meta::thread_round_trips;
+    let cost = |from: &str, to: &str, look_first: bool| {
+        h.file(d.ino, from, b"x");
+        h.lk(d.ino, from).expect("lookup of the old name");
+        if look_first {
+            assert_eq!(errno(h.lk(d.ino, to)), libc::ENOENT);
+        }
+        let before = rt();
+        h.rename(&CTX, d.ino, from.as_bytes(), d.ino, to.as_bytes(), 0)
+            .expect("rename");
+        rt() - before
+    };
+    let blind = cost("a", "b", false);
+    let hinted = cost("c", "e", true);
+    assert_eq!(
+        hinted + 1,
+        blind,
+        "the lookup's miss saves the rename one read"
+    );
+    assert_eq!(h.ls(d.ino), ["b", "e"]);
+}
