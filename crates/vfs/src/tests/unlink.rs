@@ -191,3 +191,37 @@ fn unlinked_file_never_reaches_the_bucket() {
     assert!(h.bucket_file("gone").is_none());
     assert_eq!(h.status().unwrap().pending_uploads, 0);
 }
+
+/// The kernel's retry after `ESTALE` (its fresh lookup found inode `z`) is served `z`
+/// even if `z` lost its last name before the open arrived — which needs `z` still there:
+/// while other mounts are live, an unlink here purges an inode nobody holds only after
+/// `ORPHAN_GRACE`, never in the unlink's own batch.
+#[test]
+fn an_unlink_while_other_mounts_are_live_leaves_the_inode_for_their_retries() {
+    let h = Harness::new();
+    let x = h.file(ROOT_INO, "f", b"first");
+    h.sync_all();
+    let b = h.second_mount("cache-b");
+    assert!(
+        wait_until(SYNC_TIMEOUT, || h.shared()),
+        "this mount sees the other one"
+    );
+    let me = Ctx { pid: 6161, ..CTX };
+    assert_eq!(b.lookup(&me, ROOT_INO, b"f").unwrap().ino, x.ino);
+    // Replaced here: the other mount's open of what it resolved is stale, and the
+    // kernel's fresh lookup finds the new file.
+    h.unlink(&CTX, ROOT_INO, b"f").unwrap();
+    let z = h.file(ROOT_INO, "f", b"second");
+    assert_eq!(errno(b.open(&me, x.ino, libc::O_RDONLY)), libc::ESTALE);
+    assert_eq!(b.lookup(&me, ROOT_INO, b"f").unwrap().ino, z.ino);
+    // Unlinked here before the repeated open arrives (by a process of this mount whose
+    // kernel holds no reference to it any more).
+    h.kernel_forgets(z.ino);
+    h.flush_releases();
+    h.unlink(&CTX, ROOT_INO, b"f").unwrap();
+    assert!(h.row(z.ino).is_some(), "purged in the unlink's batch");
+    let o = b
+        .open(&me, z.ino, libc::O_RDONLY)
+        .expect("the kernel's retry is served what its lookup found");
+    b.release(z.ino, o.fh).unwrap();
+}
