@@ -68,6 +68,19 @@ fn probe(p: &Path) -> std::io::Result<Option<bool>> {
     }
 }
 
+/// How old a half-made marker (`.new`) must be to be taken for a crash's leftover.
+const NEW_MARKER_STALE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether the half-made marker `p` was last changed [`NEW_MARKER_STALE`] ago or more
+/// (false when it cannot be told: it is left).
+fn stale_leftover(p: &Path) -> bool {
+    std::fs::metadata(p)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|age| age >= NEW_MARKER_STALE)
+}
+
 /// Markers (`.live`) and half-made markers (`.new`) in `dir`, but for `own`.
 fn markers(dir: &Path, own: Option<&Path>) -> std::io::Result<Vec<(PathBuf, bool)>> {
     let mut out = Vec::new();
@@ -113,8 +126,8 @@ impl MountMarker {
     /// name no scan trusts, renamed to `.live`) and its directory entry flushed
     /// (`fsync` of `mounts/`) before any dead mount's marker is removed. A removal that a
     /// power loss undoes only makes the next mount recover again. An unlocked `.new`
-    /// (a crash between its creation and its rename, when the dead mount's markers were
-    /// all still there) is removed.
+    /// older than a minute (a crash between its creation and its rename, when the dead
+    /// mount's markers were all still there) is removed.
     /// Errors: the cache dir's file system (`EIO`, `ENOSPC`, `EACCES`).
     pub(crate) fn claim(cache_root: &Path) -> std::io::Result<(MountMarker, Found)> {
         let dir = cache_root.join("mounts");
@@ -137,6 +150,11 @@ impl MountMarker {
         std::fs::rename(&tmp, &path)?;
         sync_dir(&dir)?;
         for (p, live) in markers(&dir, Some(&path))? {
+            // A `.new` is unlocked for an instant while a mount sharing the dir makes it:
+            // only an old one is a crash's leftover.
+            if !live && !stale_leftover(&p) {
+                continue;
+            }
             match probe(&p)? {
                 Some(true) => {
                     // Its mount ended without a clean shutdown (or, `.new`, while it began).
@@ -197,7 +215,18 @@ mod unit {
         drop(first);
         assert!(unclean_end(tmp.path()).unwrap(), "a dead mount's marker");
         // A crash of the next mount between its marker's creation and its rename.
-        std::fs::write(tmp.path().join("mounts/1-1.new"), b"").unwrap();
+        let half = tmp.path().join("mounts/1-1.new");
+        std::fs::write(&half, b"").unwrap();
+        // Another mount making its marker now: left alone.
+        let fresh = tmp.path().join("mounts/2-2.new");
+        std::fs::write(&fresh, b"").unwrap();
+        let old = std::time::SystemTime::now() - NEW_MARKER_STALE;
+        File::options()
+            .write(true)
+            .open(&half)
+            .unwrap()
+            .set_modified(old)
+            .unwrap();
         let (second, found) = MountMarker::claim(tmp.path()).unwrap();
         assert!(found.after_crash);
         assert!(!unclean_end(tmp.path()).unwrap(), "recovered, and live");
@@ -205,7 +234,12 @@ mod unit {
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();
-        assert_eq!(left.len(), 1, "only this mount's marker: {left:?}");
+        assert_eq!(
+            left.len(),
+            2,
+            "this mount's marker and the fresh .new: {left:?}"
+        );
+        assert!(!half.exists() && fresh.exists());
         second.ended_cleanly().unwrap();
         assert!(!unclean_end(tmp.path()).unwrap(), "a clean end");
     }
