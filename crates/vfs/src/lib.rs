@@ -166,6 +166,10 @@ pub struct Vfs {
     pub(crate) buffers: buffers::BufferBudget,
     /// Writes that found the cache dir's file system full and evicted clean data.
     pub(crate) space_evictions: AtomicU64,
+    /// Held for a whole eviction pass ([`Vfs::evict`]): passes run one at a time, so a
+    /// write that found the file system full waits for a pass already removing files
+    /// (two passes pick the same victims; the second found them taken and freed nothing).
+    pub(crate) evicting: Mutex<()>,
     /// Files being assembled whole from the bucket for passthrough (see [`fill`]).
     pub(crate) fills: fill::Fills,
     /// Who else is live, this mount's session, feed position, fencing (see [`coherence`]).
@@ -307,6 +311,7 @@ impl Vfs {
             fetches: data::Inflight::default(),
             buffers: budget,
             space_evictions: AtomicU64::new(0),
+            evicting: Mutex::new(()),
             fills: fill::Fills::default(),
             coherence: coherence::Coherence::default(),
             invalidator: std::sync::OnceLock::new(),

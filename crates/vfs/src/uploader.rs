@@ -1883,8 +1883,10 @@ impl Vfs {
     }
 
     /// Evicts the clean staging files over the cache's cap whose content the bucket
-    /// holds (see [`Vfs::held_in_bucket`] and [`still_held`]).
+    /// holds (see [`Vfs::held_in_bucket`] and [`still_held`]). One pass at a time
+    /// ([`Vfs::evicting`]): a caller returns once the files a running pass chose are gone.
     pub(crate) fn evict(&self) {
+        let _one = self.evicting.lock().unwrap_or_else(|p| p.into_inner());
         let candidates = self.cache.over_capacity();
         if candidates.is_empty() {
             return;
