@@ -170,9 +170,9 @@ fn write_synced(path: &Path, data: &[u8]) -> io::Result<()> {
     f.sync_all()
 }
 
-/// Flushes directory `dir` (`fsync` of the directory), so the names just made in it
-/// survive a power loss. Errors: the open or the flush.
-fn sync_dir(dir: &Path) -> io::Result<()> {
+/// Flushes directory `dir` (`fsync` of the directory), so the names just made, renamed
+/// or removed in it survive a power loss. Errors: the open or the flush (`EIO`).
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
     std::fs::File::open(dir)?.sync_all()
 }
 

@@ -14,6 +14,8 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
+use deskfs_cache::sync_dir;
+
 /// What [`MountMarker::claim`] found in the cache dir.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Found {
@@ -51,11 +53,6 @@ fn remove_if_present(p: &Path) -> std::io::Result<()> {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
-}
-
-/// `fsync` of a directory: its entries (created, renamed, removed) are on disk.
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 /// A marker of `dir` with its lock state: `Ok(Some(true))` when nobody holds it (its
