@@ -308,15 +308,7 @@ pub fn fsck(
                         repaired: opts.repair,
                     });
                     if opts.repair {
-                        cache.open_staging(ino, true)?;
-                        let now = now_ns();
-                        meta.apply(&[deskfs_meta::Op::CommitContent {
-                            ino,
-                            size: 0,
-                            mtime_ns: r.mtime_ns.max(now),
-                            ctime_ns: r.ctime_ns.max(now),
-                            local: here,
-                        }])?;
+                        crate::crash_adopt::adopt_staging(meta, cache, here, &r)?;
                     }
                 }
                 None if r.dirty && r.size > 0 => add(

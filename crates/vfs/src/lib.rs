@@ -14,6 +14,7 @@ pub mod buffers;
 pub mod change_ring;
 mod changes;
 pub mod coherence;
+mod crash_adopt;
 mod data;
 mod datasync;
 pub mod durability;
@@ -416,55 +417,16 @@ impl Vfs {
             if r.kind != deskfs_meta::Kind::File || r.local != here {
                 continue;
             }
-            let staging = self.cache.staging_path(r.ino);
-            let md = match std::fs::metadata(&staging) {
-                Ok(md) => md,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                    // A crash between a create's commit and its staging file, or a power
-                    // loss that kept the commit of a file never fsynced but not its
-                    // staging file's name: its content never reached the disk. The file
-                    // becomes empty, as ext4 leaves such a file; never a row whose
-                    // content is nowhere (every read and upload of it would fail).
-                    if r.size != 0 {
-                        tracing::error!(
-                            ino = r.ino,
-                            size = r.size,
-                            cache = %self.cache.root().display(),
-                            "after a crash a file's unuploaded content is not in its cache dir (it was never fsynced): the file is now empty"
-                        );
-                    }
-                    self.cache.open_staging(r.ino, true)?;
-                    std::fs::metadata(&staging)?
+            let adopted = crash_adopt::adopt_staging(&*self.meta, &self.cache, here, &r)?;
+            if let crash_adopt::Adopted::Emptied { lost } = adopted {
+                if lost != 0 {
+                    tracing::error!(
+                        ino = r.ino,
+                        size = lost,
+                        cache = %self.cache.root().display(),
+                        "after a crash a file's unuploaded content is not in its cache dir (it was never fsynced): the file is now empty"
+                    );
                 }
-                Err(e) => return Err(e.into()),
-            };
-            let mtime = md
-                .modified()
-                .ok()
-                .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
-                .map(|d| d.as_nanos() as i64)
-                .unwrap_or(r.mtime_ns);
-            let (mtime, ctime) = if r.size != md.len() {
-                (r.mtime_ns.max(mtime), r.ctime_ns.max(mtime))
-            } else {
-                (r.mtime_ns, r.ctime_ns)
-            };
-            let res = self.meta.apply(&[
-                Op::CommitContent {
-                    ino: r.ino,
-                    size: md.len(),
-                    mtime_ns: mtime,
-                    ctime_ns: ctime,
-                    local: here,
-                },
-                Op::MarkInode {
-                    ino: r.ino,
-                    not_before_ns: now_ns(),
-                },
-            ]);
-            match res {
-                Ok(_) | Err(deskfs_meta::MetaError::Precondition { .. }) => {}
-                Err(e) => return Err(e.into()),
             }
         }
         Ok(())
