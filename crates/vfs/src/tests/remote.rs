@@ -258,3 +258,35 @@ fn a_write_whose_awaited_version_is_replaced_downloads_the_newer_one() {
     h.release(a, fh).unwrap();
     assert_eq!(h.cat(a), b"Version 3");
 }
+
+/// An open that fails after its count went into the open-file table — the mount holding
+/// the newest content did not upload it in time (`EIO`) — takes that count back: the
+/// inode is not left counted open here, where every other mount's `unlink` would keep it
+/// for a handle that never existed.
+#[test]
+fn an_open_failing_on_content_another_cache_kept_takes_its_open_count_back() {
+    let h = Harness::with_config(VfsConfig {
+        remote_wait: Duration::from_millis(300),
+        ..test_cfg()
+    });
+    let f = h.file(ROOT_INO, "held", b"first");
+    let (other, sid) = super::feed::other_mount(&h);
+    h.feed_round();
+    assert!(h.shared(), "the open is counted only while shared");
+    // The other mount commits a version only its cache holds, and never uploads it.
+    let mut row = h.row(f.ino).expect("row");
+    row.data_version += 1;
+    row.size = 6;
+    row.local = deskfs_meta::Local::At(h.cache.id() ^ 0x5a5a);
+    row.dirty = true;
+    txn(&*other, |t| t.update_inode(&row)).unwrap();
+    let err = h
+        .open(&CTX, f.ino, libc::O_RDONLY)
+        .expect_err("content nobody uploads in time");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    h.flush_releases();
+    assert!(
+        !txn(&*other, |t| t.open_elsewhere(f.ino, sid)).unwrap(),
+        "the failed open is still counted in the open-file table"
+    );
+}
