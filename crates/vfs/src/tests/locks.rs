@@ -347,3 +347,44 @@ fn a_mount_past_its_lease_decides_no_lock_in_memory() {
     );
     assert_ne!(h.coherence.session(), lost, "the mount registered anew");
 }
+
+/// Lock-to-read coherence (as NFS): taking a lock while another mount is live revalidates
+/// what this mount cached, so a file it has open reads what the other mount committed
+/// before the lock — also when the new content is as long as the old (only the version
+/// tells them apart).
+#[test]
+fn a_lock_reads_what_another_mount_committed_even_at_the_same_size() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"hello");
+    let b = h.second_mount("cache-b");
+    assert!(h.shared(), "two mounts");
+    let fh = h.op(f.ino, libc::O_RDWR);
+    assert_eq!(h.read(f.ino, fh, 0, 64).unwrap(), b"hello");
+    let fhb = b.open(&CTX, f.ino, libc::O_RDWR).unwrap().fh;
+    assert_eq!(b.write(f.ino, fhb, 0, b"HELLO").unwrap(), 5);
+    b.flush(f.ino, fhb).unwrap();
+    b.release(f.ino, fhb).unwrap();
+    h.setlk(f.ino, fh, 1, 0, ALL, W, 100, false).unwrap();
+    assert_eq!(
+        h.read(f.ino, fh, 0, 64).unwrap(),
+        b"HELLO",
+        "the lock holder reads the other mount's commit"
+    );
+}
+
+/// A file open here whose last name another mount removed stays this mount's (ext4 keeps
+/// an unlinked file while it is open): a lock on it is granted, with the revalidation
+/// that comes with it, and its content still reads.
+#[test]
+fn a_lock_on_a_file_open_here_that_another_mount_unlinked_is_granted() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"kept");
+    let b = h.second_mount("cache-b");
+    assert!(h.shared(), "two mounts");
+    let fh = h.op(f.ino, libc::O_RDWR);
+    b.unlink(&CTX, ROOT_INO, b"f").unwrap();
+    h.setlk(f.ino, fh, 1, 0, ALL, W, 100, false)
+        .expect("a lock on an open file another mount unlinked");
+    assert_eq!(h.read(f.ino, fh, 0, 64).unwrap(), b"kept");
+    h.release(f.ino, fh).unwrap();
+}
