@@ -2,8 +2,11 @@
 //! whose owner id the kernel already gave to a new open file (flock owners are `struct
 //! file` addresses, and RELEASE is asynchronous).
 
+use std::sync::Mutex;
+
 use super::*;
 use crate::locks::LockType;
+use crate::Invalidation;
 
 const W: i32 = libc::F_WRLCK;
 const ALL: u64 = u64::MAX;
@@ -360,11 +363,34 @@ fn a_lock_reads_what_another_mount_committed_even_at_the_same_size() {
     assert!(h.shared(), "two mounts");
     let fh = h.op(f.ino, libc::O_RDWR);
     assert_eq!(h.read(f.ino, fh, 0, 64).unwrap(), b"hello");
+    let seen: Arc<Mutex<Vec<Invalidation>>> = Arc::default();
+    let s = seen.clone();
+    h.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv.clone())));
+    let kernel_told = |seen: &Mutex<Vec<Invalidation>>| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|i| *i == Invalidation::Inode(f.ino))
+    };
+    // Nothing changed: the kernel keeps its cached pages and size.
+    h.setlk(f.ino, fh, 1, 0, ALL, W, 100, false).unwrap();
+    h.setlk(f.ino, fh, 1, 0, ALL, libc::F_UNLCK, 100, false)
+        .unwrap();
+    assert!(!kernel_told(&seen), "{:?}", seen.lock().unwrap());
     let fhb = b.open(&CTX, f.ino, libc::O_RDWR).unwrap().fh;
     assert_eq!(b.write(f.ino, fhb, 0, b"HELLO").unwrap(), 5);
     b.flush(f.ino, fhb).unwrap();
     b.release(f.ino, fhb).unwrap();
+    // The change feed's own invalidation of the commit is delivered and set aside.
+    h.feed_round();
+    std::thread::sleep(Duration::from_millis(100));
+    seen.lock().unwrap().clear();
     h.setlk(f.ino, fh, 1, 0, ALL, W, 100, false).unwrap();
+    assert!(
+        kernel_told(&seen),
+        "the kernel's cached size and pages of the old content stay: {:?}",
+        seen.lock().unwrap()
+    );
     assert_eq!(
         h.read(f.ino, fh, 0, 64).unwrap(),
         b"HELLO",
