@@ -324,3 +324,25 @@ fn passthrough_writes_under_a_lost_lease_become_a_conflict_copy() {
     h.sync_all();
     assert_eq!(h.bucket_file(copy).as_deref(), Some(&b"MINEcontent"[..]));
 }
+
+/// `utimensat` right after kernel writes the daemon has not looked at yet: every request
+/// absorbs them before it is served (they came first), so the explicit mtime is the last
+/// change and stays — not taken for a write made after it.
+#[test]
+fn an_explicit_mtime_right_after_unseen_kernel_writes_stays() {
+    let h = pt_harness();
+    let (a, o) = create_pt(&h, "f");
+    kernel_write(&o, 0, b"0123456789");
+    let when = 1_000_000_000_123;
+    let set = SetAttr {
+        mtime: Some(SetTime::At(when)),
+        ..Default::default()
+    };
+    h.setattr(&CTX, a.ino, &set).unwrap();
+    let attr = h.getattr(a.ino).unwrap();
+    assert_eq!(attr.size, 10, "the kernel's writes");
+    assert_eq!(attr.mtime_ns, when, "the explicit mtime came after them");
+    h.release(a.ino, o.fh).unwrap();
+    drop(o);
+    assert_eq!(h.row(a.ino).unwrap().mtime_ns, when, "committed at close");
+}
