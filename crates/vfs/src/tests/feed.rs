@@ -127,6 +127,16 @@ fn keep_cache_only_while_the_kernel_pages_are_current() {
     let o = open(libc::O_RDONLY);
     assert!(o.keep_cache, "own committed writes keep the pages");
     rel(o.fh);
+    // So does a truncate through this mount with nothing open (the kernel cut its own
+    // pages and size): the state it loads for that must know the version it replaces.
+    let set = crate::SetAttr {
+        size: Some(1),
+        ..Default::default()
+    };
+    h.setattr(&CTX, f.ino, &set).unwrap();
+    let o = open(libc::O_RDONLY);
+    assert!(o.keep_cache, "a truncate through this mount keeps them");
+    rel(o.fh);
     // O_TRUNC never keeps them.
     let o = open(libc::O_WRONLY | libc::O_TRUNC);
     assert!(!o.keep_cache);
