@@ -591,6 +591,10 @@ impl Vfs {
                         self.invalidate_now(&crate::Invalidation::Inode(ino));
                         self.kernel_pages.opened(ino, version);
                     }
+                    #[cfg(test)]
+                    if let Some(race) = tests::BEFORE_NEW_HANDLE.with(|r| r.borrow_mut().take()) {
+                        race();
+                    }
                     let fh = self
                         .new_handle(ino, flags, count.session, backing.is_some())
                         .inspect_err(|_| {
@@ -2037,5 +2041,18 @@ impl Vfs {
         } else {
             size as i64
         })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::RefCell;
+
+    thread_local! {
+        /// Run once by the next `open` on this thread that was granted, between its
+        /// locked part (the row read, with or without the open's count) and the making
+        /// of its handle: another mount joining, or expiring this one, there.
+        pub(crate) static BEFORE_NEW_HANDLE: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
     }
 }

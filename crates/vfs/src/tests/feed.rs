@@ -414,3 +414,70 @@ fn another_mounts_orphan_is_purged_at_the_last_close_here() {
         "another mount's orphan was left after the last close here"
     );
 }
+
+/// An open that read its row while this mount was alone (no count in the open-file
+/// table) and made its handle after another mount joined: the handle's own insert counts
+/// it, so the other mount's `unlink` keeps the file, and its release takes the count back.
+#[test]
+fn an_open_that_began_alone_and_ended_shared_is_counted_by_its_handle() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"data");
+    assert!(!h.shared());
+    let other = h.db.open();
+    let joined: Arc<Mutex<Option<u64>>> = Arc::default();
+    let (hv, o, j) = (h.arc(), other.clone(), joined.clone());
+    crate::data::tests::BEFORE_NEW_HANDLE.with(|r| {
+        *r.borrow_mut() = Some(Box::new(move || {
+            let sid = txn(&*o, |t| t.register_session("other-host", 1, now_ns())).unwrap();
+            hv.feed_round();
+            *j.lock().unwrap() = Some(sid);
+        }))
+    });
+    let fh = h.op(f.ino, libc::O_RDONLY);
+    let sid = joined.lock().unwrap().take().expect("the join ran");
+    assert!(h.shared(), "the other mount joined during the open");
+    let counted = || read(&*other, |t| t.open_elsewhere(f.ino, sid)).unwrap();
+    assert!(counted(), "the open is counted for the mount that joined");
+    h.release(f.ino, fh).unwrap();
+    h.flush_releases();
+    assert!(!counted(), "its release took the count back");
+}
+
+/// The same open, when the mount that joined also expired this one before the handle
+/// was made: the count fails (fenced: `EIO`, the mount registers anew), and the open's
+/// place in the inode's state is given back — else the file's real last close would not
+/// be taken for one, and an orphan another mount made of it would never be purged.
+#[test]
+fn an_open_fenced_before_its_handle_was_made_gives_its_place_back() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"data");
+    let other = h.db.open();
+    let joined: Arc<Mutex<bool>> = Arc::default();
+    let (hv, o, j) = (h.arc(), other.clone(), joined.clone());
+    crate::data::tests::BEFORE_NEW_HANDLE.with(|r| {
+        *r.borrow_mut() = Some(Box::new(move || {
+            txn(&*o, |t| t.register_session("other-host", 1, now_ns())).unwrap();
+            hv.feed_round();
+            expire_session(&*o, hv.coherence.session());
+            *j.lock().unwrap() = true;
+        }))
+    });
+    let lost = h.coherence.session();
+    let first = h.open(&CTX, f.ino, libc::O_RDONLY);
+    assert!(
+        first.is_err(),
+        "the open's count under the expired session failed"
+    );
+    assert_ne!(h.coherence.session(), lost, "registered anew");
+    assert!(*joined.lock().unwrap(), "the join ran");
+    let fh = h.op(f.ino, libc::O_RDONLY);
+    unlink_by(&*other, b"f", f.ino);
+    h.kernel_forgets(f.ino);
+    h.release(f.ino, fh).unwrap();
+    h.feed_round();
+    h.flush_purges_after(Duration::ZERO);
+    assert!(
+        h.row(f.ino).is_none(),
+        "the orphan outlived its last close here"
+    );
+}
