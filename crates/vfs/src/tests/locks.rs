@@ -367,10 +367,7 @@ fn a_lock_reads_what_another_mount_committed_even_at_the_same_size() {
     let s = seen.clone();
     h.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv.clone())));
     let kernel_told = |seen: &Mutex<Vec<Invalidation>>| {
-        seen.lock()
-            .unwrap()
-            .iter()
-            .any(|i| *i == Invalidation::Inode(f.ino))
+        seen.lock().unwrap().contains(&Invalidation::Inode(f.ino))
     };
     // Nothing changed: the kernel keeps its cached pages and size.
     h.setlk(f.ino, fh, 1, 0, ALL, W, 100, false).unwrap();
