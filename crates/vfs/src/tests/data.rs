@@ -705,3 +705,56 @@ fn lseek_finds_data_and_holes() {
     );
     b.release(a.ino, fb).unwrap();
 }
+
+/// Access times at `open` (relatime, as ext4 keeps them): an open for reading of a file
+/// changed since its last read moves atime to now — `getattr` shows it at once, the
+/// kernel is told to drop its cached attributes, the next feed tick commits it — while
+/// a write-only open, an `O_NOATIME` open and a second read leave it; a change counts
+/// from this mount's uncommitted writes too.
+#[test]
+fn an_open_for_reading_moves_atime_by_relatime() {
+    let h = Harness::new();
+    let seen: Arc<std::sync::Mutex<Vec<crate::Invalidation>>> = Arc::default();
+    let s = seen.clone();
+    h.set_invalidator(Box::new(move |inv| s.lock().unwrap().push(inv.clone())));
+    let f = h.file(ROOT_INO, "f", b"data");
+    let atime = || h.getattr(f.ino).unwrap().atime_ns;
+    let told =
+        || std::mem::take(&mut *seen.lock().unwrap()).contains(&crate::Invalidation::Attrs(f.ino));
+    let open_close = |flags: i32| {
+        std::thread::sleep(Duration::from_millis(2));
+        let fh = h.op(f.ino, flags);
+        h.release(f.ino, fh).unwrap();
+    };
+    let a0 = atime();
+    told();
+    open_close(libc::O_WRONLY);
+    assert_eq!(atime(), a0, "a write-only open is no access");
+    open_close(libc::O_RDONLY | libc::O_NOATIME);
+    assert_eq!(atime(), a0, "O_NOATIME");
+    assert!(!told());
+    open_close(libc::O_RDONLY);
+    let a1 = atime();
+    assert!(a1 > a0, "a read since the last change moves atime");
+    assert!(told(), "the kernel's cached atime goes");
+    open_close(libc::O_RDWR);
+    assert_eq!(
+        atime(),
+        a1,
+        "read since the last change: relatime leaves it"
+    );
+    assert!(!told());
+    h.feed_round();
+    assert_eq!(
+        h.row(f.ino).unwrap().atime_ns,
+        a1,
+        "committed at the feed tick"
+    );
+    // Written here and not committed yet: that change counts.
+    let w = h.op(f.ino, libc::O_WRONLY);
+    std::thread::sleep(Duration::from_millis(2));
+    h.put(f.ino, w, 0, b"DATA");
+    open_close(libc::O_RDONLY);
+    assert!(atime() > a1, "a read after uncommitted writes moves atime");
+    h.release(f.ino, w).unwrap();
+}
