@@ -481,3 +481,33 @@ fn an_open_fenced_before_its_handle_was_made_gives_its_place_back() {
         "the orphan outlived its last close here"
     );
 }
+
+/// An open finding a newer committed version than this mount's state holds drops the
+/// kernel's cached size and pages, also while no other mount is live (the version came
+/// from another writer of the database: a repair, a restore): alone, the kernel keeps
+/// attributes for 60 s and would read the new content through the old size.
+#[test]
+fn an_open_finding_a_newer_version_than_its_state_drops_the_kernels_cache_even_alone() {
+    let h = Harness::new();
+    let seen = record(&h);
+    let f = h.file(ROOT_INO, "f", b"v1");
+    let held = h.op(f.ino, libc::O_RDONLY);
+    let db = h.db.open();
+    txn(&*db, |t| {
+        let mut r = t.get_inode(f.ino)?.expect("inode");
+        r.data_version += 1;
+        t.update_inode(&r)
+    })
+    .unwrap();
+    assert!(!h.shared(), "no other session");
+    seen.lock().unwrap().clear();
+    let o = h.open(&CTX, f.ino, libc::O_RDONLY).expect("open");
+    assert!(!o.keep_cache, "pages of the old version");
+    assert!(
+        seen.lock().unwrap().contains(&Invalidation::Inode(f.ino)),
+        "the kernel's cached size of the old version stays: {:?}",
+        seen.lock().unwrap()
+    );
+    h.release(f.ino, o.fh).unwrap();
+    h.release(f.ino, held).unwrap();
+}

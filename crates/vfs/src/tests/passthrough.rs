@@ -346,3 +346,30 @@ fn an_explicit_mtime_right_after_unseen_kernel_writes_stays() {
     drop(o);
     assert_eq!(h.row(a.ino).unwrap().mtime_ns, when, "committed at close");
 }
+
+/// A writable passthrough open whose dirty mark the database refuses fails (`EIO`) and
+/// gives its place in the inode's state back: the next open, with nothing else open, is
+/// a passthrough open again (a leftover count would make it look shared with a cached
+/// open, and every later open would be served through the daemon).
+#[test]
+fn a_passthrough_open_refused_its_dirty_mark_gives_its_place_back() {
+    let h = pt_harness();
+    let (a, o) = create_pt(&h, "f");
+    kernel_write(&o, 0, b"data");
+    h.release(a.ino, o.fh).unwrap();
+    drop(o);
+    h.sync_all();
+    assert!(!h.row(a.ino).unwrap().dirty, "clean: a writer must mark it");
+    let Some(refusal) = h.refuse_updates("inodes", "dirty") else {
+        return;
+    };
+    let refused = h.open(&CTX, a.ino, libc::O_RDWR);
+    assert_eq!(errno(refused.map(|_| ())), libc::EIO, "the dirty mark");
+    refusal.lift();
+    let o = h.open(&CTX, a.ino, libc::O_RDWR).expect("open again");
+    assert!(
+        o.backing.is_some(),
+        "nothing else is open: a passthrough open again"
+    );
+    h.release(a.ino, o.fh).unwrap();
+}
