@@ -514,7 +514,7 @@ impl Vfs {
         let _ = self.with_state(ino, |s| {
             s.open_count = s.open_count.saturating_sub(1);
             if passthrough {
-                Self::passthrough_closed(s, write);
+                self.passthrough_gone(ino, s, write);
             }
         });
     }
@@ -1789,12 +1789,8 @@ impl Vfs {
             }
             if let Some(h) = &h {
                 s.open_count = s.open_count.saturating_sub(1);
-                if h.passthrough.swap(false, Ordering::SeqCst)
-                    && Self::passthrough_closed(s, h.write)
-                {
-                    if let Err(e) = self.passthrough_settle(ino) {
-                        tracing::warn!(ino, error = %e, "cannot queue a look at a file written through passthrough");
-                    }
+                if h.passthrough.swap(false, Ordering::SeqCst) {
+                    self.passthrough_gone(ino, s, h.write);
                 }
             }
             let last = s.open_count == 0;

@@ -390,7 +390,21 @@ impl Vfs {
         if !h.passthrough.swap(false, Ordering::SeqCst) {
             return;
         }
-        let _ = self.with_state(ino, |s| Self::passthrough_closed(s, h.write));
+        let _ = self.with_state(ino, |s| self.passthrough_gone(ino, s, h.write));
+    }
+
+    /// A passthrough handle of `ino` (opened for writing: `write`) is gone — released,
+    /// refused by the kernel, or never made (its open failed after the grant): its counts
+    /// go, and when it was the last writer of a row marked dirty for the writers and
+    /// nothing they wrote is uncommitted, the row goes back to the uploader, which marks
+    /// it clean again ([`Vfs::passthrough_settle`]; without it the row stayed dirty, its
+    /// staging file never evictable). Caller holds the state's lock.
+    pub(crate) fn passthrough_gone(&self, ino: Ino, s: &mut InodeState, write: bool) {
+        if Self::passthrough_closed(s, write) {
+            if let Err(e) = self.passthrough_settle(ino) {
+                tracing::warn!(ino, error = %e, "cannot queue a look at a file written through passthrough");
+            }
+        }
     }
 
     /// A passthrough handle (opened for writing: `write`) of the inode in `s` is gone.

@@ -373,3 +373,56 @@ fn a_passthrough_open_refused_its_dirty_mark_gives_its_place_back() {
     );
     h.release(a.ino, o.fh).unwrap();
 }
+
+/// A writable passthrough open made while alone whose handle could not be made (another
+/// mount joined and expired this one in between: `EIO`) gives back its writer too: the
+/// file, marked dirty for that writer that never wrote, is settled and clean again once
+/// synced (a writer left counted would keep every uploader from marking it clean).
+#[test]
+fn a_passthrough_writer_fenced_before_its_handle_was_made_leaves_the_file_cleanable() {
+    let h = pt_harness();
+    let (a, o) = create_pt(&h, "f");
+    kernel_write(&o, 0, b"data");
+    h.release(a.ino, o.fh).unwrap();
+    drop(o);
+    h.sync_all();
+    assert!(!h.row(a.ino).unwrap().dirty);
+    let other = h.db.open();
+    let (hv, oth) = (h.arc(), other.clone());
+    crate::data::tests::BEFORE_NEW_HANDLE.with(|r| {
+        *r.borrow_mut() = Some(Box::new(move || {
+            deskfs_meta::txn(&*oth, |t| t.register_session("other-host", 1, now_ns())).unwrap();
+            hv.feed_round();
+            super::feed::expire_session(&*oth, hv.coherence.session());
+        }))
+    });
+    let refused = h.open(&CTX, a.ino, libc::O_RDWR);
+    assert_eq!(errno(refused.map(|_| ())), libc::EIO, "fenced");
+    h.sync_all();
+    assert!(
+        !h.row(a.ino).unwrap().dirty,
+        "the writer that never was keeps the file dirty"
+    );
+    assert_eq!(h.cat(a.ino), b"data");
+}
+
+/// A writable passthrough open of a clean file that the kernel refused (served by the
+/// daemon instead) and that wrote nothing leaves the file clean once synced: the dirty
+/// mark made for the passthrough writer is settled when that writer goes.
+#[test]
+fn a_refused_writer_that_wrote_nothing_leaves_the_file_cleanable() {
+    let h = pt_harness();
+    let a = h.file(ROOT_INO, "f", b"abc");
+    h.sync_all();
+    assert!(!h.row(a.ino).unwrap().dirty);
+    let o = h.open(&CTX, a.ino, libc::O_RDWR).unwrap();
+    assert!(o.backing.is_some());
+    assert!(h.row(a.ino).unwrap().dirty, "marked for the writer");
+    h.passthrough_refused(a.ino, o.fh);
+    h.release(a.ino, o.fh).unwrap();
+    h.sync_all();
+    assert!(
+        !h.row(a.ino).unwrap().dirty,
+        "left dirty by a writer that never wrote"
+    );
+}
