@@ -108,7 +108,7 @@ fn other_mounts_changes_become_invalidations_and_own_do_not() {
 #[test]
 fn keep_cache_only_while_the_kernel_pages_are_current() {
     let h = Harness::new();
-    let _seen = record(&h);
+    let seen = record(&h);
     let f = h.file(ROOT_INO, "f", b"v1");
     let open = |flags| h.open(&CTX, f.ino, flags).expect("open");
     let rel = |fh| {
@@ -127,6 +127,11 @@ fn keep_cache_only_while_the_kernel_pages_are_current() {
     let o = open(libc::O_RDONLY);
     assert!(o.keep_cache, "own committed writes keep the pages");
     rel(o.fh);
+    assert!(
+        !seen.lock().unwrap().contains(&Invalidation::Inode(f.ino)),
+        "opens of current content told the kernel to drop it: {:?}",
+        seen.lock().unwrap()
+    );
     // So does a truncate through this mount with nothing open (the kernel cut its own
     // pages and size): the state it loads for that must know the version it replaces.
     let set = crate::SetAttr {
