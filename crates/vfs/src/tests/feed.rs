@@ -516,3 +516,19 @@ fn an_open_finding_a_newer_version_than_its_state_drops_the_kernels_cache_even_a
     h.release(f.ino, o.fh).unwrap();
     h.release(f.ino, held).unwrap();
 }
+
+/// A file created while another mount is live is counted open here by the create's own
+/// batch: the other mount's `unlink` of it keeps the inode for this mount.
+#[test]
+fn a_file_created_while_shared_is_counted_open_by_its_create() {
+    let h = Harness::new();
+    let (other, sid) = other_mount(&h);
+    h.feed_round();
+    assert!(h.shared());
+    let (a, fh) = h.create_rw(ROOT_INO, "new");
+    assert!(
+        read(&*other, |t| t.open_elsewhere(a.ino, sid)).unwrap(),
+        "the create's open is not in the open-file table"
+    );
+    h.release(a.ino, fh).unwrap();
+}

@@ -426,3 +426,21 @@ fn a_refused_writer_that_wrote_nothing_leaves_the_file_cleanable() {
         "left dirty by a writer that never wrote"
     );
 }
+
+/// A file created for reading only (`open(O_CREAT | O_RDONLY)`) has no writer: nothing
+/// holds it back from the uploader while it stays open, so it is uploaded and marked
+/// clean like any closed file (a writer's lock, taken for a create that will write
+/// next, would keep it dirty until the close).
+#[test]
+fn a_file_created_for_reading_only_is_cleaned_while_it_stays_open() {
+    let h = pt_harness();
+    let (a, o) = h
+        .create(&CTX, ROOT_INO, b"ro", 0o644, 0o022, libc::O_RDONLY)
+        .expect("create");
+    h.sync(Duration::from_secs(10)).expect("sync");
+    assert!(
+        !h.row(a.ino).unwrap().dirty,
+        "a read-only create kept its empty file dirty while open"
+    );
+    h.release(a.ino, o.fh).unwrap();
+}
