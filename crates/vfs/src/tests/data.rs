@@ -758,3 +758,19 @@ fn an_open_for_reading_moves_atime_by_relatime() {
     assert!(atime() > a1, "a read after uncommitted writes moves atime");
     h.release(f.ino, w).unwrap();
 }
+
+/// An empty file whose staging file is missing (a crash right after its create
+/// committed, before the file was made) is written from empty at its first write: there
+/// is no content to lose, so no error.
+#[test]
+fn an_empty_file_whose_staging_file_is_missing_is_written_from_empty() {
+    let h = Harness::uploads_held();
+    let (a, fh) = h.create_rw(ROOT_INO, "e");
+    h.release(a.ino, fh).unwrap();
+    assert!(h.row(a.ino).unwrap().dirty, "not uploaded");
+    std::fs::remove_file(h.cache.staging_path(a.ino)).expect("remove the staging file");
+    let fh = h.op(a.ino, libc::O_RDWR);
+    assert_eq!(h.write(a.ino, fh, 0, b"x").unwrap(), 1);
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(h.cat(a.ino), b"x");
+}
