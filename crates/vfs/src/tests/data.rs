@@ -774,3 +774,21 @@ fn an_empty_file_whose_staging_file_is_missing_is_written_from_empty() {
     h.release(a.ino, fh).unwrap();
     assert_eq!(h.cat(a.ino), b"x");
 }
+
+/// A file with unuploaded content whose staging file vanished while mounted (removed by
+/// hand from the cache dir) fails its next write with `EIO` at once: its content is
+/// nowhere else, so there is nothing to wait for or download.
+#[test]
+fn unuploaded_content_whose_staging_file_vanished_fails_with_eio() {
+    let h = Harness::with_config(VfsConfig {
+        upload_delay: Duration::from_secs(3600),
+        remote_wait: Duration::from_secs(3600),
+        ..test_cfg()
+    });
+    let f = h.file(ROOT_INO, "gone", b"only here");
+    assert!(h.row(f.ino).unwrap().dirty, "not uploaded");
+    std::fs::remove_file(h.cache.staging_path(f.ino)).expect("remove the staging file");
+    let fh = h.op(f.ino, libc::O_RDWR);
+    assert_eq!(errno(h.write(f.ino, fh, 0, b"x")), libc::EIO);
+    h.release(f.ino, fh).unwrap();
+}
