@@ -420,6 +420,29 @@ fn another_mounts_orphan_is_purged_at_the_last_close_here() {
     );
 }
 
+/// Another mount that joins (and, with `expire`, expires this mount's session) during
+/// the next granted `open` on this thread, between its locked part and its handle (the
+/// hook `data::tests::BEFORE_NEW_HANDLE`): its engine, and its session once it joined.
+pub(super) fn join_before_next_handle(
+    h: &Harness,
+    expire: bool,
+) -> (Arc<dyn deskfs_meta::MetaEngine>, Arc<Mutex<Option<u64>>>) {
+    let other = h.db.open();
+    let joined: Arc<Mutex<Option<u64>>> = Arc::default();
+    let (hv, o, j) = (h.arc(), other.clone(), joined.clone());
+    crate::data::tests::BEFORE_NEW_HANDLE.with(|r| {
+        *r.borrow_mut() = Some(Box::new(move || {
+            let sid = txn(&*o, |t| t.register_session("other-host", 1, now_ns())).unwrap();
+            hv.feed_round();
+            if expire {
+                expire_session(&*o, hv.coherence.session());
+            }
+            *j.lock().unwrap() = Some(sid);
+        }))
+    });
+    (other, joined)
+}
+
 /// An open that read its row while this mount was alone (no count in the open-file
 /// table) and made its handle after another mount joined: the handle's own insert counts
 /// it, so the other mount's `unlink` keeps the file, and its release takes the count back.
@@ -428,16 +451,7 @@ fn an_open_that_began_alone_and_ended_shared_is_counted_by_its_handle() {
     let h = Harness::new();
     let f = h.file(ROOT_INO, "f", b"data");
     assert!(!h.shared());
-    let other = h.db.open();
-    let joined: Arc<Mutex<Option<u64>>> = Arc::default();
-    let (hv, o, j) = (h.arc(), other.clone(), joined.clone());
-    crate::data::tests::BEFORE_NEW_HANDLE.with(|r| {
-        *r.borrow_mut() = Some(Box::new(move || {
-            let sid = txn(&*o, |t| t.register_session("other-host", 1, now_ns())).unwrap();
-            hv.feed_round();
-            *j.lock().unwrap() = Some(sid);
-        }))
-    });
+    let (other, joined) = join_before_next_handle(&h, false);
     let fh = h.op(f.ino, libc::O_RDONLY);
     let sid = joined.lock().unwrap().take().expect("the join ran");
     assert!(h.shared(), "the other mount joined during the open");
@@ -456,17 +470,7 @@ fn an_open_that_began_alone_and_ended_shared_is_counted_by_its_handle() {
 fn an_open_fenced_before_its_handle_was_made_gives_its_place_back() {
     let h = Harness::new();
     let f = h.file(ROOT_INO, "f", b"data");
-    let other = h.db.open();
-    let joined: Arc<Mutex<bool>> = Arc::default();
-    let (hv, o, j) = (h.arc(), other.clone(), joined.clone());
-    crate::data::tests::BEFORE_NEW_HANDLE.with(|r| {
-        *r.borrow_mut() = Some(Box::new(move || {
-            txn(&*o, |t| t.register_session("other-host", 1, now_ns())).unwrap();
-            hv.feed_round();
-            expire_session(&*o, hv.coherence.session());
-            *j.lock().unwrap() = true;
-        }))
-    });
+    let (other, joined) = join_before_next_handle(&h, true);
     let lost = h.coherence.session();
     let first = h.open(&CTX, f.ino, libc::O_RDONLY);
     assert!(
@@ -474,7 +478,7 @@ fn an_open_fenced_before_its_handle_was_made_gives_its_place_back() {
         "the open's count under the expired session failed"
     );
     assert_ne!(h.coherence.session(), lost, "registered anew");
-    assert!(*joined.lock().unwrap(), "the join ran");
+    assert!(joined.lock().unwrap().is_some(), "the join ran");
     let fh = h.op(f.ino, libc::O_RDONLY);
     unlink_by(&*other, b"f", f.ino);
     h.kernel_forgets(f.ino);

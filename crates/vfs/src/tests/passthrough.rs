@@ -387,15 +387,7 @@ fn a_passthrough_writer_fenced_before_its_handle_was_made_leaves_the_file_cleana
     drop(o);
     h.sync_all();
     assert!(!h.row(a.ino).unwrap().dirty);
-    let other = h.db.open();
-    let (hv, oth) = (h.arc(), other.clone());
-    crate::data::tests::BEFORE_NEW_HANDLE.with(|r| {
-        *r.borrow_mut() = Some(Box::new(move || {
-            deskfs_meta::txn(&*oth, |t| t.register_session("other-host", 1, now_ns())).unwrap();
-            hv.feed_round();
-            super::feed::expire_session(&*oth, hv.coherence.session());
-        }))
-    });
+    let _join = super::feed::join_before_next_handle(&h, true);
     let refused = h.open(&CTX, a.ino, libc::O_RDWR);
     assert_eq!(errno(refused.map(|_| ())), libc::EIO, "fenced");
     h.sync_all();
