@@ -41,19 +41,15 @@ pub(crate) fn adopt_staging(
     here: Local,
     row: &InodeRow,
 ) -> Result<Adopted> {
-    let staging = cache.staging_path(row.ino);
-    let (md, adopted) = match std::fs::metadata(&staging) {
+    let (md, adopted) = match std::fs::metadata(cache.staging_path(row.ino)) {
         Ok(md) => {
             let n = md.len();
             (md, Adopted::Kept(n))
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            cache.open_staging(row.ino, true)?;
-            (
-                std::fs::metadata(&staging)?,
-                Adopted::Emptied { lost: row.size },
-            )
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+            cache.open_staging(row.ino, true)?.metadata()?,
+            Adopted::Emptied { lost: row.size },
+        ),
         Err(e) => return Err(e.into()),
     };
     let mtime = md
