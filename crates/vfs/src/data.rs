@@ -1642,6 +1642,18 @@ impl Vfs {
                 s.dirty_session = self.coherence.session();
                 return self.commit_with(ino, s, durable, None, get);
             }
+            // Nothing written under the lost lease (a truncation, a ctime), and no kernel
+            // handle writing through the staging file: no bytes to keep, and the newer
+            // content stays. (A truncation in progress is applied to it again: see
+            // `truncate_locked`.)
+            Some(r) if r.nlink > 0 && !s.wrote && !s.pt.active() => {
+                tracing::warn!(
+                    ino,
+                    "a truncation made under a lost lease is not applied over newer content another mount committed meanwhile"
+                );
+                s.writes_settled();
+                self.invalidate_later(crate::Invalidation::Inode(ino));
+            }
             Some(r) if r.nlink > 0 => {
                 self.save_conflict(ino, s, &r)?;
                 // The kernel's pages hold the conflicting writes: they go.
@@ -1932,6 +1944,13 @@ impl Vfs {
         self.locked(ino, |s| self.truncate_locked(ino, s, size))
     }
 
+    /// Truncates the locked file to `size` bytes. Writes still to commit are committed
+    /// first, as they were written: a lost lease is found on them, and when another
+    /// mount committed meanwhile they are kept as a conflict copy of what was written,
+    /// not of what this truncation leaves of it. A truncation whose own commit finds the
+    /// lease lost and the file changed by another mount comes after that change: it is
+    /// applied again, to the file's content now, under the new session (once; `EIO`
+    /// when the lease is lost again at once).
     fn truncate_locked(&self, ino: Ino, s: &mut InodeState, size: u64) -> Result<()> {
         let kind = match self.hints.kind(ino) {
             Some(k) => k,
@@ -1945,6 +1964,30 @@ impl Vfs {
         if size > MAX_FILE_SIZE {
             return Err(VfsError::FileTooBig);
         }
+        if s.uncommitted {
+            self.commit_locked(ino, s, CommitSync::Commit)?;
+            if !s.loaded {
+                // Kept as a conflict copy: the file's content is the other mount's now.
+                self.load_state(ino, s)?;
+            }
+        }
+        for _ in 0..2 {
+            self.truncate_once(ino, s, size)?;
+            // Moved away by a lost lease's conflict (see `commit_after_fence`), unless
+            // kernel handles write through the backing file, which went with the copy.
+            if s.loaded || s.pt.active() {
+                return Ok(());
+            }
+            self.load_state(ino, s)?;
+        }
+        Err(VfsError::Io(std::io::Error::other(
+            "this mount's lease was lost twice during one truncation",
+        )))
+    }
+
+    /// One attempt of [`Vfs::truncate_locked`] on the file's content: set the staging
+    /// file's length and commit it.
+    fn truncate_once(&self, ino: Ino, s: &mut InodeState, size: u64) -> Result<()> {
         let f = self.ensure_local(ino, s, Some(size))?;
         if !s.uncommitted {
             self.begin_dirty(ino)?;
@@ -1956,8 +1999,12 @@ impl Vfs {
             self.flush_failures.clear(ino);
         }
         s.size = size;
-        s.note_change(now_ns(), self.coherence.session());
+        s.note_size_change(now_ns(), self.coherence.session());
         self.passthrough_own_change(ino, s)?;
+        #[cfg(test)]
+        if let Some(race) = tests::BEFORE_TRUNCATE_COMMIT.with(|r| r.borrow_mut().take()) {
+            race();
+        }
         self.commit_locked(ino, s, CommitSync::Commit)
     }
 }
@@ -2049,6 +2096,10 @@ pub(crate) mod tests {
         /// locked part (the row read, with or without the open's count) and the making
         /// of its handle: another mount joining, or expiring this one, there.
         pub(crate) static BEFORE_NEW_HANDLE: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
+        /// Run once by the next truncation on this thread, between the staging file's
+        /// new length and its commit: another mount expiring this one, there.
+        pub(crate) static BEFORE_TRUNCATE_COMMIT: RefCell<Option<Box<dyn FnOnce()>>> =
             const { RefCell::new(None) };
     }
 }

@@ -159,6 +159,10 @@ pub(crate) struct InodeState {
     pub(crate) staging: Option<Arc<File>>,
     /// Writes (or a truncate) not yet committed to the metadata engine.
     pub(crate) uncommitted: bool,
+    /// Bytes were written (a write, `fallocate`, a copy, kernel writes through a backing
+    /// file) since the last commit — not only a truncation or a ctime: what a lost lease
+    /// keeps as a conflict copy (see `Vfs::commit_after_fence`).
+    pub(crate) wrote: bool,
     /// Current size including uncommitted writes, bytes (valid when `loaded`).
     pub(crate) size: u64,
     /// Current mtime including uncommitted writes, ns.
@@ -238,6 +242,7 @@ impl InodeState {
     /// The uncommitted writes are committed (or set aside): the writer lock goes.
     pub(crate) fn writes_settled(&mut self) {
         self.uncommitted = false;
+        self.wrote = false;
         self.create_guard = None;
         if let Some(f) = &self.staging {
             use std::os::fd::AsRawFd;
@@ -270,6 +275,13 @@ impl InodeState {
     }
 
     pub(crate) fn note_change(&mut self, now: i64, session: u64) {
+        self.note_size_change(now, session);
+        self.wrote = true;
+    }
+
+    /// [`InodeState::note_change`] for a truncation: the content changes (a new write
+    /// generation, mtime, ctime) but no byte is written.
+    pub(crate) fn note_size_change(&mut self, now: i64, session: u64) {
         self.mtime_ns = now;
         self.ctime_ns = now;
         if !self.uncommitted {

@@ -413,16 +413,15 @@ impl Harness {
             eprintln!("skipped: the failure is injected with a SQLite trigger");
             return None;
         };
-        let conn = rusqlite::Connection::open(db).expect("open the test's database");
-        conn.busy_timeout(Duration::from_secs(30))
-            .expect("busy timeout");
-        let name = format!("refuse_{table}_{column}");
-        conn.execute_batch(&format!(
-            "CREATE TRIGGER {name} BEFORE UPDATE OF {column} ON {table} \
-             BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
-        ))
-        .expect("create the refusing trigger");
-        Some(Refusal { conn, name })
+        Some(refuse_updates_in(db, table, column))
+    }
+
+    /// The SQLite database file of this workspace (`None` on PostgreSQL).
+    pub(crate) fn sqlite_path(&self) -> Option<PathBuf> {
+        match &self.db {
+            MetaDb::Sqlite(p) => Some(p.clone()),
+            MetaDb::Postgres(_) => None,
+        }
     }
 
     /// The committed metadata row of `ino` (what the engine holds, without overlay).
@@ -611,6 +610,20 @@ fn harness_mounts_and_remounts() {
     assert_eq!(h.cat_path("x"), b"1");
     h.sync_all();
     assert_eq!(h.bucket_file("x").as_deref(), Some(&b"1"[..]));
+}
+
+/// [`Harness::refuse_updates`] on the SQLite database at `db`.
+pub(crate) fn refuse_updates_in(db: &Path, table: &str, column: &str) -> Refusal {
+    let conn = rusqlite::Connection::open(db).expect("open the test's database");
+    conn.busy_timeout(Duration::from_secs(30))
+        .expect("busy timeout");
+    let name = format!("refuse_{table}_{column}");
+    conn.execute_batch(&format!(
+        "CREATE TRIGGER {name} BEFORE UPDATE OF {column} ON {table} \
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+    ))
+    .expect("create the refusing trigger");
+    Refusal { conn, name }
 }
 
 /// A refusal made by [`Harness::refuse_updates`].
