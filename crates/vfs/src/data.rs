@@ -866,6 +866,10 @@ impl Vfs {
             }
         }
         let version = row.data_version;
+        #[cfg(test)]
+        if let Some(race) = tests::BEFORE_ADOPT_RECORD.with(|r| r.borrow_mut().take()) {
+            race();
+        }
         deskfs_meta::txn(&*self.meta, |t| {
             if let Some(mut r) = t.get_inode(row.ino)? {
                 if r.data_version == version && r.local != here {
@@ -2096,6 +2100,11 @@ pub(crate) mod tests {
         /// locked part (the row read, with or without the open's count) and the making
         /// of its handle: another mount joining, or expiring this one, there.
         pub(crate) static BEFORE_NEW_HANDLE: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
+        /// Run once by the next [`super::Vfs::adopt_local`] on this thread, between the
+        /// new staging file and the record naming this cache its holder: another mount
+        /// committing a newer version there.
+        pub(crate) static BEFORE_ADOPT_RECORD: RefCell<Option<Box<dyn FnOnce()>>> =
             const { RefCell::new(None) };
         /// Run once by the next truncation on this thread, between the staging file's
         /// new length and its commit: another mount expiring this one, there.

@@ -290,3 +290,73 @@ fn an_open_failing_on_content_another_cache_kept_takes_its_open_count_back() {
         "the failed open is still counted in the open-file table"
     );
 }
+
+/// Makes the row of `ino` name no copy in any cache (the bucket object is the content),
+/// as an eviction's commit does, and leaves `stale` in its staging file — a copy whose
+/// removal failed (the next mount's index removes such files).
+fn evicted_with_a_stale_copy(h: &Harness, ino: Ino, stale: &[u8]) {
+    let mut row = h.row(ino).expect("row");
+    row.local = deskfs_meta::Local::None;
+    txn(&**h.meta(), |t| t.update_inode(&row)).unwrap();
+    std::fs::write(h.cache.staging_path(ino), stale).expect("write the stale copy");
+}
+
+/// A write to content held only by the bucket downloads it, and the download replaces a
+/// stale staging file of the same inode (left by a failed removal): the write lands on
+/// the current content, never on the stale copy's bytes.
+#[test]
+fn a_download_replaces_a_stale_staging_file() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"current content");
+    h.sync_all();
+    evicted_with_a_stale_copy(&h, f.ino, b"STALE COPY OF AN OLD VERSION");
+    let fh = h.op(f.ino, libc::O_RDWR);
+    h.put(f.ino, fh, 0, b"C");
+    h.release(f.ino, fh).unwrap();
+    assert_eq!(
+        h.cat(f.ino),
+        b"Current content",
+        "written over the stale copy"
+    );
+    assert_eq!(h.row(f.ino).unwrap().local, h.here(), "held here now");
+}
+
+/// A download made local is recorded only while its version is still the current one:
+/// when another mount commits a newer version (held by its cache) between the download
+/// and the record, the row keeps naming that mount's cache — never this one, which does
+/// not hold those bytes.
+#[test]
+fn a_download_is_not_recorded_over_a_newer_version() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"current content");
+    h.sync_all();
+    evicted_with_a_stale_copy(&h, f.ino, b"");
+    let other = h.db.open();
+    let theirs = deskfs_meta::Local::At(h.cache.id() ^ 0x5a5a);
+    let ino = f.ino;
+    crate::data::tests::BEFORE_ADOPT_RECORD.with(|r| {
+        *r.borrow_mut() = Some(Box::new(move || {
+            txn(&*other, |t| {
+                let mut r = t.get_inode(ino)?.expect("row");
+                r.data_version += 1;
+                r.size = 6;
+                r.local = theirs;
+                r.dirty = true;
+                t.update_inode(&r)
+            })
+            .unwrap();
+        }))
+    });
+    let fh = h.op(f.ino, libc::O_RDWR);
+    h.put(f.ino, fh, 0, b"C");
+    assert!(
+        crate::data::tests::BEFORE_ADOPT_RECORD.with(|r| r.borrow().is_none()),
+        "the other mount's commit ran"
+    );
+    assert_eq!(
+        h.row(f.ino).unwrap().local,
+        theirs,
+        "this cache was recorded as the holder of a version it does not have"
+    );
+    h.release(f.ino, fh).unwrap();
+}
