@@ -235,12 +235,17 @@ impl Coherence {
         *self.cursor.lock().unwrap_or_else(|p| p.into_inner()) = c;
     }
 
-    /// Records that session `lost` was fenced at `now_ns`.
+    /// Records that session `lost` was fenced at `now_ns`. A lost session counts once:
+    /// when the registration that replaces it fails (its answer lost in a cut: it may
+    /// have been applied), the next attempt is the same fence, not another one.
     pub(crate) fn fenced(&self, lost: u64, now_ns: i64) {
         // The records published under the lost session went with it: the new session
         // publishes the open files to the peers again.
         self.acked_peer.store(0, Ordering::SeqCst);
         let mut f = self.fences.lock().unwrap_or_else(|p| p.into_inner());
+        if f.last.is_some_and(|(l, _)| l == lost) {
+            return;
+        }
         f.count += 1;
         f.last = Some((lost, now_ns));
     }

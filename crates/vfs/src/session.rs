@@ -277,7 +277,9 @@ impl Vfs {
             }
         }
         if let Err(e) = self.start_session() {
-            tracing::error!(error = %e, "cannot register a new session");
+            // (Applied with its answer lost, the registration is a session of this
+            // process: the next attempt expires it as "its daemon is gone".)
+            tracing::error!(error = %e, "cannot register a new session; the next request or lease renewal tries again");
             return;
         }
         // Its opens are recorded under the new session (when others are live, as always):

@@ -536,3 +536,42 @@ fn a_file_created_while_shared_is_counted_open_by_its_create() {
     );
     h.release(a.ino, fh).unwrap();
 }
+
+/// A lost session counts as one fence even when the registration replacing it fails (a
+/// cut may drop its answer after the database applied it): the retry is the same fence,
+/// and succeeds once the database takes the registration (`deskfs status`'s `fences`
+/// counted every attempt, and e2e 86n-partition-hosts took the extra count for two
+/// threads registering at once).
+#[test]
+fn a_fence_whose_registration_fails_counts_once_and_registers_on_retry() {
+    let h = Harness::new();
+    let Some(db) = h.sqlite_path() else {
+        eprintln!("skipped: the failure is injected with a SQLite trigger");
+        return;
+    };
+    let (other, _sid) = other_mount(&h);
+    let lost = h.coherence.session();
+    expire_session(&*other, lost);
+    let conn = rusqlite::Connection::open(&db).expect("open the test's database");
+    conn.busy_timeout(Duration::from_secs(30)).unwrap();
+    conn.execute_batch(
+        "CREATE TRIGGER refuse_sessions BEFORE INSERT ON sessions \
+         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
+    )
+    .unwrap();
+    h.fenced(lost);
+    assert_eq!(
+        h.coherence.session(),
+        lost,
+        "no session could be registered"
+    );
+    assert_eq!(h.coherence.fence_report().count, 1);
+    conn.execute_batch("DROP TRIGGER refuse_sessions").unwrap();
+    h.fenced(lost);
+    assert_ne!(h.coherence.session(), lost, "registered on the retry");
+    assert_eq!(
+        h.coherence.fence_report().count,
+        1,
+        "the retry was counted as another fence"
+    );
+}
