@@ -1653,7 +1653,7 @@ impl Vfs {
             Some(r) if r.nlink > 0 && !s.wrote && !s.pt.active() => {
                 tracing::warn!(
                     ino,
-                    "a truncation made under a lost lease is not applied over newer content another mount committed meanwhile"
+                    "a change made under a lost lease that wrote no bytes (a truncation, a ctime) is not applied over newer content another mount committed meanwhile"
                 );
                 s.writes_settled();
                 self.invalidate_later(crate::Invalidation::Inode(ino));

@@ -260,9 +260,6 @@ impl InodeState {
         self.loaded = true;
     }
 
-    /// Records a content change at `now` (ns) by a mount whose session is `session`:
-    /// mtime and ctime, the start of the uncommitted period (and the session it began
-    /// under), and a new write generation.
     /// An attribute change that only moves ctime (a chown to the same owner), carried
     /// by the next commit as writes are.
     pub(crate) fn note_ctime(&mut self, now: i64, session: u64) {
@@ -274,6 +271,9 @@ impl InodeState {
         }
     }
 
+    /// Records bytes written at `now` (ns) by a mount whose session is `session`:
+    /// mtime and ctime, the start of the uncommitted period (and the session it began
+    /// under), a new write generation, and [`InodeState::wrote`].
     pub(crate) fn note_change(&mut self, now: i64, session: u64) {
         self.note_size_change(now, session);
         self.wrote = true;
