@@ -614,16 +614,27 @@ fn harness_mounts_and_remounts() {
 
 /// [`Harness::refuse_updates`] on the SQLite database at `db`.
 pub(crate) fn refuse_updates_in(db: &Path, table: &str, column: &str) -> Refusal {
+    refuse_in(
+        db,
+        &format!("refuse_{table}_{column}"),
+        &format!("BEFORE UPDATE OF {column} ON {table}"),
+    )
+}
+
+/// Makes the SQLite database at `db` refuse the statements `when` names (a trigger
+/// `name` raising an abort, e.g. `BEFORE INSERT ON sessions`), until [`Refusal::lift`].
+pub(crate) fn refuse_in(db: &Path, name: &str, when: &str) -> Refusal {
     let conn = rusqlite::Connection::open(db).expect("open the test's database");
     conn.busy_timeout(Duration::from_secs(30))
         .expect("busy timeout");
-    let name = format!("refuse_{table}_{column}");
     conn.execute_batch(&format!(
-        "CREATE TRIGGER {name} BEFORE UPDATE OF {column} ON {table} \
-         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
+        "CREATE TRIGGER {name} {when} BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;"
     ))
     .expect("create the refusing trigger");
-    Refusal { conn, name }
+    Refusal {
+        conn,
+        name: name.to_string(),
+    }
 }
 
 /// A refusal made by [`Harness::refuse_updates`].

@@ -552,13 +552,7 @@ fn a_fence_whose_registration_fails_counts_once_and_registers_on_retry() {
     let (other, _sid) = other_mount(&h);
     let lost = h.coherence.session();
     expire_session(&*other, lost);
-    let conn = rusqlite::Connection::open(&db).expect("open the test's database");
-    conn.busy_timeout(Duration::from_secs(30)).unwrap();
-    conn.execute_batch(
-        "CREATE TRIGGER refuse_sessions BEFORE INSERT ON sessions \
-         BEGIN SELECT RAISE(ABORT, 'refused by the test'); END;",
-    )
-    .unwrap();
+    let refusal = crate::tests::refuse_in(&db, "refuse_sessions", "BEFORE INSERT ON sessions");
     h.fenced(lost);
     assert_eq!(
         h.coherence.session(),
@@ -566,7 +560,7 @@ fn a_fence_whose_registration_fails_counts_once_and_registers_on_retry() {
         "no session could be registered"
     );
     assert_eq!(h.coherence.fence_report().count, 1);
-    conn.execute_batch("DROP TRIGGER refuse_sessions").unwrap();
+    refusal.lift();
     h.fenced(lost);
     assert_ne!(h.coherence.session(), lost, "registered on the retry");
     assert_eq!(
