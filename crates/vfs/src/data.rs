@@ -813,9 +813,12 @@ impl Vfs {
                 break (row, None);
             }
             // Content held by another cache is uploaded by its mount first. A newer
-            // commit during that wait (perhaps this mount's own) is looked at afresh.
+            // commit during that wait (perhaps this mount's own) is looked at afresh. A
+            // row naming this cache whose staging file is gone (clean: the bucket has
+            // it) is downloaded at once.
             let now = self.await_remote_content(&row)?;
-            let moved = now.data_version != row.data_version || now.local == self.here();
+            let moved = now.data_version != row.data_version
+                || (now.local == self.here() && row.local != self.here());
             if moved && start.elapsed() < self.cfg.remote_wait {
                 continue;
             }
@@ -926,9 +929,8 @@ impl Vfs {
     pub(crate) fn download_full(&self, row: &InodeRow) -> Result<std::path::PathBuf> {
         let start = std::time::Instant::now();
         let mut pause = std::time::Duration::from_millis(2);
-        let mut moved = false;
         loop {
-            match self.download_full_once(row, moved) {
+            match self.download_full_once(row) {
                 // The conditional reads guarantee no bytes of another object were kept.
                 Err(VfsError::Bucket(BucketError::Changed(key) | BucketError::NotFound(key)))
                     if start.elapsed() < self.cfg.remote_wait =>
@@ -938,7 +940,6 @@ impl Vfs {
                         key,
                         "object replaced during a download; resolving again"
                     );
-                    moved = true;
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(std::time::Duration::from_millis(100));
                 }
@@ -947,14 +948,16 @@ impl Vfs {
         }
     }
 
-    /// One attempt of [`Vfs::download_full`]. After the object of an earlier attempt
-    /// `moved`, content found in no object may be in a cache only (kept there before its
-    /// last bucket copy went): its holder is asked to upload it, and waited for.
-    fn download_full_once(&self, row: &InodeRow, moved: bool) -> Result<std::path::PathBuf> {
+    /// One attempt of [`Vfs::download_full`]. Content found in no object (its object went
+    /// after the caller found it, or during an earlier attempt) may be in a cache only,
+    /// kept there before its last bucket copy went: while the version is still current,
+    /// its holder is asked to upload it, and waited for (see
+    /// [`Vfs::await_remote_content`]).
+    fn download_full_once(&self, row: &InodeRow) -> Result<std::path::PathBuf> {
         let mut src = deskfs_meta::read(&*self.meta, |t| {
             t.object_with_content(row.ino, row.data_version)
         })?;
-        if src.is_none() && moved {
+        if src.is_none() {
             let cur = self.meta.get_inode(row.ino)?.ok_or(VfsError::Stale)?;
             if cur.data_version == row.data_version {
                 self.await_remote_content(&cur)?;

@@ -360,3 +360,114 @@ fn a_download_is_not_recorded_over_a_newer_version() {
     );
     h.release(f.ino, fh).unwrap();
 }
+
+/// A download whose object stays gone from the bucket (removed behind the workspace's
+/// back; the record still names it) fails with `EIO` once `remote_wait` has passed,
+/// instead of resolving the source again for ever.
+#[test]
+fn a_download_whose_object_stays_gone_fails_with_eio_after_the_remote_wait() {
+    let h = Harness::build(
+        VfsConfig {
+            upload_delay: Duration::from_secs(3600),
+            remote_wait: Duration::from_millis(300),
+            ..test_cfg()
+        },
+        |b| std::fs::write(b.join("a"), b"content in the bucket").unwrap(),
+    );
+    let a = h.walk("a").unwrap();
+    assert_ne!(
+        h.row(a.ino).unwrap().local,
+        h.here(),
+        "content only in the bucket"
+    );
+    std::fs::remove_file(h.bucket_dir().join("a")).unwrap();
+    let fh = h.op(a.ino, libc::O_RDWR);
+    let err = h
+        .write(a.ino, fh, 0, b"CONTENT")
+        .expect_err("a write over content that is nowhere");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    h.release(a.ino, fh).unwrap();
+}
+
+/// A download whose object went (another mount's uploader removed it, and then its
+/// record) while the content stays in that mount's cache asks that mount for an upload
+/// and reads the new object, instead of failing with `EIO`: a copy kept in a cache
+/// counts as the content until the bucket has it again.
+#[test]
+fn a_download_whose_object_went_asks_the_cache_that_kept_the_content() {
+    let h = Harness::build(
+        VfsConfig {
+            upload_delay: Duration::from_secs(3600),
+            ..test_cfg()
+        },
+        |b| std::fs::write(b.join("a"), b"content in the bucket").unwrap(),
+    );
+    let a = h.walk("a").unwrap();
+    let (other, _sid) = super::feed::other_mount(&h);
+    // The other mount holds a clean copy of the current version.
+    let theirs = deskfs_meta::Local::At(h.cache.id() ^ 0x5a5a);
+    let mut row = h.row(a.ino).expect("imported row");
+    row.local = theirs;
+    txn(&*other, |t| t.update_inode(&row)).unwrap();
+    // Its uploader removes the object "a" now (this mount's first download attempt
+    // finds the record and no object), then the record; later it uploads the content
+    // again to "b", as asked, and records that.
+    std::fs::remove_file(h.bucket_dir().join("a")).unwrap();
+    let bucket = h.bucket().clone();
+    let rt = h.rt.as_ref().expect("runtime").handle().clone();
+    let ino = a.ino;
+    let (version, stamp) = (row.data_version, row.ctime_ns);
+    let uploader = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        txn(&*other, |t| t.delete_object(b"a")).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        let body = bytes::Bytes::from_static(b"content in the bucket");
+        let put = rt.block_on(bucket.put_bytes("b", body, None)).unwrap();
+        txn(&*other, |t| {
+            t.put_object(&deskfs_meta::ObjectRow {
+                path: b"b".to_vec(),
+                key: "b".into(),
+                ino,
+                kind: Kind::File,
+                data_version: version,
+                meta_stamp: stamp,
+                etag: put.etag.clone(),
+                size: 21,
+            })
+        })
+        .unwrap();
+    });
+    let fh = h.op(a.ino, libc::O_RDWR);
+    let n = h.write(a.ino, fh, 0, b"CONTENT");
+    uploader.join().unwrap();
+    assert_eq!(n.expect("write while the object was away"), 7);
+    h.release(a.ino, fh).unwrap();
+    assert_eq!(h.cat(a.ino), b"CONTENT in the bucket");
+}
+
+/// A clean file whose row names this cache but whose staging file is gone (removed from
+/// the cache dir behind the mount's back) is downloaded again from the bucket at the
+/// next write: the missing copy is not waited for as if another mount held the content
+/// (that wait ended only after `remote_wait`, spinning on the row meanwhile); a read
+/// before it reads the bucket's copy.
+#[test]
+fn a_clean_local_file_whose_staging_file_is_gone_is_downloaded_again() {
+    let h = Harness::with_config(VfsConfig {
+        remote_wait: Duration::from_secs(3600),
+        ..test_cfg()
+    });
+    let f = h.file(ROOT_INO, "f", b"content in the bucket");
+    h.sync_all();
+    let row = h.row(f.ino).expect("row");
+    assert!(
+        !row.dirty && row.local == h.here(),
+        "a clean copy here: {row:?}"
+    );
+    std::fs::remove_file(h.cache.staging_path(f.ino)).unwrap();
+    assert_eq!(h.cat(f.ino), b"content in the bucket", "a read");
+    let _ = std::fs::remove_file(h.cache.staging_path(f.ino));
+    let fh = h.op(f.ino, libc::O_RDWR);
+    assert_eq!(h.write(f.ino, fh, 0, b"CONTENT").expect("write"), 7);
+    h.release(f.ino, fh).unwrap();
+    assert_eq!(h.cat(f.ino), b"CONTENT in the bucket");
+}
