@@ -392,8 +392,13 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 }
                 match lg("background_relists") {
                     0 => {}
-                    1 => println!("  listing       1 large directory being refreshed from the bucket in the background"),
-                    n => println!("  listing       {n} large directories being refreshed from the bucket in the background"),
+                    1 => println!("  listing       1 directory being refreshed from the bucket in the background"),
+                    n => println!("  listing       {n} directories being refreshed from the bucket in the background"),
+                }
+                match lg("failed_relists") {
+                    0 => {}
+                    1 => println!("  listing       1 directory's last refresh from the bucket failed: its known entries are served, tried again after the listing TTL"),
+                    n => println!("  listing       {n} directories' last refresh from the bucket failed: their known entries are served, tried again after the listing TTL"),
                 }
                 for wv in l["waiting_for"].as_array().cloned().unwrap_or_default() {
                     println!(

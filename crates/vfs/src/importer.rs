@@ -40,36 +40,97 @@ const LIST_PAGE: usize = 4096;
 /// HEAD requests in flight while importing a listing.
 const HEAD_CONCURRENCY: usize = 32;
 
-/// Directories whose refresh runs in the background now (at most one each).
+/// The refreshes of directory listings from the bucket: which run now (at most one per
+/// directory) and which failed lately (not tried again within `list_ttl` of the failure:
+/// while the bucket is out, each directory costs one bounded wait per TTL, not one per
+/// `opendir`).
 #[derive(Default)]
-pub(crate) struct BackgroundRelists(std::sync::Mutex<HashSet<Ino>>);
+pub(crate) struct BackgroundRelists(std::sync::Mutex<RelistState>);
+
+#[derive(Default)]
+pub(crate) struct RelistState {
+    running: HashSet<Ino>,
+    failed: HashMap<Ino, std::time::Instant>,
+}
 
 impl BackgroundRelists {
-    /// Claims the refresh of `dir`; `false` when one already runs.
-    pub(crate) fn start(&self, dir: Ino) -> bool {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(dir)
+    fn state(&self) -> std::sync::MutexGuard<'_, RelistState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn finish(&self, dir: Ino) {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&dir);
+    /// Claims the refresh of `dir`; `false` when one already runs.
+    pub(crate) fn start(&self, dir: Ino) -> bool {
+        self.state().running.insert(dir)
+    }
+
+    /// Ends the claim on `dir`'s refresh; `ok` tells whether it reached the bucket and
+    /// applied what it found.
+    pub(crate) fn finish(&self, dir: Ino, ok: bool) {
+        let mut st = self.state();
+        st.running.remove(&dir);
+        if ok {
+            st.failed.remove(&dir);
+        } else {
+            st.failed.insert(dir, std::time::Instant::now());
+        }
     }
 
     /// Whether a refresh of `dir` runs now.
     pub(crate) fn running_for(&self, dir: Ino) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(&dir)
+        self.state().running.contains(&dir)
+    }
+
+    /// Whether the last refresh of `dir` failed less than `ttl` ago.
+    pub(crate) fn failed_within(&self, dir: Ino, ttl: std::time::Duration) -> bool {
+        self.state()
+            .failed
+            .get(&dir)
+            .is_some_and(|t| t.elapsed() < ttl)
     }
 
     /// How many refreshes run now.
     pub(crate) fn running(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+        self.state().running.len()
+    }
+
+    /// How many directories' last refresh failed (their known entries are served).
+    pub(crate) fn failing(&self) -> usize {
+        self.state().failed.len()
     }
 }
+
+/// The claim on one directory's refresh ([`BackgroundRelists::start`]): ended when
+/// dropped, as failed unless [`RelistClaim::succeeded`] was called — an error or a panic
+/// on the way ends it too.
+struct RelistClaim<'a> {
+    relists: &'a BackgroundRelists,
+    dir: Ino,
+    ok: bool,
+}
+
+impl<'a> RelistClaim<'a> {
+    /// Claims `dir`; `None` when a refresh of it runs already.
+    fn take(relists: &'a BackgroundRelists, dir: Ino) -> Option<Self> {
+        relists.start(dir).then_some(RelistClaim {
+            relists,
+            dir,
+            ok: false,
+        })
+    }
+
+    fn succeeded(&mut self) {
+        self.ok = true;
+    }
+}
+
+impl Drop for RelistClaim<'_> {
+    fn drop(&mut self) {
+        self.relists.finish(self.dir, self.ok);
+    }
+}
+
+/// A bucket listing under way on the runtime.
+type ListTask = tokio::task::JoinHandle<deskfs_bucket::Result<deskfs_bucket::Listing>>;
 
 /// What one bucket listing of a directory asks of the namespace, worked out in one read.
 /// Only the names it holds are looked at again in the write that follows: a re-listing
@@ -254,11 +315,13 @@ impl Vfs {
     }
 
     /// Makes sure directory `dir` reflects the bucket: lists it if it never was, or (with
-    /// `refresh`) if its listing is older than the TTL. A failed first listing is `EIO`; a
-    /// failed refresh keeps serving what is known. The refresh of a directory of
-    /// `background_relist_min` entries or more ([`crate::VfsConfig`]) runs on a thread of its own: the caller
-    /// is served the known entries at once, and what the refresh finds shows from the
-    /// next `readdir` on.
+    /// `refresh`) refreshes a listing older than the TTL. A failed first listing is
+    /// `EIO`. A refresh never fails the caller and waits for the bucket at most
+    /// `relist_wait` (none for a directory of `background_relist_min` entries or more,
+    /// see [`crate::VfsConfig`]): past that it goes on in the background, the caller is
+    /// served the known entries, and what it finds shows from the next `opendir` on. A
+    /// failed refresh keeps serving what is known and is not tried again within
+    /// `list_ttl`.
     pub(crate) fn ensure_listed(&self, dir: Ino, refresh: bool) -> Result<()> {
         // A listing is never undone: a directory known listed needs no read.
         if !refresh && self.hints.is_listed(dir) {
@@ -270,56 +333,25 @@ impl Vfs {
         if row.kind != Kind::Dir || !self.listing_due(&row, refresh) {
             return Ok(());
         }
-        if row.listed_ns != 0 {
-            // A refresh of it runs already: nothing to count or start.
-            if self.relists.running_for(dir) {
-                return Ok(());
-            }
-            let min = self.cfg.background_relist_min;
-            let entries = deskfs_meta::read(&*self.meta, |t| t.count_children(dir, min))?;
-            if entries >= min {
-                self.relist_later(dir);
-                return Ok(());
-            }
+        if row.listed_ns == 0 {
+            return self.first_listing(dir);
         }
-        self.list_from_bucket(dir, &row)
-    }
-
-    /// Refreshes directory `dir` from the bucket on a thread of its own, unless a
-    /// refresh of it already runs. Failures are logged; the known entries stay.
-    fn relist_later(&self, dir: Ino) {
-        if !self.relists.start(dir) {
-            return;
-        }
-        let weak = self.this.clone();
-        let spawned = std::thread::Builder::new()
-            .name("deskfs-relist".into())
-            .spawn(move || {
-                let Some(vfs) = weak.upgrade() else { return };
-                let r = match vfs.meta.get_inode(dir) {
-                    Ok(Some(row)) if !vfs.coherence.stopped() => vfs.list_from_bucket(dir, &row),
-                    Ok(_) => Ok(()),
-                    Err(e) => Err(e.into()),
-                };
-                if let Err(e) = r {
-                    tracing::warn!(dir, error = %e, "refreshing a directory listing failed; serving the known entries");
-                }
-                vfs.relists.finish(dir);
-            });
-        if let Err(e) = spawned {
-            tracing::warn!(dir, error = %e, "cannot start a directory refresh; serving the known entries");
-            self.relists.finish(dir);
-        }
-    }
-
-    /// Lists directory `dir` (inode row `row`, read before) from the bucket and brings
-    /// its entries in line: new objects become entries, objects replaced by other tools
-    /// new content (or a conflict copy), deleted ones leave (see [`Vfs::drop_deleted`]).
-    /// Errors: a failed first listing (`EIO`); a failed refresh is logged and `Ok`.
-    fn list_from_bucket(&self, dir: Ino, row: &InodeRow) -> Result<()> {
-        let now = now_ns();
-        let Some(path) = deskfs_meta::read(&*self.meta, |t| dir_path(t, dir))? else {
+        if self.relists.running_for(dir) || self.relists.failed_within(dir, self.cfg.list_ttl) {
             return Ok(());
+        }
+        let min = self.cfg.background_relist_min;
+        let entries = deskfs_meta::read(&*self.meta, |t| t.count_children(dir, min))?;
+        let wait = (entries < min).then_some(self.cfg.relist_wait);
+        self.refresh_listing(dir, wait);
+        Ok(())
+    }
+
+    /// The path and bucket key of directory `dir`; `None` when it is gone, or (after
+    /// recording it listed) when its key is escaped and so holds no objects of other
+    /// tools.
+    fn listing_key(&self, dir: Ino, now: i64) -> Result<Option<(Vec<u8>, String)>> {
+        let Some(path) = deskfs_meta::read(&*self.meta, |t| dir_path(t, dir))? else {
+            return Ok(None);
         };
         let key = if path.is_empty() {
             String::new()
@@ -328,17 +360,155 @@ impl Vfs {
         };
         if is_escaped(&key) {
             self.set_listed(dir, now)?;
+            return Ok(None);
+        }
+        Ok(Some((path, key)))
+    }
+
+    /// Lists directory `dir`, never listed, from the bucket, waiting for it. Errors: the
+    /// bucket's (`EIO`), the database's.
+    fn first_listing(&self, dir: Ino) -> Result<()> {
+        let now = now_ns();
+        let Some((path, key)) = self.listing_key(dir, now)? else {
+            return Ok(());
+        };
+        let started = std::time::Instant::now();
+        let listing = self.rt.block_on(self.bucket.list_dir(&key))?;
+        self.apply_bucket_listing(dir, &path, false, listing, started)
+    }
+
+    /// Refreshes directory `dir`'s listing from the bucket, unless a refresh of it runs
+    /// already: waits for the bucket's answer up to `wait` and applies it here, or leaves
+    /// the rest to a thread of its own. Failures are logged (and remembered: see
+    /// [`BackgroundRelists`]); the known entries stay.
+    fn refresh_listing(&self, dir: Ino, wait: Option<std::time::Duration>) {
+        let Some(mut claim) = RelistClaim::take(&self.relists, dir) else {
+            return;
+        };
+        let now = now_ns();
+        let (path, key) = match self.listing_key(dir, now) {
+            Ok(Some(pk)) => pk,
+            Ok(None) => {
+                claim.succeeded();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(dir, error = %e, "refreshing a directory listing failed; serving the known entries");
+                return;
+            }
+        };
+        let started = std::time::Instant::now();
+        let bucket = self.bucket.clone();
+        let list_key = key.clone();
+        let mut task: ListTask = self.rt.spawn(async move {
+            #[cfg(test)]
+            if let Some(hook) = tests::take_refresh_hook(&list_key) {
+                if let Ok(Some(e)) = tokio::task::spawn_blocking(hook).await {
+                    return Err(e);
+                }
+            }
+            bucket.list_dir(&list_key).await
+        });
+        if let Some(wait) = wait {
+            let answered = self
+                .rt
+                .block_on(async { tokio::time::timeout(wait, &mut task).await });
+            if let Ok(joined) = answered {
+                match self.finish_refresh(dir, &path, joined, started) {
+                    Ok(()) => claim.succeeded(),
+                    Err(e) => {
+                        tracing::warn!(dir, error = %e, "refreshing a directory listing failed; serving the known entries");
+                    }
+                }
+                return;
+            }
+            tracing::info!(
+                dir,
+                wait_ms = wait.as_millis() as u64,
+                "the bucket did not answer a directory's listing in time; serving the known entries, the refresh goes on in the background"
+            );
+        }
+        // The claim moves to the thread: this one ends without a verdict.
+        std::mem::forget(claim);
+        let weak = self.this.clone();
+        let spawned = std::thread::Builder::new()
+            .name("deskfs-relist".into())
+            .spawn(move || {
+                let Some(vfs) = weak.upgrade() else { return };
+                let mut claim = RelistClaim {
+                    relists: &vfs.relists,
+                    dir,
+                    ok: false,
+                };
+                let joined = vfs.rt.block_on(task);
+                match vfs.finish_background_refresh(dir, &path, joined, started) {
+                    Ok(()) => claim.succeeded(),
+                    Err(e) => {
+                        tracing::warn!(dir, error = %e, "refreshing a directory listing failed; serving the known entries");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(dir, error = %e, "cannot start a directory refresh; serving the known entries");
+            self.relists.finish(dir, false);
+        }
+    }
+
+    /// The end of a refresh that went on in the background: applied only while this
+    /// mount runs and the directory is still at the path that was listed (a rename
+    /// meanwhile leaves it to the next refresh).
+    fn finish_background_refresh(
+        &self,
+        dir: Ino,
+        path: &[u8],
+        joined: std::result::Result<
+            deskfs_bucket::Result<deskfs_bucket::Listing>,
+            tokio::task::JoinError,
+        >,
+        started: std::time::Instant,
+    ) -> Result<()> {
+        if self.coherence.stopped() {
             return Ok(());
         }
-        let started = std::time::Instant::now();
-        let listing = match self.rt.block_on(self.bucket.list_dir(&key)) {
-            Ok(l) => l,
-            Err(e) if row.listed_ns != 0 => {
-                tracing::warn!(dir, error = %e, "refreshing a directory listing failed; serving the known entries");
-                return Ok(());
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let now_path = deskfs_meta::read(&*self.meta, |t| dir_path(t, dir))?;
+        if now_path.as_deref() != Some(path) {
+            return Ok(());
+        }
+        self.finish_refresh(dir, path, joined, started)
+    }
+
+    /// Applies a refresh's answer from the bucket. Errors: the listing's (`EIO`), a
+    /// listing task that panicked (`EIO`), the database's.
+    fn finish_refresh(
+        &self,
+        dir: Ino,
+        path: &[u8],
+        joined: std::result::Result<
+            deskfs_bucket::Result<deskfs_bucket::Listing>,
+            tokio::task::JoinError,
+        >,
+        started: std::time::Instant,
+    ) -> Result<()> {
+        let listing = joined.map_err(|e| {
+            crate::VfsError::Io(std::io::Error::other(format!(
+                "the bucket listing task failed: {e}"
+            )))
+        })??;
+        self.apply_bucket_listing(dir, path, true, listing, started)
+    }
+
+    /// Brings directory `dir` (at `path`; `relisted`: it was listed before) in line with
+    /// the bucket's `listing`: new objects become entries, objects replaced by other
+    /// tools new content (or a conflict copy), deleted ones leave (see
+    /// [`Vfs::drop_deleted`]).
+    fn apply_bucket_listing(
+        &self,
+        dir: Ino,
+        path: &[u8],
+        relisted: bool,
+        listing: deskfs_bucket::Listing,
+        started: std::time::Instant,
+    ) -> Result<()> {
         let listed_in = started.elapsed();
         let keep = |n: &str| n.len() <= NAME_MAX && !(dir == ROOT_INO && n.as_bytes() == RESERVED);
         let files: Vec<(String, ObjectInfo)> =
@@ -348,10 +518,10 @@ impl Vfs {
         if let Some(race) = tests::AFTER_LIST.with(|r| r.borrow_mut().take()) {
             race();
         }
-        let mut plan = ListingPlan::read(&*self.meta, dir, &path, &files, &dirs)?;
+        let mut plan = ListingPlan::read(&*self.meta, dir, path, &files, &dirs)?;
         self.confirm_replaced(&files, &mut plan);
         let attrs = self.new_object_attrs(&files, &plan.new_files);
-        let applied = self.apply_listing(dir, &path, &files, &dirs, &plan, &attrs)?;
+        let applied = self.apply_listing(dir, path, &files, &dirs, &plan, &attrs)?;
         self.hints.set_listed(dir);
         // The kernel may hold negative entries for the new names and pages of the
         // replaced contents (delivered after this request: see `feed`).
@@ -377,8 +547,8 @@ impl Vfs {
             }
         }
         // Objects other tools deleted (a re-listing only: the entries were listed before).
-        if row.listed_ns != 0 && !plan.unlisted.is_empty() {
-            if let Err(e) = self.drop_deleted(dir, &path, &plan.unlisted) {
+        if relisted && !plan.unlisted.is_empty() {
+            if let Err(e) = self.drop_deleted(dir, path, &plan.unlisted) {
                 tracing::warn!(dir, error = %e, "looking for objects deleted from the bucket failed");
             }
         }
@@ -716,6 +886,28 @@ impl Vfs {
 #[cfg(test)]
 pub(crate) mod tests {
     use std::cell::RefCell;
+    use std::sync::Mutex;
+
+    /// Run (on a blocking thread) by a refresh's bucket listing of key `.0` before it asks
+    /// the bucket; an error it returns is the listing's answer. Keyed by the listed key:
+    /// tests running at once list other keys.
+    pub(crate) type RefreshHook = Box<dyn FnOnce() -> Option<deskfs_bucket::BucketError> + Send>;
+
+    static REFRESH_HOOKS: Mutex<Vec<(String, RefreshHook)>> = Mutex::new(Vec::new());
+
+    /// Sets the hook of the next refresh listing `key`.
+    pub(crate) fn on_refresh(key: &str, hook: RefreshHook) {
+        REFRESH_HOOKS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((key.to_string(), hook));
+    }
+
+    pub(super) fn take_refresh_hook(key: &str) -> Option<RefreshHook> {
+        let mut hooks = REFRESH_HOOKS.lock().unwrap_or_else(|p| p.into_inner());
+        let i = hooks.iter().position(|(k, _)| k == key)?;
+        Some(hooks.remove(i).1)
+    }
 
     thread_local! {
         /// Run once by the next directory listing on this thread, between the bucket's

@@ -83,6 +83,12 @@ pub struct VfsConfig {
     /// the known entries at once, and what the refresh finds shows from the next
     /// `readdir` on (a bucket listing of 100,000 objects takes over a second).
     pub background_relist_min: u64,
+    /// How long the `opendir` that refreshes a smaller directory waits for the bucket's
+    /// listing; a bucket slower than this (an outage retried with backoff) leaves the
+    /// refresh to the background and the open served the known entries. A local
+    /// `opendir` (SQLite opens a database's directory to fsync it) never waits on the
+    /// bucket longer than this.
+    pub relist_wait: Duration,
     /// Blocks fetched ahead of a sequential reader.
     pub readahead_blocks: u64,
     /// Concurrent bucket operations of the uploader.
@@ -129,6 +135,7 @@ impl Default for VfsConfig {
             upload_delay: Duration::from_millis(500),
             list_ttl: Duration::from_secs(30),
             background_relist_min: 10_000,
+            relist_wait: Duration::from_millis(500),
             readahead_blocks: 32,
             upload_workers: 8,
             buffer_limit: buffers::DEFAULT_LIMIT,

@@ -88,9 +88,13 @@ pub struct VfsStatus {
     pub data_flushes: u64,
     /// FUSE passthrough is used for opens now.
     pub passthrough: bool,
-    /// Directories being refreshed from the bucket in the background now (large ones:
-    /// see [`crate::VfsConfig::background_relist_min`]).
+    /// Directories being refreshed from the bucket now, mostly in the background (large
+    /// ones, and those the bucket did not answer for within
+    /// [`crate::VfsConfig::relist_wait`]).
     pub background_relists: usize,
+    /// Directories whose last refresh from the bucket failed: their known entries are
+    /// served, and the refresh is tried again after `list_ttl`.
+    pub failed_relists: usize,
     /// Memory held by block fetches and upload buffers, and its budget (see
     /// [`crate::buffers`]).
     pub buffers: crate::buffers::BufferStats,
@@ -233,6 +237,7 @@ impl Vfs {
             data_flushes: self.data_flushes.load(std::sync::atomic::Ordering::Relaxed),
             passthrough: self.passthrough_on(),
             background_relists: self.relists.running(),
+            failed_relists: self.relists.failing(),
             buffers: self.buffers.stats(),
             bucket_reads: self.bucket.read_counters(),
             passthrough_opens: self

@@ -276,7 +276,7 @@ fn a_large_directory_is_refreshed_in_the_background() {
     assert!(h.relists.start(d.ino));
     assert_eq!(h.ls(d.ino), ["a", "b"], "the known entries, at once");
     assert_eq!(h.status().unwrap().background_relists, 1);
-    h.relists.finish(d.ino);
+    h.relists.finish(d.ino, true);
     // The next opendir starts a refresh; a later readdir shows what it found.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
@@ -1035,4 +1035,95 @@ fn a_rewrite_racing_a_listing_that_takes_new_content_is_kept() {
     assert_eq!(h.cat(f.ino), b"mine");
     h.sync_all();
     assert_eq!(h.bucket_file("d/f").as_deref(), Some(&b"mine"[..]));
+}
+
+/// An `opendir` whose refresh finds the bucket stalled (an outage retried with backoff)
+/// waits for it at most `relist_wait`, then is served the known entries; the refresh
+/// goes on in the background and what it finds shows from a later `opendir` on.
+/// (82s-soak: SQLite opens a database's directory to fsync it; during a burst of 503
+/// answers each such open waited for a listing retried for seconds, and commits of a
+/// database on the mount stalled while the bucket was out.)
+#[test]
+fn an_opendir_waits_for_a_stalled_bucket_listing_at_most_relist_wait() {
+    let h = Harness::build(
+        VfsConfig {
+            list_ttl: Duration::ZERO,
+            relist_wait: Duration::from_millis(100),
+            ..test_cfg()
+        },
+        |b| put(b, "stalled/a", b"a"),
+    );
+    let d = h.lk(ROOT_INO, "stalled").unwrap();
+    assert_eq!(h.ls(d.ino), ["a"], "the first listing waits for the bucket");
+    put(&h.bucket_dir(), "stalled/added", b"added");
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let stalled_for_ever = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stalled_for_ever.clone();
+    crate::importer::tests::on_refresh(
+        "stalled",
+        Box::new(move || {
+            if released.recv_timeout(Duration::from_secs(20)).is_err() {
+                flag.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            None
+        }),
+    );
+    assert_eq!(
+        h.ls(d.ino),
+        ["a"],
+        "the opendir waited for the stalled listing"
+    );
+    assert_eq!(h.status().unwrap().background_relists, 1);
+    release.send(()).unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while h.ls(d.ino) != ["a", "added"] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the background refresh never showed the new object"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(
+        !stalled_for_ever.load(std::sync::atomic::Ordering::SeqCst),
+        "the listing was released only by its own timeout"
+    );
+    assert_eq!(h.status().unwrap().failed_relists, 0);
+}
+
+/// A refresh that failed (the bucket out) is not tried again by every `opendir`: the
+/// known entries are served without asking the bucket until `list_ttl` after the
+/// failure, `deskfs status` counts the directory, and the next refresh after that
+/// finds what changed.
+#[test]
+fn a_failed_refresh_is_not_tried_again_within_the_listing_ttl() {
+    let ttl = Duration::from_millis(400);
+    let h = Harness::build(
+        VfsConfig {
+            list_ttl: ttl,
+            ..test_cfg()
+        },
+        |b| put(b, "outage/a", b"a"),
+    );
+    let d = h.lk(ROOT_INO, "outage").unwrap();
+    assert_eq!(h.ls(d.ino), ["a"]);
+    put(&h.bucket_dir(), "outage/added", b"added");
+    std::thread::sleep(ttl);
+    crate::importer::tests::on_refresh(
+        "outage",
+        Box::new(|| Some(deskfs_bucket::BucketError::Unreachable("injected".into()))),
+    );
+    assert_eq!(
+        h.ls(d.ino),
+        ["a"],
+        "the failed refresh serves the known entries"
+    );
+    assert_eq!(h.status().unwrap().failed_relists, 1);
+    assert_eq!(
+        h.ls(d.ino),
+        ["a"],
+        "an opendir right after the failure asked the bucket again"
+    );
+    std::thread::sleep(ttl);
+    assert_eq!(h.ls(d.ino), ["a", "added"], "the refresh after the TTL");
+    assert_eq!(h.status().unwrap().failed_relists, 0);
 }
