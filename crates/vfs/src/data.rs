@@ -841,7 +841,11 @@ impl Vfs {
     /// Makes this cache the holder of `row`'s content version: the downloaded file `tmp`
     /// (or an empty file) becomes the staging file, replacing a stale one, unless a mount
     /// sharing this cache dir did the same first. Serialised per cache dir, and recorded
-    /// only while the version is still current.
+    /// only while the version is still current. An empty file for content that is not
+    /// empty (a truncation to 0 needs no download) is recorded dirty in the same
+    /// transaction: a clean row names a cache only where its content is (a crash right
+    /// after the record must not leave this cache serving an empty file as the old
+    /// version; recovery takes a dirty one as the truncation applied).
     pub(crate) fn adopt_local(&self, row: &InodeRow, tmp: Option<&std::path::Path>) -> Result<()> {
         let here = self.here();
         let _lock = self.cache.local_lock()?;
@@ -869,6 +873,10 @@ impl Vfs {
             }
         }
         let version = row.data_version;
+        let emptied = tmp.is_none() && row.size > 0;
+        if emptied {
+            self.cache.staging_dirty(row.ino);
+        }
         #[cfg(test)]
         if let Some(race) = tests::BEFORE_ADOPT_RECORD.with(|r| r.borrow_mut().take()) {
             race();
@@ -877,11 +885,16 @@ impl Vfs {
             if let Some(mut r) = t.get_inode(row.ino)? {
                 if r.data_version == version && r.local != here {
                     r.local = here;
+                    r.dirty |= emptied;
                     t.update_inode(&r)?;
                 }
             }
             Ok::<_, deskfs_meta::MetaError>(())
         })?;
+        #[cfg(test)]
+        if let Some(check) = tests::AFTER_ADOPT_RECORD.with(|r| r.borrow_mut().take()) {
+            check();
+        }
         Ok(())
     }
 
@@ -2108,6 +2121,10 @@ pub(crate) mod tests {
         /// new staging file and the record naming this cache its holder: another mount
         /// committing a newer version there.
         pub(crate) static BEFORE_ADOPT_RECORD: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
+        /// Run once by the next [`super::Vfs::adopt_local`] on this thread, right after
+        /// its record: what a crash there leaves.
+        pub(crate) static AFTER_ADOPT_RECORD: RefCell<Option<Box<dyn FnOnce()>>> =
             const { RefCell::new(None) };
         /// Run once by the next truncation on this thread, between the staging file's
         /// new length and its commit: another mount expiring this one, there.

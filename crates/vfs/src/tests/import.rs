@@ -1127,3 +1127,41 @@ fn a_failed_refresh_is_not_tried_again_within_the_listing_ttl() {
     assert_eq!(h.ls(d.ino), ["a", "added"], "the refresh after the TTL");
     assert_eq!(h.status().unwrap().failed_relists, 0);
 }
+
+/// An `O_TRUNC` open of content only the bucket holds makes an empty staging file without
+/// a download and names this cache in the row; a crash right after that record (before
+/// the truncation's commit) leaves the file whole or empty after recovery — never a clean
+/// row naming this cache over the empty file, which served the old version as a run of
+/// missing bytes and would have been uploaded so at the file's next change.
+#[test]
+fn a_crash_inside_an_o_trunc_of_bucket_only_content_leaves_it_whole_or_empty() {
+    let data = pattern(64 << 10, 5);
+    let d2 = data.clone();
+    let mut h = Harness::build(test_cfg(), move |b| put(b, "f", &d2));
+    let f = h.lk(ROOT_INO, "f").unwrap();
+    assert_ne!(
+        h.row(f.ino).unwrap().local,
+        h.here(),
+        "content only in the bucket"
+    );
+    crate::data::tests::AFTER_ADOPT_RECORD
+        .with(|r| *r.borrow_mut() = Some(Box::new(|| panic!("the daemon dies here (test)"))));
+    let crashed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        h.open(&CTX, f.ino, libc::O_RDWR | libc::O_TRUNC)
+    }));
+    assert!(crashed.is_err(), "the O_TRUNC open reached the hook");
+    h.crash_and_remount();
+    let got = h.cat_path("f");
+    assert!(
+        got == data || got.is_empty(),
+        "after the crash the file is neither whole nor empty: {} bytes, {} of them zero",
+        got.len(),
+        got.iter().filter(|b| **b == 0).count()
+    );
+    h.sync_all();
+    assert_eq!(
+        h.bucket_file("f").unwrap_or_default(),
+        got,
+        "the bucket agrees"
+    );
+}
