@@ -276,3 +276,68 @@ fn a_block_arriving_for_a_fill_discarded_meanwhile_goes_to_the_block_cache() {
     );
     assert_eq!(h.cat(a.ino), data);
 }
+
+/// Read-ahead from the bucket: a handle's first read (which may be anywhere) fetches
+/// nothing ahead; each sequential read after it doubles the window, from 2 blocks up to
+/// `readahead_blocks`, and fetches the blocks past the read within it; a read that jumps
+/// turns it off again. (Read far from the start, so no whole-file fill is assembled.)
+#[test]
+fn a_sequential_reader_fetches_ahead_in_a_doubling_window_and_a_jump_stops_it() {
+    const MIB: u64 = 1 << 20;
+    let cfg = VfsConfig {
+        readahead_blocks: 8,
+        ..test_cfg()
+    };
+    let (h, a, data) = cold_file_with(cfg, 40 << 20);
+    let version = h.row(a.ino).unwrap().data_version;
+    let cached = |idx: u64| {
+        h.cache.has_block(&BlockKey {
+            ino: a.ino,
+            version,
+            index: idx,
+        })
+    };
+    let settled = || wait_until(SYNC_TIMEOUT, || h.status().unwrap().buffers.held_bytes == 0);
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    let mut off = 10 * MIB;
+    // (the block read, the last block fetched ahead after it: none when equal)
+    for (n, upto) in [(10, 10), (10, 12), (10, 14), (10, 18), (10, 18)] {
+        let got = h.read(a.ino, fh, off, 4096).unwrap();
+        assert_eq!(got, data[off as usize..off as usize + 4096]);
+        off += 4096;
+        assert!(settled(), "block fetches never ended");
+        for idx in n + 1..=upto {
+            assert!(
+                cached(idx),
+                "block {idx} was not fetched ahead (up to {upto})"
+            );
+        }
+        assert!(
+            !cached(upto + 1),
+            "block {} was fetched ahead (up to {upto} expected)",
+            upto + 1
+        );
+    }
+    // A jump: the read's own block only, and the window starts over.
+    off = 30 * MIB;
+    assert_eq!(
+        h.read(a.ino, fh, off, 4096).unwrap(),
+        data[off as usize..off as usize + 4096]
+    );
+    assert!(settled());
+    assert!(
+        cached(30) && !cached(31),
+        "a read after a jump fetched ahead"
+    );
+    off += 4096;
+    assert_eq!(
+        h.read(a.ino, fh, off, 4096).unwrap(),
+        data[off as usize..off as usize + 4096]
+    );
+    assert!(settled());
+    assert!(
+        cached(32) && !cached(33),
+        "the window after a jump starts at 2 blocks"
+    );
+    h.release(a.ino, fh).unwrap();
+}
