@@ -471,3 +471,29 @@ fn a_clean_local_file_whose_staging_file_is_gone_is_downloaded_again() {
     h.release(f.ino, fh).unwrap();
     assert_eq!(h.cat(f.ino), b"CONTENT in the bucket");
 }
+
+/// The same for a read: a block fetch whose object stays gone is resolved again until
+/// `remote_wait` has passed, then fails with `EIO`, never for ever.
+#[test]
+fn a_read_whose_object_stays_gone_fails_with_eio_after_the_remote_wait() {
+    let h = Harness::build(
+        VfsConfig {
+            remote_wait: Duration::from_millis(300),
+            ..test_cfg()
+        },
+        |b| std::fs::write(b.join("a"), b"content in the bucket").unwrap(),
+    );
+    let a = h.walk("a").unwrap();
+    assert_ne!(
+        h.row(a.ino).unwrap().local,
+        h.here(),
+        "content only in the bucket"
+    );
+    std::fs::remove_file(h.bucket_dir().join("a")).unwrap();
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    let err = h
+        .read(a.ino, fh, 0, 64)
+        .expect_err("a read of content that is nowhere");
+    assert_eq!(err.errno(), libc::EIO, "{err}");
+    h.release(a.ino, fh).unwrap();
+}
