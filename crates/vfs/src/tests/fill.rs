@@ -341,3 +341,33 @@ fn a_sequential_reader_fetches_ahead_in_a_doubling_window_and_a_jump_stops_it() 
     );
     h.release(a.ino, fh).unwrap();
 }
+
+/// Reads that cross a block boundary get the bytes of both blocks, whichever way each
+/// block comes: fetched from the bucket, from the block cache, or from a whole-file fill.
+#[test]
+fn reads_across_block_boundaries_join_both_blocks() {
+    const MIB: usize = 1 << 20;
+    let (h, a, data) = cold_file_with(test_cfg(), 12 * MIB);
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    // From the start (a fill assembles the file): 300 KiB reads, some across blocks.
+    let mut off = 0;
+    while off < 3 * MIB {
+        let got = h.read(a.ino, fh, off as u64, 300 << 10).unwrap();
+        assert_eq!(got, data[off..off + got.len()], "at {off} (fill)");
+        assert_eq!(got.len(), 300 << 10, "a short read at {off} (fill)");
+        off += got.len();
+    }
+    h.release(a.ino, fh).unwrap();
+    // Far from the start (no fill): the same span cold, then from the block cache.
+    let span = 10 * MIB - 1000;
+    for how in ["fetched", "cached"] {
+        let fh = h.op(a.ino, libc::O_RDONLY);
+        let got = h.read(a.ino, fh, span as u64, 4000).unwrap();
+        assert_eq!(
+            got,
+            data[span..span + 4000],
+            "across blocks 9 and 10 ({how})"
+        );
+        h.release(a.ino, fh).unwrap();
+    }
+}
