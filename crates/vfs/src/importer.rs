@@ -132,6 +132,10 @@ impl Drop for RelistClaim<'_> {
 /// A bucket listing under way on the runtime.
 type ListTask = tokio::task::JoinHandle<deskfs_bucket::Result<deskfs_bucket::Listing>>;
 
+/// What a [`ListTask`] ended with: the bucket's answer, or the task's failure.
+type ListAnswer =
+    std::result::Result<deskfs_bucket::Result<deskfs_bucket::Listing>, tokio::task::JoinError>;
+
 /// What one bucket listing of a directory asks of the namespace, worked out in one read.
 /// Only the names it holds are looked at again in the write that follows: a re-listing
 /// that finds nothing new costs one pass over the directory and one object-row read per
@@ -461,10 +465,7 @@ impl Vfs {
         &self,
         dir: Ino,
         path: &[u8],
-        joined: std::result::Result<
-            deskfs_bucket::Result<deskfs_bucket::Listing>,
-            tokio::task::JoinError,
-        >,
+        joined: ListAnswer,
         started: std::time::Instant,
     ) -> Result<()> {
         if self.coherence.stopped() {
@@ -483,10 +484,7 @@ impl Vfs {
         &self,
         dir: Ino,
         path: &[u8],
-        joined: std::result::Result<
-            deskfs_bucket::Result<deskfs_bucket::Listing>,
-            tokio::task::JoinError,
-        >,
+        joined: ListAnswer,
         started: std::time::Instant,
     ) -> Result<()> {
         let listing = joined.map_err(|e| {

@@ -361,11 +361,10 @@ fn a_download_is_not_recorded_over_a_newer_version() {
     h.release(f.ino, fh).unwrap();
 }
 
-/// A download whose object stays gone from the bucket (removed behind the workspace's
-/// back; the record still names it) fails with `EIO` once `remote_wait` has passed,
-/// instead of resolving the source again for ever.
-#[test]
-fn a_download_whose_object_stays_gone_fails_with_eio_after_the_remote_wait() {
+/// A mount (`remote_wait` 300 ms, uploads held back) with file `a` imported from the
+/// bucket, whose object was then removed behind the workspace's back (the record still
+/// names it): the harness and the file.
+fn content_gone_from_the_bucket() -> (Harness, Attr) {
     let h = Harness::build(
         VfsConfig {
             upload_delay: Duration::from_secs(3600),
@@ -381,6 +380,15 @@ fn a_download_whose_object_stays_gone_fails_with_eio_after_the_remote_wait() {
         "content only in the bucket"
     );
     std::fs::remove_file(h.bucket_dir().join("a")).unwrap();
+    (h, a)
+}
+
+/// A download whose object stays gone from the bucket (removed behind the workspace's
+/// back; the record still names it) fails with `EIO` once `remote_wait` has passed,
+/// instead of resolving the source again for ever.
+#[test]
+fn a_download_whose_object_stays_gone_fails_with_eio_after_the_remote_wait() {
+    let (h, a) = content_gone_from_the_bucket();
     let fh = h.op(a.ino, libc::O_RDWR);
     let err = h
         .write(a.ino, fh, 0, b"CONTENT")
@@ -476,20 +484,7 @@ fn a_clean_local_file_whose_staging_file_is_gone_is_downloaded_again() {
 /// `remote_wait` has passed, then fails with `EIO`, never for ever.
 #[test]
 fn a_read_whose_object_stays_gone_fails_with_eio_after_the_remote_wait() {
-    let h = Harness::build(
-        VfsConfig {
-            remote_wait: Duration::from_millis(300),
-            ..test_cfg()
-        },
-        |b| std::fs::write(b.join("a"), b"content in the bucket").unwrap(),
-    );
-    let a = h.walk("a").unwrap();
-    assert_ne!(
-        h.row(a.ino).unwrap().local,
-        h.here(),
-        "content only in the bucket"
-    );
-    std::fs::remove_file(h.bucket_dir().join("a")).unwrap();
+    let (h, a) = content_gone_from_the_bucket();
     let fh = h.op(a.ino, libc::O_RDONLY);
     let err = h
         .read(a.ino, fh, 0, 64)
