@@ -117,14 +117,7 @@ fn sync_waits_for_content_that_came_back_from_another_cache() {
 /// seed 55: "request failed with EIO op=write error=object not found").
 #[test]
 fn a_write_downloading_content_whose_object_moved_reads_the_new_object() {
-    let h = Harness::build(
-        VfsConfig {
-            upload_delay: Duration::from_secs(3600),
-            ..test_cfg()
-        },
-        |b| std::fs::write(b.join("a"), b"content in the bucket").unwrap(),
-    );
-    let a = h.walk("a").unwrap();
+    let (h, a) = bucket_only(test_cfg());
     let row = h.row(a.ino).expect("imported row");
     assert_ne!(row.local, h.here(), "content only in the bucket");
     // Another mount's uploader copied the content to key "b" and deleted "a"; its
@@ -361,15 +354,13 @@ fn a_download_is_not_recorded_over_a_newer_version() {
     h.release(f.ino, fh).unwrap();
 }
 
-/// A mount (`remote_wait` 300 ms, uploads held back) with file `a` imported from the
-/// bucket, whose object was then removed behind the workspace's back (the record still
-/// names it): the harness and the file.
-fn content_gone_from_the_bucket() -> (Harness, Attr) {
+/// A mount configured as `cfg` but with uploads held back, and file `a` imported from the
+/// bucket ("content in the bucket", not read yet): the harness and the file.
+fn bucket_only(cfg: VfsConfig) -> (Harness, Attr) {
     let h = Harness::build(
         VfsConfig {
             upload_delay: Duration::from_secs(3600),
-            remote_wait: Duration::from_millis(300),
-            ..test_cfg()
+            ..cfg
         },
         |b| std::fs::write(b.join("a"), b"content in the bucket").unwrap(),
     );
@@ -379,6 +370,16 @@ fn content_gone_from_the_bucket() -> (Harness, Attr) {
         h.here(),
         "content only in the bucket"
     );
+    (h, a)
+}
+
+/// [`bucket_only`] with `remote_wait` 300 ms, the object then removed behind the
+/// workspace's back (the record still names it).
+fn content_gone_from_the_bucket() -> (Harness, Attr) {
+    let (h, a) = bucket_only(VfsConfig {
+        remote_wait: Duration::from_millis(300),
+        ..test_cfg()
+    });
     std::fs::remove_file(h.bucket_dir().join("a")).unwrap();
     (h, a)
 }
@@ -403,14 +404,7 @@ fn a_download_whose_object_stays_gone_fails_with_eio_after_the_remote_wait() {
 /// counts as the content until the bucket has it again.
 #[test]
 fn a_download_whose_object_went_asks_the_cache_that_kept_the_content() {
-    let h = Harness::build(
-        VfsConfig {
-            upload_delay: Duration::from_secs(3600),
-            ..test_cfg()
-        },
-        |b| std::fs::write(b.join("a"), b"content in the bucket").unwrap(),
-    );
-    let a = h.walk("a").unwrap();
+    let (h, a) = bucket_only(test_cfg());
     let (other, _sid) = super::feed::other_mount(&h);
     // The other mount holds a clean copy of the current version.
     let theirs = deskfs_meta::Local::At(h.cache.id() ^ 0x5a5a);
