@@ -121,6 +121,23 @@ impl<'a> RelistClaim<'a> {
     fn succeeded(&mut self) {
         self.ok = true;
     }
+
+    /// Hands the claim to a thread that goes on with the refresh: it ends there (see
+    /// [`RelistClaim::resume`]), not here.
+    fn hand_over(self) -> Ino {
+        let dir = self.dir;
+        std::mem::forget(self);
+        dir
+    }
+
+    /// Takes up a claim on `dir` handed over with [`RelistClaim::hand_over`].
+    fn resume(relists: &'a BackgroundRelists, dir: Ino) -> Self {
+        RelistClaim {
+            relists,
+            dir,
+            ok: false,
+        }
+    }
 }
 
 impl Drop for RelistClaim<'_> {
@@ -432,20 +449,21 @@ impl Vfs {
                 "the bucket did not answer a directory's listing in time; serving the known entries, the refresh goes on in the background"
             );
         }
-        // The claim moves to the thread: this one ends without a verdict.
-        std::mem::forget(claim);
+        let dir = claim.hand_over();
         let weak = self.this.clone();
         let spawned = std::thread::Builder::new()
             .name("deskfs-relist".into())
             .spawn(move || {
                 let Some(vfs) = weak.upgrade() else { return };
-                let mut claim = RelistClaim {
-                    relists: &vfs.relists,
-                    dir,
-                    ok: false,
-                };
+                let mut claim = RelistClaim::resume(&vfs.relists, dir);
                 let joined = vfs.rt.block_on(task);
-                match vfs.finish_background_refresh(dir, &path, joined, started) {
+                // Applied only while this mount runs and the directory is still at the
+                // path listed (a rename meanwhile leaves it to the next refresh).
+                let applied = match vfs.still_listed_at(dir, &path) {
+                    Ok(true) => vfs.finish_refresh(dir, &path, joined, started),
+                    other => other.map(|_| ()),
+                };
+                match applied {
                     Ok(()) => claim.succeeded(),
                     Err(e) => {
                         tracing::warn!(dir, error = %e, "refreshing a directory listing failed; serving the known entries");
@@ -458,24 +476,14 @@ impl Vfs {
         }
     }
 
-    /// The end of a refresh that went on in the background: applied only while this
-    /// mount runs and the directory is still at the path that was listed (a rename
-    /// meanwhile leaves it to the next refresh).
-    fn finish_background_refresh(
-        &self,
-        dir: Ino,
-        path: &[u8],
-        joined: ListAnswer,
-        started: std::time::Instant,
-    ) -> Result<()> {
+    /// Whether a refresh of `dir` at `path` that went on in the background may still be
+    /// applied: this mount runs and the directory is still at that path.
+    fn still_listed_at(&self, dir: Ino, path: &[u8]) -> Result<bool> {
         if self.coherence.stopped() {
-            return Ok(());
+            return Ok(false);
         }
         let now_path = deskfs_meta::read(&*self.meta, |t| dir_path(t, dir))?;
-        if now_path.as_deref() != Some(path) {
-            return Ok(());
-        }
-        self.finish_refresh(dir, path, joined, started)
+        Ok(now_path.as_deref() == Some(path))
     }
 
     /// Applies a refresh's answer from the bucket. Errors: the listing's (`EIO`), a
