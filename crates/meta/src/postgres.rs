@@ -27,6 +27,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Instant;
 
 use tokio::runtime::{Handle, Runtime};
 
@@ -39,14 +40,16 @@ mod schema;
 mod signals;
 mod sql;
 mod txn;
+mod wire;
 
 pub use config::PgOptions;
 pub use schema::SCHEMA_VERSION;
 
 use config::ConnSpec;
-use pool::{Lease, Pool};
+use pool::{Conn, Lease, Pool};
 use sql::Q;
 use txn::PgTxn;
+use wire::Stalled;
 
 use crate::{
     ChangeRow, EngineCounters, FeedCursor, Ino, InodeRow, MetaEngine, MetaError, MetaTxn, Op,
@@ -105,19 +108,23 @@ struct Inner {
 }
 
 impl Inner {
-    /// Waits for `fut` on the calling thread, at most the call time bound; a timeout is
-    /// [`MetaError::Unreachable`].
-    fn wait<T>(&self, what: Q, fut: impl Future<Output = T>) -> Result<T> {
+    /// Runs `fut`, a call on `conn`'s client, on the calling thread, at most the call
+    /// time bound. Errors: [`MetaError::Unreachable`] when the bound passes or the
+    /// connection ends under the call.
+    fn wait<T>(&self, conn: &Conn, what: Q, fut: impl Future<Output = T>) -> Result<T> {
         let limit = self.spec.opts.op_timeout;
-        pool::block_on(&self.handle, async {
-            tokio::time::timeout(limit, fut).await.map_err(|_| {
-                MetaError::Unreachable(format!(
+        conn.drive(Instant::now() + limit, fut)
+            .map_err(|e| match e {
+                Stalled::TimedOut => MetaError::Unreachable(format!(
                     "{}: timed out after {:.1} s waiting for {what:?}",
                     self.spec.target,
                     limit.as_secs_f64()
-                ))
+                )),
+                Stalled::Ended => MetaError::Unreachable(format!(
+                    "{}: connection to the database lost waiting for {what:?}",
+                    self.spec.target
+                )),
             })
-        })
     }
 
     /// A pooled connection with this engine's change-feed session set on it (a
@@ -135,7 +142,7 @@ impl Inner {
             self.counters.add_round_trip();
             let value = session.to_string();
             let st = conn.stmt(Q::SetSession);
-            match self.wait(Q::SetSession, conn.client.execute(st, &[&value])) {
+            match self.wait(conn, Q::SetSession, conn.client.execute(st, &[&value])) {
                 Ok(Ok(_)) => {
                     conn.session = session;
                     return Ok(lease);
@@ -187,7 +194,7 @@ impl Inner {
             let mut lease = self.lease().map_err(|e| self.count_err(e))?;
             let conn = lease.conn()?;
             self.counters.add_round_trip();
-            let res = self.wait(q, conn.client.query(conn.stmt(q), params));
+            let res = self.wait(conn, q, conn.client.query(conn.stmt(q), params));
             match res {
                 Ok(Ok(rows)) => {
                     lease.release();
@@ -434,7 +441,7 @@ impl PgEngine {
         let spec = Arc::new(spec);
         let handle = rt.handle().clone();
         let inner = Arc::new(Inner {
-            pool: Pool::new(spec.clone(), handle.clone()),
+            pool: Pool::new(spec.clone()),
             channel: signals::channel(&spec.schema),
             spec,
             handle,

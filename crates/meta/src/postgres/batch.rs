@@ -461,7 +461,7 @@ fn step_error(e: &tokio_postgres::Error, s: &Stmt<'_>, ops: &[Op]) -> MetaError 
 
 fn run_once(inner: &Inner, conn: &Conn, ops: &[Op], stmts: &[Stmt<'_>]) -> Attempt {
     inner.counters.add_round_trip();
-    let (answers, commit_unsent) = match inner.wait(Q::Commit, pipeline(conn, stmts)) {
+    let (answers, commit_unsent) = match inner.wait(conn, Q::Commit, pipeline(conn, stmts)) {
         Ok(r) => r,
         Err(e) => {
             return Attempt::Failed {

@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
+
+use super::wire::{self, Io, Stalled};
 use tokio_postgres::{Client, NoTls, Statement};
 
 use super::config::{connect_error, ConnSpec};
@@ -124,11 +126,13 @@ pub(super) fn is_conn_error(e: &tokio_postgres::Error) -> bool {
     !super::config::one_line(e).contains("serializing")
 }
 
-/// One open connection with its prepared statements.
+/// One open connection with its prepared statements, driven by the thread holding its
+/// lease ([`super::wire`]).
 pub(super) struct Conn {
+    // Declared before `io`: dropped first, it queues the Terminate that `io` sends.
     pub client: Client,
     stmts: Vec<Statement>,
-    task: JoinHandle<()>,
+    io: Mutex<Io>,
     /// Its session is idle (or has only a `ROLLBACK` queued): closing it may be polite.
     clean: bool,
     /// The change-feed session set on this connection (`deskfs.session`), 0 = none.
@@ -141,20 +145,59 @@ impl Conn {
         &self.stmts[q as usize]
     }
 
-    /// Whether the connection is known dead.
-    pub fn is_closed(&self) -> bool {
-        self.client.is_closed() || self.task.is_finished()
+    /// Takes in what the server sent while the connection sat idle; false when the
+    /// connection turned out dead (a restarted server, a terminated backend).
+    fn alive(&self) -> bool {
+        !self.client.is_closed() && self.io.lock().map(|mut io| io.pump()).unwrap_or(false)
+    }
+
+    /// Runs `fut` (a call on this connection's client) on the calling thread until
+    /// `deadline`. Errors: [`Stalled`] (out of time, or the connection ended).
+    pub fn drive<F: Future>(
+        &self,
+        deadline: Instant,
+        fut: F,
+    ) -> std::result::Result<F::Output, Stalled> {
+        match self.io.lock() {
+            Ok(mut io) => io.drive(deadline, fut),
+            Err(_) => Err(Stalled::Ended),
+        }
     }
 }
 
 impl Drop for Conn {
     fn drop(&mut self) {
-        // A clean connection ends by itself when its client goes (it sends Terminate);
-        // aborting the task closes the socket at once, for one in an unknown state.
-        if !self.clean {
-            self.task.abort();
+        // A clean connection says goodbye (Terminate) before its socket closes; one in
+        // an unknown state is just closed.
+        if self.clean {
+            if let Ok(io) = self.io.get_mut() {
+                io.polite = true;
+            }
         }
     }
+}
+
+/// The session settings every connection starts with (one round trip): the workspace
+/// schema; commits that return before their WAL flush (durable within the WAL writer's
+/// delay; `make_durable` flushes on demand for fsync, as SQLite's synchronous=NORMAL and
+/// a later WAL sync do), and the server's side of the time bounds: statements end after
+/// the call time bound, a session left idle inside a transaction (a client cut off
+/// mid-transaction) is ended so its locks go, a dead client is noticed by keepalives
+/// and, while a statement runs, by connection checks.
+fn session_setup(spec: &ConnSpec) -> String {
+    let op_ms = spec.opts.op_timeout.as_millis().max(1);
+    format!(
+        "SET search_path TO {schema}; \
+         SET synchronous_commit = off; \
+         SET statement_timeout = {op_ms}; \
+         SET idle_in_transaction_session_timeout = {idle_ms}; \
+         SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; \
+         SET tcp_keepalives_count = 3; \
+         SELECT set_config('client_connection_check_interval', '10000', false) \
+           WHERE current_setting('server_version_num')::int >= 140000;",
+        schema = spec.schema,
+        idle_ms = op_ms.saturating_mul(2).max(60_000),
+    )
 }
 
 /// Opens a connection without preparing anything (schema creation and checks).
@@ -174,26 +217,7 @@ pub(super) async fn connect_raw(
             tracing::debug!(target = %target, error = %e, "postgres connection ended");
         }
     });
-    // One round trip: the workspace schema; commits that return before their WAL flush
-    // (durable within the WAL writer's delay; `make_durable` flushes on demand for
-    // fsync, as SQLite's synchronous=NORMAL and a later WAL sync do), and the server's
-    // side of the time bounds: statements end after the call time bound, a session left
-    // idle inside a transaction (a client cut off mid-transaction) is ended so its locks
-    // go, a dead client is noticed by keepalives and, while a statement runs, by
-    // connection checks.
-    let op_ms = spec.opts.op_timeout.as_millis().max(1);
-    let setup = format!(
-        "SET search_path TO {schema}; \
-         SET synchronous_commit = off; \
-         SET statement_timeout = {op_ms}; \
-         SET idle_in_transaction_session_timeout = {idle_ms}; \
-         SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; \
-         SET tcp_keepalives_count = 3; \
-         SELECT set_config('client_connection_check_interval', '10000', false) \
-           WHERE current_setting('server_version_num')::int >= 140000;",
-        schema = spec.schema,
-        idle_ms = op_ms.saturating_mul(2).max(60_000),
-    );
+    let setup = session_setup(spec);
     if let Err(e) = client.batch_execute(&setup).await {
         task.abort();
         return Err(connect_error(&spec.target, &e));
@@ -201,16 +225,44 @@ pub(super) async fn connect_raw(
     Ok((client, task))
 }
 
-/// Opens a connection and prepares every statement (one pipelined round trip).
-async fn connect(spec: &ConnSpec, handle: &Handle) -> Result<Conn> {
-    let (client, task) = connect_raw(spec, handle).await?;
-    let prepared = futures::future::join_all(Q::ALL.iter().map(|q| client.prepare(q.sql()))).await;
+/// Opens a connection and prepares every statement (one pipelined round trip), on the
+/// calling thread within the call time bound. Errors: [`MetaError::Unreachable`],
+/// [`MetaError::Db`] when a statement does not prepare.
+fn connect(spec: &ConnSpec) -> Result<Conn> {
+    let deadline = Instant::now() + spec.opts.op_timeout;
+    let (client, io) = wire::connect(spec, deadline)?;
+    let conn = Conn {
+        client,
+        stmts: Vec::new(),
+        io: Mutex::new(io),
+        clean: false,
+        session: 0,
+    };
+    let stalled = |e: Stalled| match e {
+        Stalled::TimedOut => MetaError::Unreachable(format!(
+            "{}: connection timed out while setting up the session",
+            spec.target
+        )),
+        Stalled::Ended => MetaError::Unreachable(format!(
+            "{}: connection to the database lost while setting up the session",
+            spec.target
+        )),
+    };
+    let setup = session_setup(spec);
+    conn.drive(deadline, conn.client.batch_execute(&setup))
+        .map_err(stalled)?
+        .map_err(|e| connect_error(&spec.target, &e))?;
+    let prepared = conn
+        .drive(
+            deadline,
+            futures::future::join_all(Q::ALL.iter().map(|q| conn.client.prepare(q.sql()))),
+        )
+        .map_err(stalled)?;
     let mut stmts = Vec::with_capacity(prepared.len());
     for (q, p) in Q::ALL.iter().zip(prepared) {
         match p {
             Ok(s) => stmts.push(s),
             Err(e) => {
-                task.abort();
                 let err = map_err(&e);
                 return Err(match err {
                     MetaError::Db { code, message } => MetaError::Db {
@@ -222,13 +274,9 @@ async fn connect(spec: &ConnSpec, handle: &Handle) -> Result<Conn> {
             }
         }
     }
-    Ok(Conn {
-        client,
-        stmts,
-        task,
-        clean: false,
-        session: 0,
-    })
+    let mut conn = conn;
+    conn.stmts = stmts;
+    Ok(conn)
 }
 
 struct PoolState {
@@ -240,16 +288,14 @@ struct PoolState {
 /// Up to `size` connections, opened on demand, reused most-recent first.
 pub(super) struct Pool {
     spec: Arc<ConnSpec>,
-    handle: Handle,
     state: Mutex<PoolState>,
     freed: Condvar,
 }
 
 impl Pool {
-    pub fn new(spec: Arc<ConnSpec>, handle: Handle) -> Pool {
+    pub fn new(spec: Arc<ConnSpec>) -> Pool {
         Pool {
             spec,
-            handle,
             state: Mutex::new(PoolState {
                 idle: Vec::new(),
                 open: 0,
@@ -272,7 +318,7 @@ impl Pool {
         let mut st = self.lock()?;
         loop {
             while let Some(c) = st.idle.pop() {
-                if c.is_closed() {
+                if !c.alive() {
                     st.open -= 1;
                     continue;
                 }
@@ -286,15 +332,7 @@ impl Pool {
             if st.open < self.spec.opts.pool_size {
                 st.open += 1;
                 drop(st);
-                let limit = self.spec.opts.op_timeout;
-                let what = format!("{}: connection", self.spec.target);
-                let res = bounded(
-                    &self.handle,
-                    limit,
-                    &what,
-                    connect(&self.spec, &self.handle),
-                );
-                return match res {
+                return match connect(&self.spec) {
                     Ok(c) => Ok(Lease {
                         pool: self,
                         conn: Some(c),
@@ -323,8 +361,7 @@ impl Pool {
         }
     }
 
-    /// Closes the idle connections (politely: each sends Terminate) and waits briefly for
-    /// them to go, before the runtime stops.
+    /// Closes the idle connections (politely: each sends Terminate).
     pub fn close_idle(&self) {
         let idle = match self.state.lock() {
             Ok(mut st) => {
@@ -334,16 +371,7 @@ impl Pool {
             }
             Err(_) => return,
         };
-        let tasks: Vec<tokio::task::AbortHandle> =
-            idle.iter().map(|c| c.task.abort_handle()).collect();
         drop(idle);
-        let until = Instant::now() + Duration::from_millis(200);
-        while Instant::now() < until && tasks.iter().any(|t| !t.is_finished()) {
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        for t in tasks {
-            t.abort();
-        }
     }
 }
 
@@ -367,8 +395,12 @@ impl Lease<'_> {
     pub fn release(mut self) {
         if let Some(mut c) = self.conn.take() {
             c.clean = true;
+            // Writes what the session still has queued (a `ROLLBACK` not waited for) at
+            // once, so the server ends that transaction now rather than when the
+            // connection is next used.
+            let alive = c.alive();
             if let Ok(mut st) = self.pool.state.lock() {
-                if c.is_closed() {
+                if !alive {
                     st.open -= 1;
                 } else {
                     st.idle.push(c);

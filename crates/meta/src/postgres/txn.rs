@@ -82,7 +82,7 @@ impl<'a> PgTxn<'a> {
         let conn = self.conn;
         let begin = self.begin.take().map(|b| conn.stmt(b));
         self.inner.counters.add_round_trip();
-        let res = self.inner.wait(q, async {
+        let res = self.inner.wait(conn, q, async {
             match begin {
                 Some(b) => {
                     let (rb, rq) = futures::future::join(
@@ -119,7 +119,7 @@ impl<'a> PgTxn<'a> {
         let conn = self.conn;
         let begin = self.begin.take().map(|b| conn.stmt(b));
         self.inner.counters.add_round_trip();
-        let res = self.inner.wait(q, async {
+        let res = self.inner.wait(conn, q, async {
             match begin {
                 Some(b) => {
                     let (rb, rq) = futures::future::join(
@@ -191,7 +191,7 @@ impl<'a> PgTxn<'a> {
                 .load(std::sync::atomic::Ordering::Relaxed)
                 != 0;
         self.inner.counters.add_round_trip();
-        let res = self.inner.wait(Q::Commit, async {
+        let res = self.inner.wait(conn, Q::Commit, async {
             let logged = async {
                 if ask {
                     conn.client.query(conn.stmt(Q::Logged), &[]).await.map(Some)
