@@ -390,6 +390,13 @@ pub fn run(a: StatusArgs) -> Result<()> {
                 for line in held_lines(l) {
                     println!("  held opens    {line}");
                 }
+                if let Some(ms) = l.get("uploads_held_ms").and_then(Value::as_u64) {
+                    println!(
+                        "  uploads held  {:.1} s so far by a burst of changes: due uploads wait for a quiet moment, at most {} s past due (the data is safe in the local journal)",
+                        ms as f64 / 1000.0,
+                        lg("burst_defer_ms") / 1000
+                    );
+                }
                 match lg("background_relists") {
                     0 => {}
                     1 => println!("  listing       1 directory being refreshed from the bucket in the background"),

@@ -75,6 +75,9 @@ const STAGING_POOL: usize = 8192;
 pub struct VfsConfig {
     /// Delay between a file's last commit (close) and its upload, coalescing rewrites.
     pub upload_delay: Duration,
+    /// How long without a change ends a burst of request-path changes, during which
+    /// uploads wait (at most `uploader::BURST_DEFER`); at least `upload_delay`.
+    pub burst_quiet: Duration,
     /// How long a directory listing imported from the bucket stays fresh before `readdir`
     /// lists the bucket again (changes made by other tools appear after this).
     pub list_ttl: Duration,
@@ -133,6 +136,7 @@ impl Default for VfsConfig {
     fn default() -> Self {
         VfsConfig {
             upload_delay: Duration::from_millis(500),
+            burst_quiet: uploader::BURST_QUIET,
             list_ttl: Duration::from_secs(30),
             background_relist_min: 10_000,
             relist_wait: Duration::from_millis(500),

@@ -128,6 +128,12 @@ pub struct VfsStatus {
     /// end (what other mounts changed reaches this mount's kernel caches that late, at
     /// most); `None` while alone (nothing to read).
     pub feed_lag_ms: Option<u64>,
+    /// How long (ms) a burst of request-path changes has held the uploads that are due
+    /// (they go after `VfsConfig::burst_quiet` without a change, or once
+    /// `uploader::BURST_DEFER` past due); `None` when no burst holds them.
+    pub uploads_held_ms: Option<u64>,
+    /// The longest a burst holds an upload, ms (`uploader::BURST_DEFER`).
+    pub burst_defer_ms: u64,
     /// Requests this mount made to the bucket, by kind and answer (see
     /// `deskfs_bucket::RequestCounters`).
     pub bucket_requests: Vec<deskfs_bucket::RequestCount>,
@@ -266,6 +272,16 @@ impl Vfs {
                     .load(std::sync::atomic::Ordering::Relaxed);
                 u64::try_from(crate::now_ns().saturating_sub(at) / 1_000_000).unwrap_or(0)
             }),
+            uploads_held_ms: {
+                let since = self
+                    .uploader
+                    .burst_since_ns
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                (since != 0).then(|| {
+                    u64::try_from(crate::now_ns().saturating_sub(since) / 1_000_000).unwrap_or(0)
+                })
+            },
+            burst_defer_ms: crate::uploader::BURST_DEFER.as_millis() as u64,
             bucket_requests: self.bucket.request_counts(),
             lock_waits,
             lock_waiting,

@@ -53,6 +53,7 @@ pub(crate) const SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 pub(crate) fn test_cfg() -> VfsConfig {
     VfsConfig {
         upload_delay: Duration::from_millis(10),
+        burst_quiet: Duration::ZERO,
         ..Default::default()
     }
 }

@@ -71,6 +71,9 @@ pub(crate) struct UploaderShared {
     /// loop of database round trips (found by an attack test: `deskfs sync` beside a file
     /// held open for writing spun the daemon at 100 % CPU).
     deferred: std::sync::Mutex<HashMap<Vec<u8>, (u64, i64)>>,
+    /// Since when (ns) a burst of request-path changes holds uploads that are due; 0 when
+    /// none does (`deskfs status`).
+    pub(crate) burst_since_ns: std::sync::atomic::AtomicI64,
     /// Reconciles run so far (tests count them).
     #[cfg(test)]
     pub(crate) reconciles: AtomicU64,
@@ -272,13 +275,24 @@ const ELSEWHERE_SKIP: Duration = Duration::from_secs(2);
 /// again after each).
 const ELSEWHERE_FORGET: Duration = Duration::from_secs(10);
 
-/// Longest a burst of request-path changes postpones an upload that is due.
-pub const BURST_DEFER: Duration = Duration::from_secs(10);
+/// Longest a burst of request-path changes postpones an upload that is due. Uploads are
+/// background work: the data is safe in the local journal meanwhile, and on a small
+/// machine each one costs the bucket server, the metadata engine and this process CPU
+/// the burst needs (case 26 of `shared/cases` on two hosts: 48–56 s with uploads
+/// running beside pip, 38 s with them after it; design 0021). An agent's burst (an
+/// install, a build, a checkout) rarely lasts a minute; one that does still uploads,
+/// through [`BURST_WORKERS`].
+pub const BURST_DEFER: Duration = Duration::from_secs(60);
+
+/// How long without a change of the request path ends a burst, by default
+/// (`VfsConfig::burst_quiet`): the pauses inside one (a package manager fetching the next
+/// package, an interpreter starting) are shorter.
+pub const BURST_QUIET: Duration = Duration::from_secs(2);
 
 /// How long past its due time a pending row another mount marked waits for that mount
-/// before this one reconciles it (the marking mount may postpone it by up to
-/// [`BURST_DEFER`] during a burst of its own).
-pub const OTHERS_GRACE: Duration = Duration::from_secs(10);
+/// before this one reconciles it: the marking mount may postpone it by up to
+/// [`BURST_DEFER`] during a burst of its own.
+pub const OTHERS_GRACE: Duration = BURST_DEFER;
 
 /// Uploads in flight at once while a burst goes on (the uploads past [`BURST_DEFER`]).
 pub const BURST_WORKERS: usize = 2;
@@ -378,7 +392,14 @@ async fn run(vfs: Arc<Vfs>) {
                 .is_empty();
             let busy = !waiters
                 && now - vfs.last_mark_ns.load(Ordering::Relaxed)
-                    < vfs.cfg.upload_delay.as_nanos() as i64;
+                    < vfs.cfg.upload_delay.max(vfs.cfg.burst_quiet).as_nanos() as i64;
+            let held = busy && !urgent;
+            let since = vfs.uploader.burst_since_ns.load(Ordering::Relaxed);
+            if held && since == 0 {
+                vfs.uploader.burst_since_ns.store(now, Ordering::Relaxed);
+            } else if !held && since != 0 {
+                vfs.uploader.burst_since_ns.store(0, Ordering::Relaxed);
+            }
             let horizon = if urgent {
                 i64::MAX
             } else if busy {

@@ -118,3 +118,35 @@ fn bucket_durability_fails_with_eio_when_the_bucket_refuses_and_keeps_the_data()
         Some(&b"kept in the journal"[..])
     );
 }
+
+/// While changes keep coming (a burst: an install, a build), due uploads wait; the first
+/// quiet moment (`burst_quiet` without a change) lets them all go. Fails when a burst does
+/// not postpone uploads (they go `upload_delay` after each close).
+#[test]
+fn a_burst_of_changes_postpones_uploads_until_a_quiet_moment() {
+    let h = Harness::with_config(VfsConfig {
+        upload_delay: Duration::from_millis(10),
+        burst_quiet: Duration::from_millis(1500),
+        ..Default::default()
+    });
+    h.file(ROOT_INO, "first.txt", b"first");
+    let start = std::time::Instant::now();
+    let mut n = 0;
+    while start.elapsed() < Duration::from_secs(3) {
+        h.file(ROOT_INO, &format!("burst-{n}"), b"x");
+        n += 1;
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(
+            h.bucket_file("first.txt").is_none(),
+            "first.txt was uploaded during the burst (after {n} changes, {:?})",
+            start.elapsed()
+        );
+    }
+    let last = format!("burst-{}", n - 1);
+    assert!(
+        wait_until(Duration::from_secs(15), || {
+            h.bucket_file("first.txt").is_some() && h.bucket_file(&last).is_some()
+        }),
+        "the uploads did not go once the burst ended"
+    );
+}
