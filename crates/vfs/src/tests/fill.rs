@@ -371,3 +371,149 @@ fn reads_across_block_boundaries_join_both_blocks() {
         h.release(a.ino, fh).unwrap();
     }
 }
+
+/// Reads `[from, to)` of `ino` through `fh` in `chunk`-byte requests, checked against
+/// `data`.
+fn read_span(h: &Harness, ino: Ino, fh: u64, data: &[u8], from: u64, to: u64, chunk: u32) {
+    let mut off = from;
+    while off < to {
+        let want = (to - off).min(u64::from(chunk)) as u32;
+        let got = h.read(ino, fh, off, want).unwrap();
+        assert_eq!(
+            got,
+            data[off as usize..off as usize + got.len()],
+            "at {off}"
+        );
+        assert!(!got.is_empty(), "a short read at {off}");
+        off += got.len() as u64;
+    }
+}
+
+/// After the last close: whether the file became local (its fill was adopted), once any
+/// unfinished fill was removed.
+fn became_local(h: &Harness, ino: Ino) -> bool {
+    if wait_until(SYNC_TIMEOUT, || h.row(ino).unwrap().local == h.here()) {
+        return true;
+    }
+    assert!(wait_until(SYNC_TIMEOUT, || part_files(h).is_empty()));
+    false
+}
+
+/// 16 MiB: sixteen whole blocks (a size the top-up's last-block test must get right),
+/// twice `FILL_JUMP`, and the most a fill may take of the harness's 64 MiB cache (a
+/// quarter).
+const BIG: usize = 16 << 20;
+
+/// A reader that began at offset 0 and skips ahead by at most `FILL_JUMP` (8 MiB) before
+/// its fill began (a fill starts at the first read past block 0) is still reading the
+/// file whole: the blocks it skipped are fetched when it reaches the last block and the
+/// file becomes local. Fails when a skip of exactly `FILL_JUMP` counts as a jump.
+#[test]
+fn a_skip_of_at_most_fill_jump_keeps_a_reader_whole_file() {
+    let cfg = VfsConfig {
+        readahead_blocks: 2,
+        ..test_cfg()
+    };
+    let (h, a, data) = cold_file_with(cfg, BIG);
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    read_span(&h, a.ino, fh, &data, 0, 512 << 10, 128 << 10);
+    let skip_to = (512 << 10) + (8 << 20);
+    read_span(&h, a.ino, fh, &data, skip_to, BIG as u64, 128 << 10);
+    h.release(a.ino, fh).unwrap();
+    assert!(
+        became_local(&h, a.ino),
+        "the skipped blocks were not filled in"
+    );
+    assert_eq!(std::fs::read(h.cache.staging_path(a.ino)).unwrap(), data);
+}
+
+/// A reader whose first request begins within `FILL_JUMP` of the start (the kernel served
+/// the pages before it from its cache) is a whole-file reader from that first request on,
+/// even when its next requests are past `FILL_JUMP`; the blocks before its first request
+/// are fetched when it reaches the last block. Fails when only later requests near the
+/// start count, or when the last block is misjudged (a size of whole blocks).
+#[test]
+fn a_first_read_near_the_start_makes_a_whole_file_reader() {
+    let cfg = VfsConfig {
+        readahead_blocks: 2,
+        ..test_cfg()
+    };
+    let (h, a, data) = cold_file_with(cfg, BIG);
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    let first = (15 << 20) / 2; // 7.5 MiB: its 1 MiB request ends past FILL_JUMP
+    read_span(&h, a.ino, fh, &data, first, BIG as u64, 1 << 20);
+    h.release(a.ino, fh).unwrap();
+    assert!(
+        became_local(&h, a.ino),
+        "the blocks before the first read were not filled in"
+    );
+    assert_eq!(std::fs::read(h.cache.staging_path(a.ino)).unwrap(), data);
+}
+
+/// A reader whose first request begins past `FILL_JUMP` is not reading the file whole:
+/// reading on to the end makes no local copy. Fails when any first read counts.
+#[test]
+fn a_first_read_past_fill_jump_is_not_a_whole_file_reader() {
+    let cfg = VfsConfig {
+        readahead_blocks: 2,
+        ..test_cfg()
+    };
+    let (h, a, data) = cold_file_with(cfg, BIG);
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    read_span(&h, a.ino, fh, &data, 9 << 20, BIG as u64, 128 << 10);
+    h.release(a.ino, fh).unwrap();
+    assert!(
+        !became_local(&h, a.ino),
+        "a partial reader made the file local"
+    );
+    let version = h.row(a.ino).unwrap().data_version;
+    assert!(
+        !h.cache.has_block(&BlockKey {
+            ino: a.ino,
+            version,
+            index: 0
+        }),
+        "the start of the file was fetched for a reader that never asked for it"
+    );
+}
+
+/// The blocks before a whole-file reader's first request are fetched only once it reads
+/// the last block: one that stops before the end never pays for them. Fails when the
+/// top-up runs on other reads.
+#[test]
+fn blocks_before_a_readers_first_request_are_fetched_only_at_the_last_block() {
+    let cfg = VfsConfig {
+        readahead_blocks: 2,
+        ..test_cfg()
+    };
+    let (h, a, data) = cold_file_with(cfg, BIG);
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    read_span(&h, a.ino, fh, &data, 3 << 20, 6 << 20, 128 << 10);
+    h.release(a.ino, fh).unwrap();
+    assert!(!became_local(&h, a.ino));
+    assert!(wait_until(SYNC_TIMEOUT, || h
+        .status()
+        .unwrap()
+        .buffers
+        .held_bytes
+        == 0));
+    let version = h.row(a.ino).unwrap().data_version;
+    for index in 0..3 {
+        assert!(
+            !h.cache.has_block(&BlockKey {
+                ino: a.ino,
+                version,
+                index
+            }),
+            "block {index}, before the reader's first request, was fetched"
+        );
+    }
+    assert!(
+        h.cache.has_block(&BlockKey {
+            ino: a.ino,
+            version,
+            index: 3
+        }),
+        "the blocks it read went to the block cache"
+    );
+}
