@@ -788,3 +788,49 @@ fn an_older_schema_gets_the_pending_owner_column() {
     paths.sort();
     assert_eq!(paths, [b"new".as_slice(), b"old".as_slice()]);
 }
+
+/// The engine's own connections (driven by their caller, `wire`) reach the server as
+/// libpq would: through the Unix socket of a `host=/dir` URL, and at a `hostaddr` when
+/// the host name does not resolve; a round trip works on both.
+#[test]
+fn connections_reach_the_server_by_unix_socket_and_by_hostaddr() {
+    let Some(f) = pg("connections_reach_the_server_by_unix_socket_and_by_hostaddr") else {
+        return;
+    };
+    let spec = ConnSpec::parse(&f.base, PgOptions::default()).unwrap();
+    let user = spec.pg.get_user().unwrap().to_string();
+    let password = String::from_utf8(spec.pg.get_password().unwrap().to_vec()).unwrap();
+    let port = spec.pg.get_ports().first().copied().unwrap_or(5432);
+    let db = spec.pg.get_dbname().unwrap_or(&user).to_string();
+    let host = match &spec.pg.get_hosts()[0] {
+        tokio_postgres::config::Host::Tcp(h) => h.clone(),
+        other => panic!("TCP test server expected, got {other:?}"),
+    };
+    let ip: std::net::IpAddr = host.parse().expect("the test server's host is an address");
+    let by_addr = format!(
+        "postgres://{user}:{password}@no-such-host.invalid:{port}/{db}?hostaddr={ip}&schema={}",
+        f.schema
+    );
+    let e = PgEngine::open(&by_addr).expect("hostaddr is used, not the name");
+    assert_eq!(e.get_inode(ROOT_INO).unwrap().unwrap().ino, ROOT_INO);
+    // The server's socket directory, from the admin conninfo scripts/pg-server.sh gives.
+    let Some(dir) = std::env::var("DESKFS_TEST_PG_ADMIN").ok().and_then(|a| {
+        a.split_whitespace()
+            .find_map(|kv| kv.strip_prefix("host=").map(str::to_string))
+            .filter(|h| h.starts_with('/'))
+    }) else {
+        crate::suite::unavailable("connections_reach_the_server_by_unix_socket (no socket dir)");
+        return;
+    };
+    let by_socket = format!(
+        "postgres://{user}:{password}@/{db}?host={dir}&port={port}&schema={}",
+        f.schema
+    );
+    let e = PgEngine::open(&by_socket).expect("the Unix socket is used");
+    assert_eq!(e.get_inode(ROOT_INO).unwrap().unwrap().ino, ROOT_INO);
+    assert!(
+        e.inner.spec.target.starts_with(&dir),
+        "{}",
+        e.inner.spec.target
+    );
+}

@@ -325,12 +325,17 @@ fn open_socket(spec: &ConnSpec) -> Result<Socket> {
                 UnixStream::connect(dir.join(format!(".s.PGSQL.{port}"))).map(Stream::Unix)
             }
             Host::Tcp(name) => {
-                let addrs = match (name.as_str(), port).to_socket_addrs() {
-                    Ok(a) => a.collect::<Vec<_>>(),
-                    Err(e) => {
-                        last = Some(e);
-                        continue;
-                    }
+                // `hostaddr` (libpq): the address to use, the name kept for messages.
+                let given = spec.pg.get_hostaddrs().get(i).copied();
+                let addrs = match given {
+                    Some(ip) => vec![std::net::SocketAddr::new(ip, port)],
+                    None => match (name.as_str(), port).to_socket_addrs() {
+                        Ok(a) => a.collect::<Vec<_>>(),
+                        Err(e) => {
+                            last = Some(e);
+                            continue;
+                        }
+                    },
                 };
                 let mut got = Err(std::io::Error::new(
                     std::io::ErrorKind::NotFound,
