@@ -103,6 +103,33 @@ fn fixture() -> Option<Box<dyn Fixture>> {
 
 engine_suite!(fixture());
 
+/// Where the test server is, from its URL (a TCP server, as `scripts/pg-server.sh` gives).
+struct Server {
+    user: String,
+    password: String,
+    host: String,
+    port: u16,
+    db: String,
+}
+
+impl Server {
+    fn of(url: &str) -> Server {
+        let spec = ConnSpec::parse(url, PgOptions::default()).unwrap();
+        let user = spec.pg.get_user().unwrap().to_string();
+        Server {
+            password: String::from_utf8(spec.pg.get_password().unwrap_or_default().to_vec())
+                .unwrap(),
+            host: match &spec.pg.get_hosts()[0] {
+                tokio_postgres::config::Host::Tcp(h) => h.clone(),
+                other => panic!("TCP test server expected, got {other:?}"),
+            },
+            port: spec.pg.get_ports().first().copied().unwrap_or(5432),
+            db: spec.pg.get_dbname().unwrap_or(&user).to_string(),
+            user,
+        }
+    }
+}
+
 /// The fixture for the tests below; `None` = skipped (a failure under strict mode).
 fn pg(test: &str) -> Option<PgFixture> {
     let f = PgFixture::new();
@@ -232,14 +259,13 @@ fn unreachable_errors_are_short_and_clear() {
     let Some(f) = pg("unreachable_errors_are_short_and_clear") else {
         return;
     };
-    let spec = ConnSpec::parse(&f.base, PgOptions::default()).unwrap();
-    let user = spec.pg.get_user().unwrap().to_string();
-    let host = match &spec.pg.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(h) => h.clone(),
-        other => panic!("TCP test server expected, got {other:?}"),
-    };
-    let port = spec.pg.get_ports().first().copied().unwrap_or(5432);
-    let db = spec.pg.get_dbname().unwrap_or(&user).to_string();
+    let Server {
+        user,
+        host,
+        port,
+        db,
+        ..
+    } = Server::of(&f.base);
     // Wrong password.
     let bad = format!(
         "postgres://{user}:wrong-{}@{host}:{port}/{db}?schema={}",
@@ -797,15 +823,13 @@ fn connections_reach_the_server_by_unix_socket_and_by_hostaddr() {
     let Some(f) = pg("connections_reach_the_server_by_unix_socket_and_by_hostaddr") else {
         return;
     };
-    let spec = ConnSpec::parse(&f.base, PgOptions::default()).unwrap();
-    let user = spec.pg.get_user().unwrap().to_string();
-    let password = String::from_utf8(spec.pg.get_password().unwrap().to_vec()).unwrap();
-    let port = spec.pg.get_ports().first().copied().unwrap_or(5432);
-    let db = spec.pg.get_dbname().unwrap_or(&user).to_string();
-    let host = match &spec.pg.get_hosts()[0] {
-        tokio_postgres::config::Host::Tcp(h) => h.clone(),
-        other => panic!("TCP test server expected, got {other:?}"),
-    };
+    let Server {
+        user,
+        password,
+        host,
+        port,
+        db,
+    } = Server::of(&f.base);
     let ip: std::net::IpAddr = host.parse().expect("the test server's host is an address");
     let by_addr = format!(
         "postgres://{user}:{password}@no-such-host.invalid:{port}/{db}?hostaddr={ip}&schema={}",

@@ -399,10 +399,29 @@ fn became_local(h: &Harness, ino: Ino) -> bool {
     false
 }
 
+/// Releases `fh` and checks that the file became local with `data` (`why` when not).
+fn closed_and_local(h: &Harness, ino: Ino, fh: u64, data: &[u8], why: &str) {
+    h.release(ino, fh).unwrap();
+    assert!(became_local(h, ino), "{why}");
+    assert_eq!(std::fs::read(h.cache.staging_path(ino)).unwrap(), data);
+}
+
 /// 16 MiB: sixteen whole blocks (a size the top-up's last-block test must get right),
 /// twice `FILL_JUMP`, and the most a fill may take of the harness's 64 MiB cache (a
 /// quarter).
 const BIG: usize = 16 << 20;
+
+/// [`cold_file_with`] of [`BIG`] bytes, read ahead 2 blocks at most, and a read-only
+/// handle of it.
+fn big_cold_file() -> (Harness, Attr, Vec<u8>, u64) {
+    let cfg = VfsConfig {
+        readahead_blocks: 2,
+        ..test_cfg()
+    };
+    let (h, a, data) = cold_file_with(cfg, BIG);
+    let fh = h.op(a.ino, libc::O_RDONLY);
+    (h, a, data, fh)
+}
 
 /// A reader that began at offset 0 and skips ahead by at most `FILL_JUMP` (8 MiB) before
 /// its fill began (a fill starts at the first read past block 0) is still reading the
@@ -410,21 +429,17 @@ const BIG: usize = 16 << 20;
 /// file becomes local. Fails when a skip of exactly `FILL_JUMP` counts as a jump.
 #[test]
 fn a_skip_of_at_most_fill_jump_keeps_a_reader_whole_file() {
-    let cfg = VfsConfig {
-        readahead_blocks: 2,
-        ..test_cfg()
-    };
-    let (h, a, data) = cold_file_with(cfg, BIG);
-    let fh = h.op(a.ino, libc::O_RDONLY);
+    let (h, a, data, fh) = big_cold_file();
     read_span(&h, a.ino, fh, &data, 0, 512 << 10, 128 << 10);
     let skip_to = (512 << 10) + (8 << 20);
     read_span(&h, a.ino, fh, &data, skip_to, BIG as u64, 128 << 10);
-    h.release(a.ino, fh).unwrap();
-    assert!(
-        became_local(&h, a.ino),
-        "the skipped blocks were not filled in"
+    closed_and_local(
+        &h,
+        a.ino,
+        fh,
+        &data,
+        "the skipped blocks were not filled in",
     );
-    assert_eq!(std::fs::read(h.cache.staging_path(a.ino)).unwrap(), data);
 }
 
 /// A reader whose first request begins within `FILL_JUMP` of the start (the kernel served
@@ -434,32 +449,23 @@ fn a_skip_of_at_most_fill_jump_keeps_a_reader_whole_file() {
 /// start count, or when the last block is misjudged (a size of whole blocks).
 #[test]
 fn a_first_read_near_the_start_makes_a_whole_file_reader() {
-    let cfg = VfsConfig {
-        readahead_blocks: 2,
-        ..test_cfg()
-    };
-    let (h, a, data) = cold_file_with(cfg, BIG);
-    let fh = h.op(a.ino, libc::O_RDONLY);
+    let (h, a, data, fh) = big_cold_file();
     let first = (15 << 20) / 2; // 7.5 MiB: its 1 MiB request ends past FILL_JUMP
     read_span(&h, a.ino, fh, &data, first, BIG as u64, 1 << 20);
-    h.release(a.ino, fh).unwrap();
-    assert!(
-        became_local(&h, a.ino),
-        "the blocks before the first read were not filled in"
+    closed_and_local(
+        &h,
+        a.ino,
+        fh,
+        &data,
+        "the blocks before the first read were not filled in",
     );
-    assert_eq!(std::fs::read(h.cache.staging_path(a.ino)).unwrap(), data);
 }
 
 /// A reader whose first request begins past `FILL_JUMP` is not reading the file whole:
 /// reading on to the end makes no local copy. Fails when any first read counts.
 #[test]
 fn a_first_read_past_fill_jump_is_not_a_whole_file_reader() {
-    let cfg = VfsConfig {
-        readahead_blocks: 2,
-        ..test_cfg()
-    };
-    let (h, a, data) = cold_file_with(cfg, BIG);
-    let fh = h.op(a.ino, libc::O_RDONLY);
+    let (h, a, data, fh) = big_cold_file();
     read_span(&h, a.ino, fh, &data, 9 << 20, BIG as u64, 128 << 10);
     h.release(a.ino, fh).unwrap();
     assert!(
@@ -482,12 +488,7 @@ fn a_first_read_past_fill_jump_is_not_a_whole_file_reader() {
 /// top-up runs on other reads.
 #[test]
 fn blocks_before_a_readers_first_request_are_fetched_only_at_the_last_block() {
-    let cfg = VfsConfig {
-        readahead_blocks: 2,
-        ..test_cfg()
-    };
-    let (h, a, data) = cold_file_with(cfg, BIG);
-    let fh = h.op(a.ino, libc::O_RDONLY);
+    let (h, a, data, fh) = big_cold_file();
     read_span(&h, a.ino, fh, &data, 3 << 20, 6 << 20, 128 << 10);
     h.release(a.ino, fh).unwrap();
     assert!(!became_local(&h, a.ino));
