@@ -142,6 +142,13 @@ fn a_burst_of_changes_postpones_uploads_until_a_quiet_moment() {
             start.elapsed()
         );
     }
+    let st = h.status().unwrap();
+    assert!(
+        st.uploads_held_ms.is_some_and(|ms| ms >= 1000),
+        "status does not say that a burst holds the uploads: {:?}",
+        st.uploads_held_ms
+    );
+    assert_eq!(st.burst_defer_ms, 60_000);
     let last = format!("burst-{}", n - 1);
     assert!(
         wait_until(Duration::from_secs(15), || {
@@ -149,4 +156,5 @@ fn a_burst_of_changes_postpones_uploads_until_a_quiet_moment() {
         }),
         "the uploads did not go once the burst ended"
     );
+    assert_eq!(h.status().unwrap().uploads_held_ms, None, "still held");
 }
