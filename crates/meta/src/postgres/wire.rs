@@ -196,31 +196,25 @@ impl Io {
         deadline: Instant,
         fut: F,
     ) -> std::result::Result<F::Output, Stalled> {
-        let flag = Arc::new(Flag(AtomicBool::new(false)));
-        let waker = Waker::from(flag.clone());
-        let mut cx = Context::from_waker(&waker);
         let mut fut = pin!(fut);
         let mut ended_polls = 0;
-        loop {
-            flag.0.store(false, Ordering::Release);
-            if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
-                return Ok(v);
+        let (fd, want_write) = (self.fd, self.want_write.clone());
+        run_on_fd(fd, &want_write, deadline, |cx| {
+            if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+                return Step::Done(Ok(v));
             }
-            self.poll_conn(&mut cx);
+            self.poll_conn(cx);
             if self.ended {
                 // The client's calls fail once the connection went: give them a turn
                 // to say so; a call that still waits would wait for nothing.
                 ended_polls += 1;
                 if ended_polls > 2 {
-                    return Err(Stalled::Ended);
+                    return Step::Done(Err(Stalled::Ended));
                 }
-                continue;
+                return Step::Again;
             }
-            if flag.0.load(Ordering::Acquire) {
-                continue;
-            }
-            wait_fd(self.fd, &self.want_write, deadline)?;
-        }
+            Step::Wait
+        })?
     }
 }
 
@@ -230,6 +224,39 @@ impl Drop for Io {
         // queued its Terminate: one poll writes it.
         if self.polite {
             self.pump();
+        }
+    }
+}
+
+/// What one turn of [`run_on_fd`]'s loop found.
+enum Step<T> {
+    /// Finished with this.
+    Done(T),
+    /// Poll again at once.
+    Again,
+    /// Nothing ready: sleep on the socket (unless a wake-up came during the turn).
+    Wait,
+}
+
+/// Calls `turn` until it is done, with a waker that only notes a wake-up (a turn that
+/// woke something is followed by another at once) and sleeping on `fd` in between, until
+/// `deadline` (`Stalled::TimedOut`).
+fn run_on_fd<T>(
+    fd: RawFd,
+    want_write: &AtomicBool,
+    deadline: Instant,
+    mut turn: impl FnMut(&mut Context<'_>) -> Step<T>,
+) -> std::result::Result<T, Stalled> {
+    let flag = Arc::new(Flag(AtomicBool::new(false)));
+    let waker = Waker::from(flag.clone());
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        flag.0.store(false, Ordering::Release);
+        match turn(&mut cx) {
+            Step::Done(v) => return Ok(v),
+            Step::Again => continue,
+            Step::Wait if flag.0.load(Ordering::Acquire) => continue,
+            Step::Wait => wait_fd(fd, want_write, deadline)?,
         }
     }
 }
@@ -391,27 +418,13 @@ pub(super) fn connect(spec: &ConnSpec, deadline: Instant) -> Result<(Client, Io)
     let sock = open_socket(spec)?;
     let fd = sock.stream.fd();
     let want_write = sock.want_write.clone();
-    let flag = Arc::new(Flag(AtomicBool::new(false)));
-    let waker = Waker::from(flag.clone());
-    let mut cx = Context::from_waker(&waker);
     let mut hs = pin!(spec.pg.connect_raw(sock, NoTls));
-    let (client, conn) = loop {
-        flag.0.store(false, Ordering::Release);
-        match hs.as_mut().poll(&mut cx) {
-            Poll::Ready(Ok(pair)) => break pair,
-            Poll::Ready(Err(e)) => return Err(connect_error(&spec.target, &e)),
-            Poll::Pending => {}
-        }
-        if flag.0.load(Ordering::Acquire) {
-            continue;
-        }
-        if wait_fd(fd, &want_write, deadline).is_err() {
-            return Err(MetaError::Unreachable(format!(
-                "{}: connection timed out",
-                spec.target
-            )));
-        }
-    };
+    let (client, conn) = run_on_fd(fd, &want_write, deadline, |cx| match hs.as_mut().poll(cx) {
+        Poll::Ready(r) => Step::Done(r),
+        Poll::Pending => Step::Wait,
+    })
+    .map_err(|_| MetaError::Unreachable(format!("{}: connection timed out", spec.target)))?
+    .map_err(|e| connect_error(&spec.target, &e))?;
     Ok((
         client,
         Io {
