@@ -756,7 +756,7 @@ async fn sweep_removed_dir(vfs: &Arc<Vfs>, path: &[u8]) -> Result<()> {
         return Ok(());
     }
     #[cfg(test)]
-    gate(vfs, path, GatePoint::Sweep).await;
+    gate(vfs, path, GatePoint::Sweep, None).await;
     let listed = vfs.bucket.list_all(&key).await?;
     // Local bucket: its directories too (empty ones are not listed as objects), and the
     // removed directory itself: with no record of its own (its marker already deleted,
@@ -1090,7 +1090,7 @@ async fn reconcile_file(
         }
         announce(vfs, path).await?;
         #[cfg(test)]
-        gate(vfs, path, GatePoint::Put).await;
+        gate(vfs, path, GatePoint::Put, Some(r.size)).await;
         let put = vfs.put_staging(key, &staging, Some(&meta)).await?;
         // The staging file may have changed while it was read: only a file whose version,
         // write generation and on-disk times held still is recorded as that version.
@@ -1114,7 +1114,7 @@ async fn reconcile_file(
             return Ok(Outcome::Defer(Duration::from_millis(200)));
         }
         #[cfg(test)]
-        gate(vfs, path, GatePoint::Record).await;
+        gate(vfs, path, GatePoint::Record, Some(r.size)).await;
         // Open for writing through passthrough: the kernel may write the staging file at
         // any moment without the daemon seeing it, so the row stays dirty (recorded, not
         // clean) until those handles close; `after_clean` catches an open that raced.
@@ -1140,7 +1140,7 @@ async fn reconcile_file(
         Some(s) if s.key != key => {
             announce(vfs, path).await?;
             #[cfg(test)]
-            gate(vfs, path, GatePoint::Put).await;
+            gate(vfs, path, GatePoint::Put, Some(r.size)).await;
             vfs.bucket.copy(&s.key, key).await?;
             let etag = vfs.bucket.head(key).await?.and_then(|h| h.etag);
             record_upload(vfs, path, key, &r, prior, etag, r.size, false).await
@@ -1181,6 +1181,9 @@ pub(crate) enum GatePoint {
 pub(crate) struct PutGate {
     pub(crate) path: Vec<u8>,
     pub(crate) point: GatePoint,
+    /// Only an upload of this size (the row's, as the upload read it) is held: a test
+    /// holding the upload of a rewrite is not given the upload of the `O_TRUNC` before it.
+    pub(crate) size: Option<u64>,
     /// Set when the upload reached the point (it waits there).
     pub(crate) reached: AtomicBool,
     /// Set by the test to let it go on.
@@ -1188,14 +1191,14 @@ pub(crate) struct PutGate {
 }
 
 #[cfg(test)]
-async fn gate(vfs: &Arc<Vfs>, path: &[u8], point: GatePoint) {
+async fn gate(vfs: &Arc<Vfs>, path: &[u8], point: GatePoint, size: Option<u64>) {
     let g = vfs
         .uploader
         .gates
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .find(|g| g.path == path && g.point == point)
+        .find(|g| g.path == path && g.point == point && (g.size.is_none() || g.size == size))
         .cloned();
     if let Some(g) = g {
         g.reached.store(true, Ordering::SeqCst);
@@ -1388,7 +1391,7 @@ async fn remove_object(vfs: &Arc<Vfs>, o: &ObjectRow) -> Result<()> {
     preserve_content(vfs, o).await?;
     durable_before_delete(vfs).await?;
     #[cfg(test)]
-    gate(vfs, &o.path, GatePoint::Delete).await;
+    gate(vfs, &o.path, GatePoint::Delete, None).await;
     if o.kind == Kind::Dir {
         vfs.bucket.delete_dir_marker(&o.key).await?;
     } else {

@@ -139,9 +139,22 @@ fn leftovers_under_a_renamed_directory_are_deleted() {
 
 /// Holds `v`'s upload of `path` at `point` until the returned gate is released.
 pub(super) fn hold(v: &Vfs, path: &str, point: GatePoint) -> Arc<PutGate> {
+    hold_sized(v, path, point, None)
+}
+
+/// The size [`hold_sized`] waits for: `data`'s length.
+fn len(data: &[u8]) -> Option<u64> {
+    Some(data.len() as u64)
+}
+
+/// [`hold`] of only the upload that read the row at `size` bytes (`None`: any): a file
+/// is created or truncated empty before it is written, and under load the upload of that
+/// empty version may start first.
+pub(super) fn hold_sized(v: &Vfs, path: &str, point: GatePoint, size: Option<u64>) -> Arc<PutGate> {
     let g = Arc::new(PutGate {
         path: path.as_bytes().to_vec(),
         point,
+        size,
         reached: AtomicBool::new(false),
         released: AtomicBool::new(false),
     });
@@ -205,7 +218,7 @@ fn settled(h: &Harness, path: &str, ino: Ino, want: &[u8]) -> bool {
 fn an_older_version_landing_over_a_newer_one_is_uploaded_again() {
     let h = Harness::new();
     let a = h.second_mount("cache-a");
-    let gate = hold(&a, "f", GatePoint::Put);
+    let gate = hold_sized(&a, "f", GatePoint::Put, len(b"older, from mount A"));
     let ino = create_on(&a, "f", b"older, from mount A");
     assert!(
         wait_until(Duration::from_secs(10), || gate.reached.load(SeqCst)),
@@ -246,8 +259,8 @@ fn an_older_version_landing_over_a_newer_one_is_uploaded_again() {
 fn a_newer_put_recorded_after_an_older_one_landed_over_it_is_done_again() {
     let h = Harness::new();
     let a = h.second_mount("cache-a");
-    let gate_a = hold(&a, "f", GatePoint::Put);
-    let gate_b = hold(&h, "f", GatePoint::Record);
+    let gate_a = hold_sized(&a, "f", GatePoint::Put, len(b"older, from mount A"));
+    let gate_b = hold_sized(&h, "f", GatePoint::Record, len(b"NEWEST, from mount B"));
     let ino = create_on(&a, "f", b"older, from mount A");
     let older = h.row(ino).expect("row").data_version;
     assert!(wait_until(Duration::from_secs(10), || gate_a
@@ -319,7 +332,12 @@ fn read_on(v: &Vfs, ino: Ino) -> Vec<u8> {
 fn a_clean_file_is_not_evicted_when_the_bucket_lost_its_content() {
     let h = Harness::new();
     let a = h.second_mount_with("cache-a", 1);
-    let gate = hold(&a, "f", GatePoint::Record);
+    let gate = hold_sized(
+        &a,
+        "f",
+        GatePoint::Record,
+        len(b"the only copy is in cache A"),
+    );
     let ino = create_on(&a, "f", b"the only copy is in cache A");
     assert!(wait_until(Duration::from_secs(10), || gate
         .reached
@@ -374,7 +392,7 @@ fn a_renamed_file_is_not_evicted_while_its_old_object_is_being_deleted() {
     h.uploader.stop();
     let gates = [
         hold(&a, "f", GatePoint::Delete),
-        hold(&a, "g", GatePoint::Put),
+        hold_sized(&a, "g", GatePoint::Put, len(content)),
     ];
     a.rename(&CTX, ROOT_INO, b"f", ROOT_INO, b"g", 0)
         .expect("rename");
@@ -473,7 +491,12 @@ fn an_eviction_leaves_a_file_rewritten_before_its_removal() {
     let h = Harness::new();
     let a = h.second_mount_with("cache-a", 1);
     // Held until the hook is in place: the file is evicted right after its record.
-    let gate = hold(&a, "f", GatePoint::Record);
+    let gate = hold_sized(
+        &a,
+        "f",
+        GatePoint::Record,
+        len(b"first content, uploaded then evicted"),
+    );
     let ino = create_on(&a, "f", b"first content, uploaded then evicted");
     let ran = Arc::new(AtomicBool::new(false));
     let (v, flag) = ((*a).clone(), ran.clone());

@@ -390,6 +390,9 @@ fn an_upload_landing_under_a_removed_directory_does_not_revive_it() {
     assert!(h.ls(top.ino).is_empty());
 }
 
+/// What [`removed_dir_with_a_held_put`] writes over `top/d/f`.
+const REWRITTEN: &[u8] = b"rewritten";
+
 /// `top/d/f` imported, rewritten, its upload held before its PUT; then `f` and `d`
 /// removed and their objects deleted from the bucket. Returns the harness, `top` and the
 /// held upload's gate.
@@ -407,9 +410,16 @@ fn removed_dir_with_a_held_put() -> (Harness, Attr, Arc<crate::uploader::PutGate
     let d = h.lk(top.ino, "d").unwrap();
     assert_eq!(h.ls(d.ino), ["f"]);
     let f = h.lk(d.ino, "f").unwrap();
-    let gate = super::converge::hold(&h, "top/d/f", crate::uploader::GatePoint::Put);
+    // Held only for the rewrite's 9 bytes: the upload of the `O_TRUNC` before the write
+    // (which may run first, under load) is let through.
+    let gate = super::converge::hold_sized(
+        &h,
+        "top/d/f",
+        crate::uploader::GatePoint::Put,
+        Some(REWRITTEN.len() as u64),
+    );
     let fh = h.op(f.ino, libc::O_WRONLY | libc::O_TRUNC);
-    h.put(f.ino, fh, 0, b"rewritten");
+    h.put(f.ino, fh, 0, REWRITTEN);
     h.release(f.ino, fh).unwrap();
     assert!(
         wait_until(Duration::from_secs(10), || gate.reached.load(SeqCst)),
@@ -467,7 +477,12 @@ fn a_sync_waits_for_the_leftovers_of_a_put_landing_under_a_removed_directory() {
 fn another_mount_does_not_import_the_leftover_of_a_removal_there() {
     use std::sync::atomic::Ordering::SeqCst;
     let (h, top, put_gate) = removed_dir_with_a_held_put();
-    let landed = super::converge::hold(&h, "top/d/f", crate::uploader::GatePoint::Record);
+    let landed = super::converge::hold_sized(
+        &h,
+        "top/d/f",
+        crate::uploader::GatePoint::Record,
+        Some(REWRITTEN.len() as u64),
+    );
     put_gate.released.store(true, SeqCst);
     assert!(
         wait_until(Duration::from_secs(10), || landed.reached.load(SeqCst)),
@@ -960,10 +975,17 @@ fn a_listing_during_an_upload_is_not_a_conflict() {
     let d = h.lk(ROOT_INO, "d").unwrap();
     assert_eq!(h.ls(d.ino), ["f"]);
     let f = h.lk(d.ino, "f").unwrap();
-    let gate = super::converge::hold(&h, "d/f", crate::uploader::GatePoint::Record);
+    let local = b"the local version";
+    // Held only for the rewrite (not the upload of the `O_TRUNC` before it).
+    let gate = super::converge::hold_sized(
+        &h,
+        "d/f",
+        crate::uploader::GatePoint::Record,
+        Some(local.len() as u64),
+    );
     std::thread::sleep(Duration::from_millis(20)); // a different mtime: a new ETag
     let fh = h.op(f.ino, libc::O_WRONLY | libc::O_TRUNC);
-    h.put(f.ino, fh, 0, b"the local version");
+    h.put(f.ino, fh, 0, local);
     h.release(f.ino, fh).unwrap();
     assert!(
         wait_until(Duration::from_secs(10), || gate.reached.load(SeqCst)),
