@@ -7,7 +7,8 @@
 # pjdfstest (cargo install, each only when not on PATH) -> cargo build --release -p deskfs
 # -> start a private Garage S3 server -> start a private PostgreSQL server
 # (scripts/pg-server.sh; its env, DESKFS_TEST_PG_URL etc., is exported to cargo test and the
-# e2e tests) -> cargo test --workspace --release -> every tests/e2e/*.sh
+# e2e tests) -> cargo test --workspace --release -> the VFS library tests again on
+# PostgreSQL (the same test binary, DESKFS_TEST_META=postgres) -> every tests/e2e/*.sh
 # (exit 0 pass, 77 skip, anything else fail) -> summary, ending with the line
 #   N passed, N failed, N skipped
 # The exit status is non-zero when anything failed. "cargo build" and "cargo test" count as
@@ -78,7 +79,7 @@ MCP_SDK_VERSION=${MCP_SDK_VERSION:-2.3.0}
 PROM_CLIENT_VERSION=${PROM_CLIENT_VERSION:-0.21.1}
 TEST_VENV=${DESKFS_TEST_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/deskfs-test-venv}
 export DESKFS_TEST_PY=$TEST_VENV/bin/python   # a python with the mcp SDK (made in step 1)
-APT_PACKAGES=(fuse3 libfuse3-dev pkg-config git sqlite3 python3-venv rclone fio bubblewrap make inotify-tools
+APT_PACKAGES=(fuse3 libfuse3-dev pkg-config git sqlite3 python3-venv rclone fio bubblewrap make inotify-tools jq
   postgresql socat iproute2 util-linux)
 GARAGE_VERSION=${GARAGE_VERSION:-2.5.0}
 PJDFSTEST_VERSION=${PJDFSTEST_VERSION:-0.2.2}
@@ -392,13 +393,22 @@ if ((DO_CARGO_TEST)); then
     tail -n 20 "$LOGDIR/cargo-test.log"
     record "cargo test" FAIL $((SECONDS - t)) "failed: $(cargo_failures "$LOGDIR/cargo-test.log" "cargo test") (target/test-logs/cargo-test.log)"
   fi
-  # The VFS tests again, every one of them on the PostgreSQL engine (fresh schema each).
+  # The VFS tests again, every one of them on the PostgreSQL engine (fresh schema each):
+  # the library test binary the workspace run built, run directly (`cargo test -p
+  # deskfs-vfs` would unify features over that one package and rebuild ~30 crates).
+  vfs_test_binary() {
+    cargo test --workspace --release --no-run --message-format=json 2>> "$LOGDIR/cargo-test-vfs-postgres.log" |
+      jq -r 'select(.reason == "compiler-artifact" and .target.name == "deskfs_vfs" and .profile.test == true and (.target.kind | index("lib"))) | .executable' |
+      awk 'NF && !f { print; f = 1 } END { exit !f }'
+  }
   t=$SECONDS
   if ((BUILD_OK == 0 && DO_BUILD == 1)); then
     record "cargo test vfs@postgres" SKIP 0 "not run: cargo build failed"
   elif [[ -z ${DESKFS_TEST_PG_URL:-} ]]; then
     record "cargo test vfs@postgres" FAIL 0 "no PostgreSQL server (pg-server failed)"
-  elif DESKFS_TEST_META=postgres timeout -k 30 1800 cargo test -p deskfs-vfs --release --no-fail-fast > "$LOGDIR/cargo-test-vfs-postgres.log" 2>&1; then
+  elif ! vfs_bin=$(vfs_test_binary); then
+    record "cargo test vfs@postgres" FAIL $((SECONDS - t)) "no deskfs-vfs test binary (cargo test --no-run), see target/test-logs/cargo-test-vfs-postgres.log"
+  elif (cd crates/vfs && DESKFS_TEST_META=postgres timeout -k 30 1800 "$vfs_bin") > "$LOGDIR/cargo-test-vfs-postgres.log" 2>&1; then
     record "cargo test vfs@postgres" PASS $((SECONDS - t)) "$(grep -E '^test result:' "$LOGDIR/cargo-test-vfs-postgres.log" | awk '{p += $4; i += $8} END {printf "%d tests, %d ignored", p, i}')"
   else
     grep -E '^(test .* FAILED|failures:|---- )' "$LOGDIR/cargo-test-vfs-postgres.log" | head -n 40

@@ -3,7 +3,7 @@
 # bucket-key mapping (bucket_keys), the bucket's format record (format_record), metadata
 # backup files and keys (meta_backup), the AGENTS.md machine block (agents_manual), desk
 # path confinement (path_confine); fuzz/fuzz_targets/*.rs state what each one checks.
-# Each target runs DESKFS_FUZZ_SECONDS (default 15 s; 600 s with DESKFS_TEST_LONG=1, i.e.
+# Each target runs DESKFS_FUZZ_SECONDS (default 6 s; 600 s with DESKFS_TEST_LONG=1, i.e.
 # `scripts/test.sh --long`) on a copy of its seed corpus fuzz/corpus/TARGET. Fails when a
 # target fails: a panic or a broken property, a sanitizer report, a leak, more than 1 GiB
 # of memory, one input running over 30 s; the input is kept in fuzz/artifacts/TARGET/
@@ -19,7 +19,7 @@ need_cmd cargo
 if [[ ${DESKFS_TEST_LONG:-0} == 1 ]]; then
   secs=${DESKFS_FUZZ_SECONDS:-600}
 else
-  secs=${DESKFS_FUZZ_SECONDS:-15}
+  secs=${DESKFS_FUZZ_SECONDS:-6}
 fi
 cache=${DESKFS_FUZZ_TARGET_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/deskfs-fuzz-target}
 # Each fresh clone adds its own copies of the deskfs crates and the 5 binaries: start over

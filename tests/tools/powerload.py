@@ -172,9 +172,15 @@ def check(a):
             pending[p[1]] = set()
     problems = []
 
+    shas = {}
+
     def sha_of(rel):
-        with open(os.path.join(a.mnt, rel), "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+        # Each file is read once (the walk below reads every file again otherwise); an
+        # error is not kept, so the walk meets it again and reports it.
+        if rel not in shas:
+            with open(os.path.join(a.mnt, rel), "rb") as f:
+                shas[rel] = hashlib.sha256(f.read()).hexdigest()
+        return shas[rel]
 
     def top(rel):
         return rel.split("/", 1)[0]
