@@ -486,3 +486,28 @@ fn a_read_whose_object_stays_gone_fails_with_eio_after_the_remote_wait() {
     assert_eq!(err.errno(), libc::EIO, "{err}");
     h.release(a.ino, fh).unwrap();
 }
+
+/// An empty file in the bucket, written by this mount with a write that fails (past the
+/// largest file size: `EFBIG`): there was nothing to download, an empty staging file was
+/// made, and it is the version the bucket holds — the row names this cache and stays
+/// clean: a failed write changes nothing, and nothing is uploaded again. Only content
+/// that was not empty is recorded dirty when it is made local as an empty file (a
+/// truncation to 0: `adopt_local`'s `emptied`, `row.size > 0`).
+#[test]
+fn an_empty_file_made_local_by_a_failed_write_stays_clean() {
+    let h = Harness::build(test_cfg(), |b| {
+        std::fs::write(b.join("empty"), b"").unwrap()
+    });
+    let f = h.lk(ROOT_INO, "empty").unwrap();
+    assert_ne!(h.row(f.ino).expect("row").local, h.here(), "not local yet");
+    let fh = h.op(f.ino, libc::O_WRONLY);
+    assert!(matches!(
+        h.write(f.ino, fh, crate::data::MAX_FILE_SIZE, b"x"),
+        Err(crate::VfsError::FileTooBig)
+    ));
+    let row = h.row(f.ino).expect("row");
+    assert_eq!(row.local, h.here(), "the write made it local");
+    assert!(!row.dirty, "an empty file made local was recorded dirty");
+    h.release(f.ino, fh).unwrap();
+    assert!(!h.row(f.ino).expect("row").dirty);
+}
