@@ -139,18 +139,18 @@ fn leftovers_under_a_renamed_directory_are_deleted() {
 
 /// Holds `v`'s upload of `path` at `point` until the returned gate is released.
 pub(super) fn hold(v: &Vfs, path: &str, point: GatePoint) -> Arc<PutGate> {
-    hold_sized(v, path, point, None)
+    gate_on(v, path, point, None)
 }
 
-/// The size [`hold_sized`] waits for: `data`'s length.
-fn len(data: &[u8]) -> Option<u64> {
-    Some(data.len() as u64)
-}
-
-/// [`hold`] of only the upload that read the row at `size` bytes (`None`: any): a file
-/// is created or truncated empty before it is written, and under load the upload of that
+/// [`hold`] of only the upload that read the row at `content`'s length: a file is
+/// created or truncated empty before it is written, and under load the upload of that
 /// empty version may start first.
-pub(super) fn hold_sized(v: &Vfs, path: &str, point: GatePoint, size: Option<u64>) -> Arc<PutGate> {
+pub(super) fn hold_for(v: &Vfs, path: &str, point: GatePoint, content: &[u8]) -> Arc<PutGate> {
+    gate_on(v, path, point, Some(content.len() as u64))
+}
+
+/// The gate of [`hold`] and [`hold_for`] (`size`: the row size it holds; `None`: any).
+fn gate_on(v: &Vfs, path: &str, point: GatePoint, size: Option<u64>) -> Arc<PutGate> {
     let g = Arc::new(PutGate {
         path: path.as_bytes().to_vec(),
         point,
@@ -218,7 +218,7 @@ fn settled(h: &Harness, path: &str, ino: Ino, want: &[u8]) -> bool {
 fn an_older_version_landing_over_a_newer_one_is_uploaded_again() {
     let h = Harness::new();
     let a = h.second_mount("cache-a");
-    let gate = hold_sized(&a, "f", GatePoint::Put, len(b"older, from mount A"));
+    let gate = hold_for(&a, "f", GatePoint::Put, b"older, from mount A");
     let ino = create_on(&a, "f", b"older, from mount A");
     assert!(
         wait_until(Duration::from_secs(10), || gate.reached.load(SeqCst)),
@@ -259,8 +259,8 @@ fn an_older_version_landing_over_a_newer_one_is_uploaded_again() {
 fn a_newer_put_recorded_after_an_older_one_landed_over_it_is_done_again() {
     let h = Harness::new();
     let a = h.second_mount("cache-a");
-    let gate_a = hold_sized(&a, "f", GatePoint::Put, len(b"older, from mount A"));
-    let gate_b = hold_sized(&h, "f", GatePoint::Record, len(b"NEWEST, from mount B"));
+    let gate_a = hold_for(&a, "f", GatePoint::Put, b"older, from mount A");
+    let gate_b = hold_for(&h, "f", GatePoint::Record, b"NEWEST, from mount B");
     let ino = create_on(&a, "f", b"older, from mount A");
     let older = h.row(ino).expect("row").data_version;
     assert!(wait_until(Duration::from_secs(10), || gate_a
@@ -332,12 +332,7 @@ fn read_on(v: &Vfs, ino: Ino) -> Vec<u8> {
 fn a_clean_file_is_not_evicted_when_the_bucket_lost_its_content() {
     let h = Harness::new();
     let a = h.second_mount_with("cache-a", 1);
-    let gate = hold_sized(
-        &a,
-        "f",
-        GatePoint::Record,
-        len(b"the only copy is in cache A"),
-    );
+    let gate = hold_for(&a, "f", GatePoint::Record, b"the only copy is in cache A");
     let ino = create_on(&a, "f", b"the only copy is in cache A");
     assert!(wait_until(Duration::from_secs(10), || gate
         .reached
@@ -392,7 +387,7 @@ fn a_renamed_file_is_not_evicted_while_its_old_object_is_being_deleted() {
     h.uploader.stop();
     let gates = [
         hold(&a, "f", GatePoint::Delete),
-        hold_sized(&a, "g", GatePoint::Put, len(content)),
+        hold_for(&a, "g", GatePoint::Put, content),
     ];
     a.rename(&CTX, ROOT_INO, b"f", ROOT_INO, b"g", 0)
         .expect("rename");
@@ -491,11 +486,11 @@ fn an_eviction_leaves_a_file_rewritten_before_its_removal() {
     let h = Harness::new();
     let a = h.second_mount_with("cache-a", 1);
     // Held until the hook is in place: the file is evicted right after its record.
-    let gate = hold_sized(
+    let gate = hold_for(
         &a,
         "f",
         GatePoint::Record,
-        len(b"first content, uploaded then evicted"),
+        b"first content, uploaded then evicted",
     );
     let ino = create_on(&a, "f", b"first content, uploaded then evicted");
     let ran = Arc::new(AtomicBool::new(false));

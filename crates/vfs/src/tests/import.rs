@@ -412,12 +412,7 @@ fn removed_dir_with_a_held_put() -> (Harness, Attr, Arc<crate::uploader::PutGate
     let f = h.lk(d.ino, "f").unwrap();
     // Held only for the rewrite's 9 bytes: the upload of the `O_TRUNC` before the write
     // (which may run first, under load) is let through.
-    let gate = super::converge::hold_sized(
-        &h,
-        "top/d/f",
-        crate::uploader::GatePoint::Put,
-        Some(REWRITTEN.len() as u64),
-    );
+    let gate = super::converge::hold_for(&h, "top/d/f", crate::uploader::GatePoint::Put, REWRITTEN);
     let fh = h.op(f.ino, libc::O_WRONLY | libc::O_TRUNC);
     h.put(f.ino, fh, 0, REWRITTEN);
     h.release(f.ino, fh).unwrap();
@@ -477,12 +472,8 @@ fn a_sync_waits_for_the_leftovers_of_a_put_landing_under_a_removed_directory() {
 fn another_mount_does_not_import_the_leftover_of_a_removal_there() {
     use std::sync::atomic::Ordering::SeqCst;
     let (h, top, put_gate) = removed_dir_with_a_held_put();
-    let landed = super::converge::hold_sized(
-        &h,
-        "top/d/f",
-        crate::uploader::GatePoint::Record,
-        Some(REWRITTEN.len() as u64),
-    );
+    let landed =
+        super::converge::hold_for(&h, "top/d/f", crate::uploader::GatePoint::Record, REWRITTEN);
     put_gate.released.store(true, SeqCst);
     assert!(
         wait_until(Duration::from_secs(10), || landed.reached.load(SeqCst)),
@@ -977,12 +968,7 @@ fn a_listing_during_an_upload_is_not_a_conflict() {
     let f = h.lk(d.ino, "f").unwrap();
     let local = b"the local version";
     // Held only for the rewrite (not the upload of the `O_TRUNC` before it).
-    let gate = super::converge::hold_sized(
-        &h,
-        "d/f",
-        crate::uploader::GatePoint::Record,
-        Some(local.len() as u64),
-    );
+    let gate = super::converge::hold_for(&h, "d/f", crate::uploader::GatePoint::Record, local);
     std::thread::sleep(Duration::from_millis(20)); // a different mtime: a new ETag
     let fh = h.op(f.ino, libc::O_WRONLY | libc::O_TRUNC);
     h.put(f.ino, fh, 0, local);
