@@ -122,7 +122,8 @@ cmd_start() {
     PORT="$(cat "$PORTFILE")"
     log "already running (pid $(cat "$PIDFILE"), 127.0.0.1:$PORT)"
   else
-    install
+    mkdir -p "$CACHE"
+    locked "$CACHE/.install.lock" install
     PORT="$(pick_port)"
     port_busy "$PORT" && die "127.0.0.1:$PORT is in use"
     mkdir -p "$AZDIR/data"

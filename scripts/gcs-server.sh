@@ -119,7 +119,10 @@ cmd_start() {
       log "restarted the XML shim on 127.0.0.1:$PORT (pid $(cat "$SHIMPIDFILE"))"
     fi
   else
-    install
+    mkdir -p "$(dirname "$CACHE")"
+    locked "$CACHE.install.lock" install
+    BIN="$(find_bin || true)"
+    [[ -n "$BIN" ]] || die "no fake-gcs-server-linux-amd64 binary under $CACHE"
     PORT="$(pick_port)"
     local bport=$((PORT + 1))
     port_busy "$PORT" && die "127.0.0.1:$PORT is in use"

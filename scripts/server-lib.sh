@@ -6,6 +6,20 @@
 log() { echo "$SERVER_NAME: $*" >&2; }
 die() { echo "$SERVER_NAME: error: $*" >&2; exit 1; }
 
+# locked LOCKFILE CMD...: runs CMD in a subshell holding an exclusive flock on LOCKFILE
+# (waits up to 15 min). Two tests may start a server at once (scripts/test.sh runs e2e
+# lanes): one installs it, the other waits here and then finds it installed. The lock's fd
+# is closed when the subshell ends, so a server started afterwards never inherits it.
+locked() {
+  local lock=$1
+  shift
+  (
+    exec 8> "$lock"
+    flock -w 900 8 || die "waited 15 min for $lock (another install of $SERVER_NAME?)"
+    "$@"
+  ) || exit 1
+}
+
 # running: the pid file names a live process.
 running() {
   [[ -f "$PIDFILE" ]] || return 1

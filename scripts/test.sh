@@ -27,6 +27,10 @@
 #                    "# e2e-long-timeout: SECONDS" line replaces its limit; the fuzz
 #                    targets 600 s each (tests/e2e/68-fuzz.sh); the soak of every fault
 #                    at once 1,800 s (tests/e2e/82s-soak.sh)
+#   --jobs N         run the e2e tests in N lanes at once (default 2 on a machine with 2
+#                    or more CPUs, else 1; DESKFS_E2E_JOBS): each lane takes the next test
+#                    from one queue, longest first (a test's "# e2e-cost: SECONDS" line);
+#                    a test with an "# e2e-alone: REASON" line runs before the lanes, alone
 #   FILTER...        run only the e2e tests whose file name contains one of these strings
 # Environment:
 #   DESKFS_TEST_S3_PORT  Garage S3 port (default: 3900 if 3900/3901/3903 are free, else the
@@ -55,6 +59,7 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 DO_DEPS=1 DO_BUILD=1 DO_CARGO_TEST=1
 FILTERS=()
 LONG=0
+E2E_JOBS=${DESKFS_E2E_JOBS:-}
 while (($#)); do
   case "$1" in
     --no-deps) DO_DEPS=0 ;;
@@ -63,6 +68,8 @@ while (($#)); do
     --e2e-only) DO_DEPS=0 DO_BUILD=0 DO_CARGO_TEST=0 ;;
     --keep) export DESKFS_TEST_KEEP=1 ;;
     --long) LONG=1 ;;
+    --jobs) E2E_JOBS=${2:-}; shift ;;
+    --jobs=*) E2E_JOBS=${1#--jobs=} ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "test.sh: unknown option $1" >&2; exit 2 ;;
     *) FILTERS+=("$1") ;;
@@ -70,6 +77,12 @@ while (($#)); do
   shift
 done
 
+if [[ -z $E2E_JOBS ]]; then
+  E2E_JOBS=$(($(nproc 2>/dev/null || echo 1) >= 2 ? 2 : 1))
+elif ! [[ $E2E_JOBS =~ ^[1-9][0-9]?$ ]]; then
+  echo "test.sh: --jobs wants a number of e2e lanes from 1 to 99, not '$E2E_JOBS'" >&2
+  exit 2
+fi
 if ((LONG)); then
   export DESKFS_TEST_LONG=1
   export DESKFS_POWER_ITERS=${DESKFS_POWER_ITERS:-50} DESKFS_POWER_IMAGES=${DESKFS_POWER_IMAGES:-60}
@@ -92,18 +105,25 @@ RUN=$(mktemp -d "${TMPDIR:-/tmp}/deskfs-test.XXXXXX") || { echo "test.sh: mktemp
 RUN=$(realpath "$RUN")
 chmod 0711 "$RUN"   # the OS user postgres must reach $RUN/pg (nothing is listable)
 rm -rf "$LOGDIR"
-mkdir -p "$LOGDIR" "$RUN/tmp"
-: > "$RUN/mounts"
-: > "$RUN/pids"
-: > "$RUN/net"
+mkdir -p "$LOGDIR"
+for ((l = 1; l <= E2E_JOBS; l++)); do   # each e2e lane's records and temp dirs (step 5)
+  mkdir -p "$RUN/lane$l/tmp"
+  : > "$RUN/lane$l/mounts"
+  : > "$RUN/lane$l/pids"
+  : > "$RUN/lane$l/net"
+  : > "$RUN/lane$l/current"
+done
 
 say() { printf '\n=== %s [%ds]\n' "$*" $((SECONDS - T0)); }
 note() { printf 'test.sh: %s\n' "$*"; }
 
 # ------------------------------------------------------------ results
 R_NAMES=() R_STATUS=() R_SECS=() R_DETAIL=()
-record() { # NAME STATUS(PASS|FAIL|SKIP) SECONDS DETAIL
+record_quietly() { # NAME STATUS(PASS|FAIL|SKIP) SECONDS DETAIL (for the summary only)
   R_NAMES+=("$1") R_STATUS+=("$2") R_SECS+=("$3") R_DETAIL+=("$4")
+}
+record() { # NAME STATUS SECONDS DETAIL: recorded and printed
+  record_quietly "$@"
   printf '%-4s %s (%ss)%s\n' "$2" "$1" "$3" "${4:+ — $4}"
 }
 
@@ -144,8 +164,8 @@ is_mounted() { awk -v p="$1" '$5 == p { f = 1 } END { exit !f }' /proc/self/moun
 
 proc_start() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; echo "${20}"; }
 
-cleanup_leftovers() { # unmount what tests mounted under $RUN, kill the PIDs they recorded
-  local m pid st dev
+cleanup_leftovers() { # DIR: unmount what tests mounted under DIR, kill the PIDs they recorded in DIR/pids, remove what they recorded in DIR/net
+  local dir=$1 m pid st dev
   # every mount under our run dir is ours (mountpoints are created inside it)
   while IFS= read -r m; do
     [[ -n $m ]] || continue
@@ -162,7 +182,7 @@ cleanup_leftovers() { # unmount what tests mounted under $RUN, kill the PIDs the
       note "lazy unmount of $m (last resort)"
       fusermount3 -uz "$m" >/dev/null 2>&1 || umount -l "$m" >/dev/null 2>&1
     fi
-  done < <(awk -v p="$RUN/" 'index($5, p) == 1 { print $5 }' /proc/self/mountinfo | sort -r | uniq)
+  done < <(awk -v p="$dir/" 'index($5, p) == 1 { print $5 }' /proc/self/mountinfo | sort -r | uniq)
   while read -r pid st; do
     [[ -n $pid ]] || continue
     [[ "$(proc_start "$pid")" == "$st" ]] || continue
@@ -170,8 +190,8 @@ cleanup_leftovers() { # unmount what tests mounted under $RUN, kill the PIDs the
     kill -TERM "$pid" 2>/dev/null
     sleep 1
     [[ "$(proc_start "$pid")" == "$st" ]] && kill -KILL "$pid" 2>/dev/null
-  done < "$RUN/pids"
-  : > "$RUN/pids"
+  done < <(cat "$dir/pids" 2>/dev/null)
+  [[ -e $dir/pids ]] && : > "$dir/pids"
   # network namespaces and links recorded by tests/hosts.sh (a test killed before its own
   # EXIT trap ran); newest first: veths before their namespace, the bridge last
   local kind name npids
@@ -192,8 +212,8 @@ cleanup_leftovers() { # unmount what tests mounted under $RUN, kill the PIDs the
         note "removing leftover network link $name"
         ip link del "$name" 2>/dev/null ;;
     esac
-  done < <(tac "$RUN/net" 2>/dev/null)
-  : > "$RUN/net"
+  done < <(tac "$dir/net" 2>/dev/null)
+  [[ -e $dir/net ]] && : > "$dir/net"
 }
 
 PG_STARTED=0
@@ -202,22 +222,28 @@ pgctl() { PG_STATE=$RUN/pg PG_PORT=${PG_PORT_SEL:-} PG_LISTEN='' bash "$PG_SCRIP
 S3_STARTED=0
 s3ctl() { BENCH_STATE=$RUN/s3state BENCH_S3_PORT=$S3_PORT BENCH_S3_BUCKET=deskfs-e2e bash "$S3_SCRIPT" "$@"; }
 
-CUR_TEST_PID=
-stop_current_test() { # the e2e test running now (timeout leads its own process group)
-  [[ -n $CUR_TEST_PID ]] && kill -0 "$CUR_TEST_PID" 2>/dev/null || return 0
-  note "stopping the running test (pid $CUR_TEST_PID)"
-  kill -TERM "$CUR_TEST_PID" 2>/dev/null
-  local i
-  for i in $(seq 1 40); do kill -0 "$CUR_TEST_PID" 2>/dev/null || break; sleep 0.5; done
-  kill -KILL -- "-$CUR_TEST_PID" 2>/dev/null
-  wait "$CUR_TEST_PID" 2>/dev/null
+LANE_PIDS=()
+stop_running_tests() { # the e2e lanes, then the test each one runs now (timeout leads its own process group)
+  local pid pids=() i
+  ((${#LANE_PIDS[@]})) && kill -TERM "${LANE_PIDS[@]}" 2>/dev/null
+  for ((l = 1; l <= E2E_JOBS; l++)); do
+    pid=$(cat "$RUN/lane$l/current" 2>/dev/null)
+    [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null || continue
+    note "stopping the running test of lane $l (pid $pid)"
+    kill -TERM "$pid" 2>/dev/null
+    pids+=("$pid")
+  done
+  ((${#pids[@]})) || return 0
+  for i in $(seq 1 40); do kill -0 "${pids[@]}" 2>/dev/null || break; sleep 0.5; done
+  for pid in "${pids[@]}"; do kill -KILL -- "-$pid" 2>/dev/null; done
+  wait 2>/dev/null
 }
 
 on_exit() {
   local rc=$?
   trap - EXIT INT TERM HUP
-  stop_current_test
-  cleanup_leftovers
+  stop_running_tests
+  for ((l = 1; l <= E2E_JOBS; l++)); do cleanup_leftovers "$RUN/lane$l"; done
   if ((!SUMMARY_DONE)); then
     record "(run interrupted)" FAIL 0 "test.sh exited early (status $rc)"
     summary
@@ -417,8 +443,14 @@ if ((DO_CARGO_TEST)); then
 fi
 
 # ------------------------------------------------------------ 5. e2e tests
-say "e2e tests (tests/e2e)"
-export DESKFS_TEST_STRICT=1 DESKFS_TEST_RUN_DIR=$RUN DESKFS_TEST_TMPDIR=$RUN/tmp
+# Lanes: E2E_JOBS workers take the tests from one queue, longest first (a test's
+# "# e2e-cost: SECONDS" line, 20 when absent), so the long ones start early and the short
+# ones fill in. A test with an "# e2e-alone: REASON" line runs before the lanes start, with
+# nothing beside it (55-s3-outage stops the Garage every S3 test uses). Each lane has its
+# own run dir ($RUN/laneN: the mounts, PIDs and network links its tests record, and their
+# temp dirs), so cleaning up after a test of one lane never touches the other's.
+say "e2e tests (tests/e2e), $E2E_JOBS lane(s)"
+export DESKFS_TEST_STRICT=1
 note "deskfs under test: $DESKFS_BIN"
 
 selected() {
@@ -428,59 +460,134 @@ selected() {
   return 1
 }
 
-for t_path in "$ROOT"/tests/e2e/[0-9]*.sh; do
-  [[ -e $t_path ]] || continue
+header() { sed -n "s/^# $2: *\([0-9A-Za-z].*\)/\1/p" "$1" | head -n 1; } # FILE KEY
+
+# run_e2e PATH LANE_DIR: runs one test, writes "STATUS SECS DETAIL" to $RUN/results/NAME
+# (and the last lines of a failing test's log to $RUN/results/NAME.fail).
+run_e2e() {
+  local t_path=$1 lane=$2 name limit long_limit log t trc tailpid secs reason status detail
   name=$(basename "$t_path" .sh)
-  selected "$name" || continue
-  if ((BUILD_OK == 0)); then
-    record "$name" SKIP 0 "not run: no deskfs binary (cargo build failed)"
-    continue
-  fi
-  if ((S3_STARTED)) && ! s3ctl status > /dev/null 2>&1; then
-    note "Garage is not running before $name: restarting it"
-    s3ctl start > /dev/null 2>> "$LOGDIR/s3-start.log" || note "Garage restart failed"
-  fi
-  if ((PG_STARTED)) && [[ -s $RUN/pg.env ]] && ! pgctl status > /dev/null 2>&1; then
-    note "PostgreSQL is not running before $name: restarting it"
-    pgctl start > /dev/null 2>> "$LOGDIR/pg-start.log" || note "PostgreSQL restart failed"
-  fi
-  limit=$(sed -n 's/^# e2e-timeout: *\([0-9][0-9]*\).*/\1/p' "$t_path" | head -n 1)
+  (
+    flock 9
+    if ((S3_STARTED)) && ! s3ctl status > /dev/null 2>&1; then
+      note "Garage is not running before $name: restarting it"
+      s3ctl start > /dev/null 2>> "$LOGDIR/s3-start.log" || note "Garage restart failed"
+    fi
+    if ((PG_STARTED)) && [[ -s $RUN/pg.env ]] && ! pgctl status > /dev/null 2>&1; then
+      note "PostgreSQL is not running before $name: restarting it"
+      pgctl start > /dev/null 2>> "$LOGDIR/pg-start.log" || note "PostgreSQL restart failed"
+    fi
+  ) 9> "$RUN/servers.lock"
+  limit=$(header "$t_path" e2e-timeout)
   if ((LONG)); then
-    long_limit=$(sed -n 's/^# e2e-long-timeout: *\([0-9][0-9]*\).*/\1/p' "$t_path" | head -n 1)
+    long_limit=$(header "$t_path" e2e-long-timeout)
     limit=${long_limit:-$limit}
   fi
   limit=${limit:-${DESKFS_E2E_TIMEOUT:-600}}
   log=$LOGDIR/$name.log
-  echo "--- $name (limit ${limit}s)"
   t=$SECONDS
   # Output goes to a file, never a pipe (a daemon keeping an inherited fd would hang a
-  # pipe); tail follows the file until the test exits. The file exists before tail starts
-  # (else tail may look before the redirection created it, give up, and show nothing).
+  # pipe). With one lane, tail follows the file until the test exits (the file exists
+  # before tail starts, else tail may look before the redirection made it and show
+  # nothing); with more, a test's lines would interleave with the other lane's: each
+  # test prints one line when it ends, and a failing one its last lines.
   : > "$log"
-  timeout -k 30 "$limit" bash "$t_path" > "$log" 2>&1 < /dev/null &
-  CUR_TEST_PID=$!
-  tail -n +1 -f --pid="$CUR_TEST_PID" "$log" 2>/dev/null | sed -u 's/^/    /' &
-  tailpid=$!
-  wait "$CUR_TEST_PID"   # (wait, unlike a foreground pipeline, lets the INT/TERM traps run at once)
+  if ((E2E_JOBS == 1)); then
+    echo "--- $name (limit ${limit}s)"
+  else
+    echo "--- $name started in lane ${lane##*lane} (limit ${limit}s) [$((SECONDS - T0))s]"
+  fi
+  DESKFS_TEST_RUN_DIR=$lane DESKFS_TEST_TMPDIR=$lane/tmp \
+    timeout -k 30 "$limit" bash "$t_path" > "$log" 2>&1 < /dev/null &
+  echo "$!" > "$lane/current"
+  if ((E2E_JOBS == 1)); then
+    tail -n +1 -f --pid="$!" "$log" 2>/dev/null | sed -u 's/^/    /' &
+    tailpid=$!
+  fi
+  wait "$(cat "$lane/current")"   # (wait, unlike a foreground pipeline, lets the INT/TERM traps run at once)
   trc=$?
-  wait "$tailpid"
-  CUR_TEST_PID=
+  [[ -n ${tailpid:-} ]] && wait "$tailpid"
+  : > "$lane/current"
   secs=$((SECONDS - t))
   reason=$(grep -E '^(FAIL|SKIP): ' "$log" | tail -n 1 | sed -E 's/^(FAIL|SKIP): [^:]*: //')
   case $trc in
-    0) record "$name" PASS "$secs" "" ;;
-    77) record "$name" SKIP "$secs" "${reason:-skipped}" ;;
-    124|137) record "$name" FAIL "$secs" "timed out after ${limit}s${reason:+; $reason}" ;;
-    *) record "$name" FAIL "$secs" "${reason:-exit status $trc}" ;;
+    0) status=PASS detail="" ;;
+    77) status=SKIP detail="${reason:-skipped}" ;;
+    124|137) status=FAIL detail="timed out after ${limit}s${reason:+; $reason}" ;;
+    *) status=FAIL detail="${reason:-exit status $trc}" ;;
   esac
-  case $trc in
-    0|77) ;;
-    *) { echo "--- $name: last lines of its log"; tail -n 12 "$log" | cut -c1-300; } >> "$LOGDIR/failure-details" ;;
-  esac
-  if awk -v p="$RUN/" 'index($5, p) == 1 { f = 1 } END { exit !f }' /proc/self/mountinfo || [[ -s $RUN/pids || -s $RUN/net ]]; then
-    cleanup_leftovers
+  printf '%s %s %s\n' "$status" "$secs" "$detail" > "$RUN/results/$name"
+  if [[ $status == FAIL ]]; then
+    { echo "--- $name: last lines of its log"; tail -n 12 "$log" | cut -c1-300; } > "$RUN/results/$name.fail"
+    ((E2E_JOBS == 1)) || tail -n 30 "$log" | cut -c1-300 | sed 's/^/    /'
   fi
-  : > "$RUN/mounts"
+  printf '%-4s %s (%ss)%s\n' "$status" "$name" "$secs" "${detail:+ — $detail}"
+  if awk -v p="$lane/" 'index($5, p) == 1 { f = 1 } END { exit !f }' /proc/self/mountinfo || [[ -s $lane/pids || -s $lane/net ]]; then
+    cleanup_leftovers "$lane"
+  fi
+  : > "$lane/mounts"
+}
+
+# next_test: prints the next queued test (and takes it off the queue); fails when none is left
+next_test() {
+  (
+    flock 9
+    local line
+    line=$(head -n 1 "$RUN/e2e-queue" 2>/dev/null)
+    [[ -n $line ]] || exit 1
+    sed -i 1d "$RUN/e2e-queue"
+    echo "$line"
+  ) 9> "$RUN/e2e-queue.lock"
+}
+
+e2e_lane() { # LANE_DIR: runs queued tests until the queue is empty
+  local t_path
+  while t_path=$(next_test); do run_e2e "$t_path" "$1"; done
+}
+
+E2E_ORDER=() ALONE=() QUEUED=()
+mkdir -p "$RUN/results"
+for t_path in "$ROOT"/tests/e2e/[0-9]*.sh; do
+  [[ -e $t_path ]] || continue
+  name=$(basename "$t_path" .sh)
+  selected "$name" || continue
+  E2E_ORDER+=("$name")
+  if ((BUILD_OK == 0)); then
+    printf 'SKIP 0 not run: no deskfs binary (cargo build failed)\n' > "$RUN/results/$name"
+  elif [[ -n $(header "$t_path" e2e-alone) ]]; then
+    ALONE+=("$t_path")
+  else
+    cost=$(header "$t_path" e2e-cost)
+    cost=${cost%%[!0-9]*}
+    QUEUED+=("${cost:-20} $t_path")
+  fi
+done
+((${#QUEUED[@]})) && printf '%s\n' "${QUEUED[@]}" | sort -k1,1nr -k2 | awk 'NF == 2 { print $2 }' > "$RUN/e2e-queue"
+
+for t_path in "${ALONE[@]}"; do
+  note "$(basename "$t_path" .sh) runs alone: $(header "$t_path" e2e-alone)"
+  run_e2e "$t_path" "$RUN/lane1"
+done
+LANE_PIDS=()
+if ((E2E_JOBS == 1)); then
+  e2e_lane "$RUN/lane1"
+else
+  for ((l = 1; l <= E2E_JOBS; l++)); do
+    e2e_lane "$RUN/lane$l" &
+    LANE_PIDS+=("$!")
+  done
+  wait "${LANE_PIDS[@]}"
+  LANE_PIDS=()
+fi
+
+for name in "${E2E_ORDER[@]}"; do
+  if [[ -s $RUN/results/$name ]]; then
+    read -r status secs detail < "$RUN/results/$name"
+    record_quietly "$name" "$status" "$secs" "$detail"
+    [[ -s $RUN/results/$name.fail ]] && cat "$RUN/results/$name.fail" >> "$LOGDIR/failure-details"
+  else
+    record_quietly "$name" FAIL 0 "no result (its lane stopped)"
+  fi
 done
 
 summary

@@ -17,6 +17,7 @@
 #     --timeout 5` returns within its bound with exit 3; with the key back, a remount and
 #     sync upload it.
 # Skipped (failed under DESKFS_TEST_STRICT=1) only when Azurite cannot be installed.
+# e2e-cost: 102
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
 # shellcheck source=tests/backend.sh

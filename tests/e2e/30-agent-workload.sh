@@ -9,6 +9,7 @@
 # on S3, the emulator's own client on Azure/GCS),
 # remount with an empty cache and check the tree is identical, git fsck --full is clean,
 # make is up to date, binaries run, sqlite integrity_check is ok with the same rows.
+# e2e-cost: 37
 # e2e-timeout: 1200
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

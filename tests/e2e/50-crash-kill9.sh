@@ -12,6 +12,7 @@
 # burst (60 closed files, a rename, an unlink, a chmod) comes after its last fsync: at the
 # kill those requests exist only in the metadata redo log (checked: `<db>-redo` is not
 # empty), so the remount shows that replaying it loses nothing close returned.
+# e2e-cost: 51
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 need_store

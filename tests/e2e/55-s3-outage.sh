@@ -13,6 +13,8 @@
 # its content, and status shows nothing pending.
 # Stops and starts only the server scripts/test.sh started (DESKFS_TEST_S3_OWNED=1) or the
 # test's private emulator.
+# e2e-cost: 39
+# e2e-alone: stops the shared Garage (store_ctl stop), which every S3 test of the run uses
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

@@ -6,6 +6,7 @@
 # same port: writes, renames and cached reads work during the outage, status shows the
 # pending work, sync does not claim success while it is down and finishes after; every
 # file is an object with its content, the old name is gone.
+# e2e-cost: 38
 # e2e-timeout: 900
 export DESKFS_E2E_STORE=gcs DESKFS_E2E_NAME=55g-outage-gcs
 exec bash "$(dirname "$0")/55-s3-outage.sh" "$@"

@@ -20,6 +20,7 @@
 #     on a PUT, without a panic; remounted with the faults off, the file written during
 #     the stall reaches the bucket;
 #   - every fault kind happened at least once (the proxy's counts).
+# e2e-cost: 86
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

@@ -11,6 +11,7 @@
 # (AddressSanitizer, RUSTC_BOOTSTRAP=1 on the stable toolchain) goes to
 # ~/.cache/deskfs-fuzz-target (DESKFS_FUZZ_TARGET_DIR), so a run from a fresh clone
 # rebuilds only the deskfs crates (about 3 min cold on 2 cores, under 1 min after).
+# e2e-cost: 250
 # e2e-timeout: 900
 # e2e-long-timeout: 4500
 source "$(dirname "$0")/../lib.sh"

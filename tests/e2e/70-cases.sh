@@ -6,6 +6,7 @@
 # or SKIP; this test fails if any case fails (or kills the mount).
 #   DESKFS_CASES_DIR     where the cases are (default: <repo>/../shared/cases)
 #   DESKFS_CASES_FILTER  run only cases whose file name contains this string
+# e2e-cost: 42
 # e2e-timeout: 1200
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

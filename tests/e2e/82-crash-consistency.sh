@@ -19,6 +19,7 @@
 #   DESKFS_CRASH_ITERS   iterations (default 15)
 #   DESKFS_CRASH_SEED    seed of the whole run (default random; printed; replays the
 #                        workload and kill delays, not the exact kill moment)
+# e2e-cost: 32
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

@@ -32,6 +32,7 @@
 #                        (~450 files); a check costs 1.1-1.5 s there (restore by moving
 #                        the image into place, mount, check, unmount, fsck).
 #   DESKFS_POWER_SEED    seed of the run (default random; printed)
+# e2e-cost: 500
 # e2e-timeout: 1200
 # e2e-long-timeout: 43200
 source "$(dirname "$0")/../lib.sh"

@@ -6,6 +6,7 @@
 # tests/lib.sh). `deskfs fsck NAME` reads the metadata URL from the workspace config; on
 # problems the test keeps a pg_dump of the schema instead of a copy of meta.db. Needs
 # PostgreSQL (need_pg). Knobs as in 82 (DESKFS_CRASH_ITERS, DESKFS_CRASH_SEED).
+# e2e-cost: 40
 # e2e-timeout: 900
 export DESKFS_E2E_META=postgres DESKFS_E2E_NAME=82p-crash-consistency-pg
 exec bash "$(dirname "$0")/82-crash-consistency.sh" "$@"

@@ -33,6 +33,7 @@
 #                      the exact moments)
 # Printed at the end: cycles, events by kind, bursts, journal lines checked, SQLite rows,
 # the daemon's peak RSS over all cycles.
+# e2e-cost: 188
 # e2e-timeout: 900
 # e2e-long-timeout: 3600
 source "$(dirname "$0")/../lib.sh"

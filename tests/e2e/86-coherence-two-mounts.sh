@@ -12,6 +12,7 @@
 #   * handover: a poller on B waits for results A hands over by rename: never vanishes
 #   * git-refs: `git update-ref` on A, `rev-parse` on B at once, every time
 #   * sqlite: 4 writers on two mounts, one database in rollback-journal mode: rows exact
+# e2e-cost: 63
 # e2e-timeout: 600
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

@@ -43,6 +43,7 @@
 #      `deskfs fsck --check-bucket` with each host's cache dir finds 0 problems.
 # Checks that fail are reported as "FAILED CHECK: ..." and the test goes on; it fails at
 # the end with the list. Seed of part 3: DESKFS_PART_SEED (printed).
+# e2e-cost: 70
 # e2e-timeout: 600
 # shellcheck disable=SC2016
 source "$(dirname "$0")/../lib.sh"

@@ -39,6 +39,7 @@
 # Checks that fail are reported as "FAILED CHECK: ..." and the test goes on (later parts
 # do not depend on them); it fails at the end with the list. Figures printed (MEASURED):
 # lock takeover after kill -9 and after the partition, the EIO wait.
+# e2e-cost: 99
 # e2e-timeout: 600
 # shellcheck disable=SC2016
 source "$(dirname "$0")/../lib.sh"

@@ -16,6 +16,7 @@
 #     superuser): attach, mount and format are refused, and the version record stays 99
 #   * mount when the local workspace.toml names another bucket than the database records
 # Finally the real workspace still mounts from both homes and holds its file.
+# e2e-cost: 32
 # e2e-timeout: 300
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

@@ -25,6 +25,7 @@
 # and PyPI (they SKIP when those are not reachable), as in 70-cases.
 #   DESKFS_CASES_DIR     where the cases are (default: <repo>/../shared/cases)
 #   DESKFS_CASES_FILTER  run only cases whose file name contains this string
+# e2e-cost: 105
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
 source "$(dirname "$0")/../hosts.sh"

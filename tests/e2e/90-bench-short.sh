@@ -4,6 +4,7 @@
 # about speed is asserted; the test fails only when a workload errors out or hangs (its
 # child hits the wall limit), a command in it fails (git, cargo, tar, fio, dd) or an
 # operation returns an error or wrong data. The PNG is drawn only if matplotlib is there.
+# e2e-cost: 114
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

@@ -9,6 +9,7 @@
 # object, none missing, every content equal (sha256), directory markers only for
 # directories and one for every empty directory. Both mounts unmount (no rmdir retried
 # for ever). Then the same on the embedded default (file:// bucket dir).
+# e2e-cost: 53
 # e2e-timeout: 600
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

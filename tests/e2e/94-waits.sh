@@ -13,6 +13,7 @@
 #     exits within seconds (it used to ignore SIGTERM: its handler only tried to unmount);
 # after each, Garage is started again, the workspace mounted and `deskfs sync`ed: every
 # file written while the bucket was down is in the bucket with its exact content.
+# e2e-cost: 68
 # e2e-timeout: 900
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

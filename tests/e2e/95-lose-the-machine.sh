@@ -11,6 +11,7 @@
 # reported as lost, never half-applied; attach refuses the live lease until --take-over.
 # Runs on the embedded default engine with a local bucket dir (outside the home: a volume
 # that survives the machine) and on Garage (S3).
+# e2e-cost: 37
 # e2e-timeout: 600
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

@@ -20,6 +20,7 @@
 # journal entry (via mcp, the files it changed) read back through the journal tool, and
 # 401 + WWW-Authenticate for a missing, unknown or revoked token.
 # Also: bad command lines and a port in use give one clear line.
+# e2e-cost: 32
 # e2e-timeout: 600
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

@@ -21,6 +21,7 @@
 # exec) go through it — nothing outside is ever read or written. Writes into the desk's
 # record `.desk/` are listed as pending until it is read-only to agents. Passes with
 # "N cases, 0 escapes".
+# e2e-cost: 35
 # e2e-timeout: 400
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

@@ -13,6 +13,7 @@
 # within SERVE_LOAD_LEAK_MIB of RSS after round 2 (a leak grows it every round). Nothing
 # is timed; the figures (requests/s, latency p50/p95/p99 per kind, RSS before, peak,
 # after) are printed and kept in the log.
+# e2e-cost: 37
 # e2e-timeout: 300
 source "$(dirname "$0")/../lib.sh"
 need_deskfs

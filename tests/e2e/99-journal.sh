@@ -18,6 +18,7 @@
 #     are unknown (files null with the reason), never an empty list;
 #   * bad inputs: unknown agent, unknown task, invalid task name, --limit 0: one line on
 #     stderr, non-zero exit; a torn last line in a journal is skipped by the reader.
+# e2e-cost: 41
 source "$(dirname "$0")/../lib.sh"
 need_deskfs
 need_cmd bwrap python3 git
