@@ -31,11 +31,23 @@ pub struct ReadCounters {
     pub failed: u64,
 }
 
-/// The shared counters of one bucket's reads.
-#[derive(Debug, Default)]
+/// The retry rule and shared counters of one bucket's reads.
+#[derive(Debug)]
 pub(crate) struct ReadRetry {
+    /// Pause before the second try ([`READ_FIRST_PAUSE`]; shorter in tests).
+    first_pause: Duration,
     retried: AtomicU64,
     failed: AtomicU64,
+}
+
+impl Default for ReadRetry {
+    fn default() -> Self {
+        Self {
+            first_pause: READ_FIRST_PAUSE,
+            retried: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+        }
+    }
 }
 
 impl ReadRetry {
@@ -46,7 +58,7 @@ impl ReadRetry {
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T>>,
     {
-        let mut pause = READ_FIRST_PAUSE;
+        let mut pause = self.first_pause;
         let mut attempt = 1;
         loop {
             match op().await {
@@ -90,14 +102,21 @@ mod tests {
     fn rt() -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_current_thread()
             .enable_time()
-            .start_paused(true)
             .build()
             .expect("runtime")
     }
 
+    /// The rule with 1 ms pauses (1, 2, 4, 8 ms): the tests count tries, not seconds.
+    fn quick() -> ReadRetry {
+        ReadRetry {
+            first_pause: Duration::from_millis(1),
+            ..ReadRetry::default()
+        }
+    }
+
     #[test]
     fn a_read_failing_transiently_is_tried_again_until_it_succeeds() {
-        let r = ReadRetry::default();
+        let r = quick();
         let calls = AtomicU32::new(0);
         let out = rt().block_on(r.run("get", || async {
             match calls.fetch_add(1, Ordering::SeqCst) {
@@ -121,7 +140,7 @@ mod tests {
 
     #[test]
     fn retries_are_bounded_and_the_last_error_is_returned() {
-        let r = ReadRetry::default();
+        let r = quick();
         let calls = AtomicU32::new(0);
         let out: Result<()> = rt().block_on(r.run("get", || async {
             let n = calls.fetch_add(1, Ordering::SeqCst);
@@ -150,7 +169,7 @@ mod tests {
             BucketError::Auth("403".into()),
             BucketError::Config("bad".into()),
         ] {
-            let r = ReadRetry::default();
+            let r = quick();
             let calls = AtomicU32::new(0);
             let mut once = Some(e);
             let out: Result<()> = rt().block_on(r.run("get", || {
