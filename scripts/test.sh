@@ -68,7 +68,8 @@ while (($#)); do
     --e2e-only) DO_DEPS=0 DO_BUILD=0 DO_CARGO_TEST=0 ;;
     --keep) export DESKFS_TEST_KEEP=1 ;;
     --long) LONG=1 ;;
-    --jobs) E2E_JOBS=${2:-}; shift ;;
+    --jobs) (($# >= 2)) || { echo "test.sh: --jobs needs a number of e2e lanes, e.g. --jobs 2" >&2; exit 2; }
+      E2E_JOBS=$2; shift ;;
     --jobs=*) E2E_JOBS=${1#--jobs=} ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "test.sh: unknown option $1" >&2; exit 2 ;;
