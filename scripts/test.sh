@@ -59,7 +59,8 @@ export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 DO_DEPS=1 DO_BUILD=1 DO_CARGO_TEST=1
 FILTERS=()
 LONG=0
-E2E_JOBS=${DESKFS_E2E_JOBS:-}
+E2E_JOBS=${DESKFS_E2E_JOBS-}
+JOBS_GIVEN=$([[ -n ${DESKFS_E2E_JOBS+set} ]] && echo 1 || echo 0)
 while (($#)); do
   case "$1" in
     --no-deps) DO_DEPS=0 ;;
@@ -69,8 +70,8 @@ while (($#)); do
     --keep) export DESKFS_TEST_KEEP=1 ;;
     --long) LONG=1 ;;
     --jobs) (($# >= 2)) || { echo "test.sh: --jobs needs a number of e2e lanes, e.g. --jobs 2" >&2; exit 2; }
-      E2E_JOBS=$2; shift ;;
-    --jobs=*) E2E_JOBS=${1#--jobs=} ;;
+      E2E_JOBS=$2 JOBS_GIVEN=1; shift ;;
+    --jobs=*) E2E_JOBS=${1#--jobs=} JOBS_GIVEN=1 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     -*) echo "test.sh: unknown option $1" >&2; exit 2 ;;
     *) FILTERS+=("$1") ;;
@@ -78,10 +79,10 @@ while (($#)); do
   shift
 done
 
-if [[ -z $E2E_JOBS ]]; then
+if ((!JOBS_GIVEN)); then
   E2E_JOBS=$(($(nproc 2>/dev/null || echo 1) >= 2 ? 2 : 1))
 elif ! [[ $E2E_JOBS =~ ^[1-9][0-9]?$ ]]; then
-  echo "test.sh: --jobs wants a number of e2e lanes from 1 to 99, not '$E2E_JOBS'" >&2
+  echo "test.sh: --jobs (or DESKFS_E2E_JOBS) wants a number of e2e lanes from 1 to 99, not '$E2E_JOBS'" >&2
   exit 2
 fi
 if ((LONG)); then
