@@ -13,8 +13,8 @@ if [ ${#need[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-echo "== building deskfs (release)"
-cargo build --release -q -p deskfs
+echo "== building deskfs (release; about 10 min on 2 CPUs the first time, cargo shows its progress)"
+cargo build --release -p deskfs
 D="${CARGO_TARGET_DIR:-$PWD/target}/release/deskfs"
 
 export DESKFS_HOME="${DESKFS_HOME:-$(mktemp -d /tmp/deskfs-demo.XXXXXX)}"
@@ -32,8 +32,8 @@ echo "== working in the mount"
 mkdir -p "$MNT/notes" "$MNT/repos"
 echo "remember: tests run with make check" > "$MNT/notes/todo.md"
 printf 'int main(void){return 0;}\n' > "$MNT/repos/main.c"
-ln -s notes/todo.md "$MNT/latest"
 mv "$MNT/notes/todo.md" "$MNT/notes/plan.md"
+ln -s notes/plan.md "$MNT/latest"
 ls -lR "$MNT"
 
 echo "== deskfs sync demo   (returns once everything is in the bucket)"
