@@ -163,6 +163,7 @@ cargo_failures() { # LOG LABEL
 
 # ------------------------------------------------------------ cleanup (EXIT trap)
 is_mounted() { awk -v p="$1" '$5 == p { f = 1 } END { exit !f }' /proc/self/mountinfo; }
+mounted_under() { awk -v p="$1/" 'index($5, p) == 1 { f = 1 } END { exit !f }' /proc/self/mountinfo; } # DIR
 
 proc_start() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 1; s=${s##*) }; set -- $s; echo "${20}"; }
 
@@ -260,7 +261,7 @@ on_exit() {
   fi
   if [[ ${DESKFS_TEST_KEEP:-0} == 1 ]]; then
     note "kept $RUN"
-  elif awk -v p="$RUN/" 'index($5, p) == 1 { f = 1 } END { exit !f }' /proc/self/mountinfo; then
+  elif mounted_under "$RUN"; then
     note "something is still mounted under $RUN: not deleting it"
   else
     rm -rf --one-file-system "$RUN"
@@ -467,7 +468,7 @@ header() { sed -n "s/^# $2: *\([0-9A-Za-z].*\)/\1/p" "$1" | head -n 1; } # FILE 
 # run_e2e PATH LANE_DIR: runs one test, writes "STATUS SECS DETAIL" to $RUN/results/NAME
 # (and the last lines of a failing test's log to $RUN/results/NAME.fail).
 run_e2e() {
-  local t_path=$1 lane=$2 name limit long_limit log t trc tailpid secs reason status detail
+  local t_path=$1 lane=$2 name limit long_limit log t pid trc tailpid= secs reason status detail
   name=$(basename "$t_path" .sh)
   (
     flock 9
@@ -501,14 +502,15 @@ run_e2e() {
   fi
   DESKFS_TEST_RUN_DIR=$lane DESKFS_TEST_TMPDIR=$lane/tmp \
     timeout -k 30 "$limit" bash "$t_path" > "$log" 2>&1 < /dev/null &
-  echo "$!" > "$lane/current"
+  pid=$!
+  echo "$pid" > "$lane/current"   # for stop_running_tests
   if ((E2E_JOBS == 1)); then
-    tail -n +1 -f --pid="$!" "$log" 2>/dev/null | sed -u 's/^/    /' &
+    tail -n +1 -f --pid="$pid" "$log" 2>/dev/null | sed -u 's/^/    /' &
     tailpid=$!
   fi
-  wait "$(cat "$lane/current")"   # (wait, unlike a foreground pipeline, lets the INT/TERM traps run at once)
+  wait "$pid"   # (wait, unlike a foreground pipeline, lets the INT/TERM traps run at once)
   trc=$?
-  [[ -n ${tailpid:-} ]] && wait "$tailpid"
+  [[ -n $tailpid ]] && wait "$tailpid"
   : > "$lane/current"
   secs=$((SECONDS - t))
   reason=$(grep -E '^(FAIL|SKIP): ' "$log" | tail -n 1 | sed -E 's/^(FAIL|SKIP): [^:]*: //')
@@ -524,7 +526,7 @@ run_e2e() {
     ((E2E_JOBS == 1)) || tail -n 30 "$log" | cut -c1-300 | sed 's/^/    /'
   fi
   printf '%-4s %s (%ss)%s\n' "$status" "$name" "$secs" "${detail:+ — $detail}"
-  if awk -v p="$lane/" 'index($5, p) == 1 { f = 1 } END { exit !f }' /proc/self/mountinfo || [[ -s $lane/pids || -s $lane/net ]]; then
+  if mounted_under "$lane" || [[ -s $lane/pids || -s $lane/net ]]; then
     cleanup_leftovers "$lane"
   fi
   : > "$lane/mounts"
