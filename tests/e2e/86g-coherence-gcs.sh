@@ -4,7 +4,7 @@
 # (DESKFS_E2E_STORE=gcs: ws_format adds --bucket gs://…): three mounts, A and B sharing a
 # cache dir, C with its own, so C reads what A wrote through GCS (uploads on request)
 # with no missing names and no stale or torn content.
-# e2e-cost: 68
+# e2e-cost: 85
 # e2e-timeout: 600
 export DESKFS_E2E_STORE=gcs DESKFS_E2E_NAME=86g-coherence-gcs
 exec bash "$(dirname "$0")/86-coherence-two-mounts.sh" "$@"

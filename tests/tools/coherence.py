@@ -89,8 +89,9 @@ def cmd_trunc_rewrite(a):
     fa, fb = os.path.join(A, "f"), os.path.join(B, "f")
     for r in range(a.rounds):
         write_file(fa, b"hello %d\n" % r)
-        if read_file(fb) != b"hello %d\n" % r:
-            fail("round %d: B does not read A's first write" % r)
+        got = read_file(fb)
+        if got != b"hello %d\n" % r:
+            fail("round %d: B does not read A's first write: got %r (then %r)" % (r, got[:80], read_file(fb)[:80]))
         fd = os.open(fa, os.O_WRONLY | os.O_TRUNC)
         os.close(fd)
         want = b"world data %d, longer than before\n" % r

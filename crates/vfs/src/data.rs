@@ -17,6 +17,7 @@ use futures::future::{BoxFuture, FutureExt, Shared};
 use crate::changes::{Batch, Plan};
 use crate::datasync::DataSync;
 use crate::handles::{Handle, InodeState, OpenRecord};
+use crate::kernel_sync::{AttrStamp, Synced};
 use crate::namespace::{NewNode, NodeSpec};
 use crate::passthrough::Absorb;
 use crate::types::{Attr, Ctx, Opened};
@@ -109,6 +110,8 @@ enum OpenStep {
         keep: bool,
         /// The backing file of a passthrough open (counted in the state's `pt`).
         backing: Option<Arc<File>>,
+        /// The attributes of the row the step was decided on.
+        stamp: AttrStamp,
     },
 }
 
@@ -369,8 +372,15 @@ impl Vfs {
     /// size. Nothing changes while this mount has uncommitted writes (they win at their
     /// commit).
     pub(crate) fn revalidate(&self, ino: Ino, kernel: bool) -> Result<()> {
-        let (changed, version) = self.locked_fresh(ino, |s, row| Ok(Self::adopt_row(s, row)))?;
-        self.after_revalidate(ino, changed, version, kernel);
+        let read_began = std::time::Instant::now();
+        let (changed, version, stamp) = self.locked_fresh(ino, |s, row| {
+            let (changed, version) = Self::adopt_row(s, row);
+            Ok((changed, version, AttrStamp::of(row)))
+        })?;
+        if self.after_revalidate(ino, changed, version, kernel) {
+            let sync = Synced { read_began, stamp };
+            self.kernel_syncs.synced(ino, sync);
+        }
         Ok(())
     }
 
@@ -393,17 +403,19 @@ impl Vfs {
 
     /// The kernel's view after a revalidation: its cached size and pages go when the
     /// content changed, or when (shared) they may be another version's than `version`.
-    fn after_revalidate(&self, ino: Ino, changed: bool, version: u64, kernel: bool) {
+    /// Returns whether the kernel was sent an invalidation.
+    fn after_revalidate(&self, ino: Ino, changed: bool, version: u64, kernel: bool) -> bool {
         // The state may be fresh (loaded just now) while the kernel still caches an older
         // version's size and pages: compare with what the kernel was last given too.
         let kernel_stale = self.shared() && !self.kernel_pages.holds(ino, version);
         if changed || kernel_stale {
             if kernel {
                 self.invalidate_now(&crate::Invalidation::Inode(ino));
-            } else {
-                self.kernel_pages.forget(ino);
+                return true;
             }
+            self.kernel_pages.forget(ino);
         }
+        false
     }
 
     /// Removes an idle state from the table (caller holds the state's lock).
@@ -556,6 +568,9 @@ impl Vfs {
             // wait for remote content, the inode is served even if it lost its name
             // during the wait: this open began while it had it.
             let ask = (count.session.is_none() && self.shared()).then(|| self.coherence.session());
+            // Before the row read: an invalidation sent on its strength covers every
+            // change committed before this instant (see `kernel_sync`).
+            let read_began = std::time::Instant::now();
             let step = self.locked_for_open(ino, retry || waited, ask, |s, row| {
                 self.open_step(ino, s, row, acc, trunc, waited)
                     .inspect(|step| {
@@ -583,13 +598,18 @@ impl Vfs {
                     version,
                     keep,
                     backing,
+                    stamp,
                 } => {
                     if file && stale {
                         // Another mount's new content: the kernel's cached size and pages
                         // go (the kernel holds no lock of this inode during OPEN); from
-                        // now on it caches this version.
+                        // now on it caches this version. The feed's later invalidation
+                        // of the same change is left out (it could make the kernel drop
+                        // the attributes it is about to read: see `kernel_sync`).
                         self.invalidate_now(&crate::Invalidation::Inode(ino));
                         self.kernel_pages.opened(ino, version);
+                        let sync = Synced { read_began, stamp };
+                        self.kernel_syncs.synced(ino, sync);
                     }
                     #[cfg(test)]
                     if let Some(race) = tests::BEFORE_NEW_HANDLE.with(|r| r.borrow_mut().take()) {
@@ -675,6 +695,7 @@ impl Vfs {
             version: s.version,
             keep,
             backing,
+            stamp: AttrStamp::of(row),
         })
     }
 

@@ -216,6 +216,12 @@ impl Vfs {
                     return n;
                 }
             };
+            // Every change in `rows` was committed before this instant. Inodes an open
+            // already invalidated for since are left out (see `kernel_sync`).
+            let batch_read = Instant::now();
+            let mut coverage =
+                self.kernel_syncs
+                    .coverage(&*self.meta, rows.iter().map(|r| r.ino), batch_read);
             let mut delivered = false;
             for r in &rows {
                 // Engines may return a change twice (PostgreSQL, until its transaction
@@ -230,8 +236,16 @@ impl Vfs {
                     self.invalidate_now(&Invalidation::Inode(parent));
                     n += 2;
                 }
-                self.invalidate_now(&Invalidation::Inode(r.ino));
-                n += 1;
+                let ino = r.ino;
+                if coverage.deliver(ino, || self.invalidate_now(&Invalidation::Inode(ino))) {
+                    n += 1;
+                } else {
+                    tracing::debug!(
+                        ino,
+                        seq = r.seq,
+                        "feed: invalidation left out, an open covered it"
+                    );
+                }
             }
             if delivered {
                 // Another mount is busy changing the workspace: this mount's uploader

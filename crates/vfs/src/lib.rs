@@ -28,6 +28,7 @@ mod handles;
 mod hints;
 mod importer;
 mod kernel_refs;
+mod kernel_sync;
 pub mod locks;
 mod meta_flush;
 mod mount_marker;
@@ -211,6 +212,8 @@ pub struct Vfs {
     pub(crate) locks: locks::LocalLocks,
     /// Content versions the kernel's page cache holds (keep_cache decisions).
     pub(crate) kernel_pages: feed::KernelPages,
+    /// The last invalidation each open sent, so the feed leaves out the ones it covers.
+    pub(crate) kernel_syncs: kernel_sync::KernelSyncs,
     /// Opens may use FUSE passthrough now (see [`passthrough`]).
     pub(crate) passthrough: std::sync::atomic::AtomicBool,
     /// When the change feed was last read to its end (ns since the epoch; 0: never).
@@ -337,6 +340,7 @@ impl Vfs {
             last_mark_ns: std::sync::atomic::AtomicI64::new(0),
             locks: locks::LocalLocks::default(),
             kernel_pages: feed::KernelPages::default(),
+            kernel_syncs: kernel_sync::KernelSyncs::default(),
             passthrough: std::sync::atomic::AtomicBool::new(false),
             marker_missing: std::sync::atomic::AtomicBool::new(false),
             blocks: Default::default(),

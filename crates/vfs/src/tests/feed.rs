@@ -164,6 +164,85 @@ fn keep_cache_only_while_the_kernel_pages_are_current() {
     rel(o.fh);
 }
 
+/// How many times `inv` was delivered.
+fn count(seen: &Seen, inv: &Invalidation) -> usize {
+    seen.lock().unwrap().iter().filter(|i| *i == inv).count()
+}
+
+#[test]
+fn the_feed_leaves_out_an_invalidation_the_open_already_sent() {
+    // Found by e2e 86 (trunc-rewrite, ~1 round in 10,000): the feed's late `inval_inode`
+    // for a change the open had already invalidated for landed while the kernel refreshed
+    // the inode's attributes, so the kernel dropped the fresh size and the read used the
+    // old one (a tail of zeros, or nothing). See `kernel_sync`.
+    let h = Harness::new();
+    let seen = record(&h);
+    let f = h.file(ROOT_INO, "f", b"version one, longer");
+    let (other, _sid) = other_mount(&h);
+    h.feed_round();
+    assert!(h.shared());
+    let rewrite = |size: u64| {
+        txn(&*other, |t| {
+            let mut r = t.get_inode(f.ino)?.expect("inode");
+            r.size = size;
+            r.data_version += 1;
+            r.mtime_ns = now_ns();
+            r.ctime_ns = r.mtime_ns;
+            t.update_inode(&r)
+        })
+        .unwrap()
+    };
+    let open_read = || {
+        let o = h.open(&CTX, f.ino, libc::O_RDONLY).expect("open");
+        h.flush(f.ino, o.fh).unwrap();
+        h.release(f.ino, o.fh).unwrap();
+        o
+    };
+    let inval = Invalidation::Inode(f.ino);
+    // Another mount rewrites the file; this mount opens it before its feed runs: the open
+    // invalidates (and queues an access time, which the next round commits).
+    rewrite(3);
+    let o = open_read();
+    assert!(!o.keep_cache);
+    assert_eq!(
+        count(&seen, &inval),
+        1,
+        "the open invalidates: {:?}",
+        seen.lock().unwrap()
+    );
+    h.feed_round();
+    assert_eq!(
+        count(&seen, &inval),
+        1,
+        "the feed repeated the invalidation the open already sent: {:?}",
+        seen.lock().unwrap()
+    );
+    // A change made after the open's read is always delivered.
+    rewrite(5);
+    h.feed_round();
+    assert_eq!(
+        count(&seen, &inval),
+        2,
+        "a later change must reach the kernel"
+    );
+    // So is an attribute change after an open that covered the content change.
+    rewrite(7);
+    open_read();
+    assert_eq!(count(&seen, &inval), 3);
+    txn(&*other, |t| {
+        let mut r = t.get_inode(f.ino)?.expect("inode");
+        r.perm = 0o600;
+        r.ctime_ns = now_ns();
+        t.update_inode(&r)
+    })
+    .unwrap();
+    h.feed_round();
+    assert!(
+        count(&seen, &inval) > 3,
+        "a chmod after the open must reach the kernel"
+    );
+}
+
 #[test]
 fn names_imported_from_the_bucket_drop_negative_entries() {
     let h = Harness::build(test_cfg(), |b| {
