@@ -242,13 +242,34 @@ stop_running_tests() { # the e2e lanes, then the test each one runs now (timeout
   wait 2>/dev/null
 }
 
+# bg_wait LOG CMD...: runs CMD in the background, its output to LOG, and waits for it, so
+# that an INT/TERM/HUP trap runs at once (bash runs a trap only after a foreground command
+# ends: a SIGTERM during `cargo test` waited for the whole run); on_exit stops it by FG_PID.
+# CMD is a `timeout` (its own process group, which it signals whole) or a plain command.
+# The redirection is CMD's, not the call's: a trap running inside this function would
+# write the summary into LOG.
+FG_PID=
+bg_wait() {
+  local log=$1 rc=0
+  shift
+  "$@" > "$log" 2>&1 &
+  FG_PID=$!
+  wait "$FG_PID" || rc=$?
+  FG_PID=
+  return "$rc"
+}
+
 on_exit() {
   local rc=$?
   trap - EXIT INT TERM HUP
+  if [[ -n $FG_PID ]]; then
+    kill -TERM "$FG_PID" 2>/dev/null
+    wait "$FG_PID" 2>/dev/null
+  fi
   stop_running_tests
   for ((l = 1; l <= E2E_JOBS; l++)); do cleanup_leftovers "$RUN/lane$l"; done
   if ((!SUMMARY_DONE)); then
-    record "(run interrupted)" FAIL 0 "test.sh exited early (status $rc)"
+    record "(run interrupted)" FAIL $((SECONDS - T0)) "test.sh exited early (status $rc)"
     summary
   fi
   if ((S3_STARTED)); then
@@ -343,7 +364,7 @@ BUILD_OK=1
 if ((DO_BUILD)); then
   say "cargo build --release -p deskfs -p deskfs-lossfs"
   t=$SECONDS
-  if cargo build --release -p deskfs -p deskfs-lossfs > "$LOGDIR/cargo-build.log" 2>&1; then
+  if bg_wait "$LOGDIR/cargo-build.log" cargo build --release -p deskfs -p deskfs-lossfs; then
     grep -E '^warning' "$LOGDIR/cargo-build.log" | sort | uniq -c | sort -rn | head -n 10
     record "cargo build" PASS $((SECONDS - t)) ""
   else
@@ -413,8 +434,8 @@ if ((DO_CARGO_TEST)); then
   t=$SECONDS
   if ((BUILD_OK == 0 && DO_BUILD == 1)); then
     record "cargo test" SKIP 0 "not run: cargo build failed"
-  elif DESKFS_TEST_STRICT=$([[ -n ${DESKFS_TEST_PG_URL:-} ]] && echo 1 || echo 0) \
-       timeout -k 30 1800 cargo test --workspace --release --no-fail-fast > "$LOGDIR/cargo-test.log" 2>&1; then
+  elif bg_wait "$LOGDIR/cargo-test.log" env DESKFS_TEST_STRICT=$([[ -n ${DESKFS_TEST_PG_URL:-} ]] && echo 1 || echo 0) \
+       timeout -k 30 1800 cargo test --workspace --release --no-fail-fast; then
     grep -E '^test result:' "$LOGDIR/cargo-test.log" | awk '{p += $4; f += $6; i += $8} END {printf "unit/integration tests: %d passed, %d failed, %d ignored\n", p, f, i}'
     record "cargo test" PASS $((SECONDS - t)) "$(grep -E '^test result:' "$LOGDIR/cargo-test.log" | awk '{p += $4; i += $8} END {printf "%d tests, %d ignored", p, i}')"
   else
@@ -437,7 +458,7 @@ if ((DO_CARGO_TEST)); then
     record "cargo test vfs@postgres" FAIL 0 "no PostgreSQL server (pg-server failed)"
   elif ! vfs_bin=$(vfs_test_binary); then
     record "cargo test vfs@postgres" FAIL $((SECONDS - t)) "no deskfs-vfs test binary (cargo test --no-run), see target/test-logs/cargo-test-vfs-postgres.log"
-  elif (cd crates/vfs && DESKFS_TEST_META=postgres timeout -k 30 1800 "$vfs_bin") > "$LOGDIR/cargo-test-vfs-postgres.log" 2>&1; then
+  elif bg_wait "$LOGDIR/cargo-test-vfs-postgres.log" env -C crates/vfs DESKFS_TEST_META=postgres timeout -k 30 1800 "$vfs_bin"; then
     record "cargo test vfs@postgres" PASS $((SECONDS - t)) "$(grep -E '^test result:' "$LOGDIR/cargo-test-vfs-postgres.log" | awk '{p += $4; i += $8} END {printf "%d tests, %d ignored", p, i}')"
   else
     grep -E '^(test .* FAILED|failures:|---- )' "$LOGDIR/cargo-test-vfs-postgres.log" | head -n 40
@@ -517,7 +538,16 @@ run_e2e() {
   case $trc in
     0) status=PASS detail="" ;;
     77) status=SKIP detail="${reason:-skipped}" ;;
-    124|137) status=FAIL detail="timed out after ${limit}s${reason:+; $reason}" ;;
+    124) status=FAIL detail="timed out after ${limit}s${reason:+; $reason}" ;;
+    # timeout(1) exits 137 when its SIGKILL (after -k 30) ended the test; a test killed
+    # by anything else before its limit (the OOM killer, a stray kill) is said as such.
+    137) status=FAIL
+      if ((secs >= limit)); then
+        detail="timed out after ${limit}s${reason:+; $reason}"
+      else
+        detail="killed by SIGKILL after ${secs}s (out of memory? see dmesg)${reason:+; $reason}"
+      fi ;;
+    129|1[3-9][0-9]) status=FAIL detail="killed by signal $((trc - 128)) after ${secs}s${reason:+; $reason}" ;;
     *) status=FAIL detail="${reason:-exit status $trc}" ;;
   esac
   printf '%s %s %s\n' "$status" "$secs" "$detail" > "$RUN/results/$name"

@@ -119,6 +119,9 @@ expect_error "mount on a missing dir" 'exist|no such|not found|mount ?point|dire
 
 ws_mount dup "$MNT"
 expect_error "mount on a busy mountpoint" 'already|busy|mounted|in use' "$DESKFS" mount dup "$MNT"
+# The same workspace again at the same place: said as such (it was "busy: something").
+out=$("$DESKFS" mount dup "$MNT" 2>&1 < /dev/null) && fail "a second mount of dup on $MNT succeeded"
+grep -q "workspace dup is already mounted at $MNT" <<< "$out" || fail "a second mount of dup on $MNT does not say it is already mounted there: $out"
 assert_eq 1 "$(mount_count "$MNT")" "mounts stacked on $MNT after the refused second mount"
 assert_eq "keep me" "$(timeout 10 cat "$MNT/keep.txt")" "first mount still works after the refused second mount"
 ws_umount "$MNT"
@@ -506,7 +509,7 @@ echo "under" > "$T/m-under/u.txt"
 rc=0
 "$DESKFS" mount spell "$T/m-under" > "$T/stack.out" 2>&1 < /dev/null || rc=$?
 ((rc != 0)) || fail "a second workspace mounted over a live mount (the non-UTF-8 mount point blinded the check)"
-grep -q "is busy" "$T/stack.out" || fail "the stacked mount was not refused as busy: $(cat "$T/stack.out")"
+grep -q "is busy: workspace under is mounted there" "$T/stack.out" || fail "the stacked mount was not refused as busy, naming the workspace there: $(cat "$T/stack.out")"
 mount --bind "$T/other" "$T/m-under" || fail "bind mount over the workspace failed"
 rc=0
 DFS_TIMEOUT=60 dfs umount "$T/m-under" > "$T/covered.out" 2>&1 || rc=$?

@@ -251,7 +251,10 @@ impl MountPointLock {
     }
 }
 
-fn check_mountpoint(mnt: &Path) -> Result<()> {
+/// Refuses a mount point that cannot take workspace `name`: missing, not a directory,
+/// holding a dead FUSE mount, or with something mounted there (this workspace already,
+/// another workspace, or another file system: each named as such).
+fn check_mountpoint(mnt: &Path, name: &str) -> Result<()> {
     let md = std::fs::metadata(mnt).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             anyhow!(
@@ -272,12 +275,36 @@ fn check_mountpoint(mnt: &Path) -> Result<()> {
         if dead_fuse_mount(mnt) {
             return Err(dead_mount_error(mnt));
         }
-        bail!(
-            "mount point {} is busy: something is already mounted there (unmount it first)",
-            mnt.display()
-        );
+        return Err(busy_error(mnt, name, deskfs_fuse::mountinfo::top_at(mnt)));
     }
     Ok(())
+}
+
+/// The one line for a mount point that something is mounted at (`top`: the mount table's
+/// top line there, when it could be read).
+fn busy_error(
+    mnt: &Path,
+    name: &str,
+    top: Option<deskfs_fuse::mountinfo::MountLine>,
+) -> anyhow::Error {
+    let m = mnt.display();
+    match top {
+        Some(t) if t.is_deskfs() && t.source == format!("deskfs:{name}") => anyhow!(
+            "workspace {name} is already mounted at {m}; use it there, or `deskfs umount {m}` first"
+        ),
+        Some(t) if t.is_deskfs() => {
+            let other = t.source.strip_prefix("deskfs:").unwrap_or(&t.source);
+            anyhow!("mount point {m} is busy: workspace {other} is mounted there (`deskfs umount {m}` first)")
+        }
+        Some(t) => anyhow!(
+            "mount point {m} is busy: {} ({}) is mounted there (unmount it first)",
+            t.source,
+            t.fstype
+        ),
+        None => anyhow!(
+            "mount point {m} is busy: something is already mounted there (unmount it first)"
+        ),
+    }
 }
 
 /// Warns (one line on stderr) when mount point `mnt` is not empty: allowed, as mount(8)
@@ -597,7 +624,7 @@ pub fn mount(mut a: MountArgs) -> Result<()> {
         }
     }
     let o = open_workspace(&a.name, false)?;
-    check_mountpoint(&mnt)?;
+    check_mountpoint(&mnt, &a.name)?;
     let cache_dir = cache_dir_for(&o, a.cache_dir.as_deref())?;
     check_places(&o, &mnt, &cache_dir)?;
     warn_if_not_empty(&mnt);
@@ -729,7 +756,7 @@ pub fn run_daemon(a: MountArgs) -> Result<()> {
     let mnt = crate::absolute(&a.mountpoint);
     let o = open_workspace(&a.name, true)?;
     let mount_point_lock = MountPointLock::take(&mnt)?;
-    check_mountpoint(&mnt)?;
+    check_mountpoint(&mnt, &a.name)?;
     let cache_dir = cache_dir_for(&o, a.cache_dir.as_deref())?;
     check_places(&o, &mnt, &cache_dir)?;
     // (`deskfs mount` warned of a non-empty mount point.)
@@ -1368,6 +1395,32 @@ fn offline_sync(name: &str, timeout: Duration) -> Result<()> {
 #[cfg(test)]
 mod unit {
     use super::*;
+
+    #[test]
+    fn a_busy_mount_point_names_what_is_mounted_there() {
+        let line = |fstype: &str, source: &str| deskfs_fuse::mountinfo::MountLine {
+            dev: (0, 50),
+            point: PathBuf::from("/m"),
+            fstype: fstype.into(),
+            source: source.into(),
+        };
+        let msg = |top| busy_error(Path::new("/m"), "work", top).to_string();
+        assert_eq!(
+            msg(Some(line("fuse.deskfs", "deskfs:work"))),
+            "workspace work is already mounted at /m; use it there, or `deskfs umount /m` first"
+        );
+        let other = msg(Some(line("fuse.deskfs", "deskfs:workshop")));
+        assert!(
+            other.contains("busy: workspace workshop is mounted there"),
+            "{other}"
+        );
+        let tmpfs = msg(Some(line("tmpfs", "scratch")));
+        assert!(
+            tmpfs.contains("busy: scratch (tmpfs) is mounted there"),
+            "{tmpfs}"
+        );
+        assert!(msg(None).contains("busy: something is already mounted there"));
+    }
 
     fn owner(name: &str, id: &str) -> CacheOwner {
         CacheOwner {
