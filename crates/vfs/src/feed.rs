@@ -15,9 +15,10 @@
 //!   notification sent from inside a request handler can deadlock on the directory lock
 //!   the kernel holds for that request (libfuse: "do not call from a request handler").
 //!
-//! The feed thread also remembers nothing about the kernel beyond [`KernelPages`]: which
-//! content version the kernel's page cache holds for an inode, so that `open` can keep
-//! those pages exactly when they are still current.
+//! What is remembered about the kernel: [`KernelPages`], which content version the
+//! kernel's page cache holds for an inode, so that `open` can keep those pages exactly
+//! when they are still current; and `kernel_sync`, the invalidation each `open` sent, so
+//! that the feed leaves out the ones it covered.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};

@@ -14,7 +14,7 @@
 //! So the open records what it invalidated for ([`KernelSyncs::synced`]: when its row
 //! read began, and the attributes it read), and the feed leaves out an inode's
 //! invalidation when the open's already covered every change in the batch
-//! ([`KernelSyncs::covered`]): either the open's read began after the batch was read
+//! ([`Coverage::deliver`]): either the open's read began after the batch was read
 //! (every change in it was committed before), or the inode's row is still exactly what
 //! the open read (no change came after that read; any change alters ctime, size, mtime,
 //! link count or content version, which the stamp holds). Everything else is delivered as
@@ -78,7 +78,8 @@ pub(crate) struct Synced {
 /// delivered, which is always safe.
 const SYNC_KEEP: Duration = Duration::from_secs(10);
 
-/// Records beyond which the oldest half goes (memory bound: ~64 B each).
+/// Records beyond which those older than half of [`SYNC_KEEP`] go, and all of them if that
+/// is not enough (memory bound: ~64 B each).
 const SYNCS_MAX: usize = 1 << 14;
 
 /// The last invalidation an open (or a lock's revalidation) sent, per inode.
@@ -140,8 +141,9 @@ impl KernelSyncs {
                 .collect::<deskfs_meta::Result<HashMap<_, _>>>()
         });
         rows.unwrap_or_else(|e| {
+            // Each taken as changed: delivered, and not read again for this batch.
             tracing::debug!(error = %e, "cannot read rows to leave out covered invalidations; delivering them");
-            HashMap::new()
+            inos.iter().map(|ino| (*ino, None)).collect()
         })
     }
 }
