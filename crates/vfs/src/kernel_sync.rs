@@ -111,15 +111,20 @@ impl KernelSyncs {
         inos: impl IntoIterator<Item = Ino>,
         batch_read: Instant,
     ) -> Coverage<'a> {
-        let mut check: Vec<Ino> = Vec::new();
-        {
+        // A batch names an inode once per change (up to `FEED_BATCH`): each is looked at
+        // once; with no record at all (alone, or no stale open lately) nothing is.
+        let check: Vec<Ino> = {
             let m = self.map.lock().unwrap_or_else(|p| p.into_inner());
-            for ino in inos {
-                if m.get(&ino).is_some_and(|s| s.read_began < batch_read) && !check.contains(&ino) {
-                    check.push(ino);
-                }
+            if m.is_empty() {
+                Vec::new()
+            } else {
+                let distinct: std::collections::HashSet<Ino> = inos.into_iter().collect();
+                distinct
+                    .into_iter()
+                    .filter(|ino| m.get(ino).is_some_and(|s| s.read_began < batch_read))
+                    .collect()
             }
-        }
+        };
         let rows = Self::stamps(meta, &check);
         Coverage {
             syncs: self,
