@@ -43,15 +43,33 @@ pub(crate) struct Hints {
     /// Rows read back by this mount's own batches, with when: `getattr` answers from
     /// them while they are young (an invalidation of the inode drops them).
     fresh: Mutex<HashMap<Ino, (InodeRow, std::time::Instant)>>,
-    /// Inodes this mount created, with when: they have no extended attributes until one
-    /// is set through this mount (which drops the entry) or another mount changes the
-    /// inode (its invalidation drops it).
-    xattrless: Mutex<HashMap<Ino, std::time::Instant>>,
+    /// Inodes known to have no extended attributes, with since when: created by this
+    /// mount, or read with none ([`Hints::note_no_xattrs`]). An xattr set or removed
+    /// through this mount, and another mount's change of the inode (its invalidation),
+    /// drop the entry.
+    xattrless: Mutex<Xattrless>,
     /// Per inode, the ticket of the last batch begun that changes its row
     /// ([`Hints::begin_change`]); its lock is held while a read-back row is noted.
     changing: Mutex<HashMap<Ino, u64>>,
     /// The last ticket given out.
     tickets: AtomicU64,
+}
+
+/// The inodes known to have no extended attributes, and how many times an entry was
+/// dropped: a read that began before a drop may have read what the dropped change
+/// replaced, so it notes nothing ([`Hints::note_no_xattrs`]).
+#[derive(Default)]
+struct Xattrless {
+    since: HashMap<Ino, std::time::Instant>,
+    /// Drops so far (bumped under the same lock as the map).
+    drops: u64,
+}
+
+impl Xattrless {
+    fn drop_entry(&mut self, ino: Ino) {
+        self.since.remove(&ino);
+        self.drops += 1;
+    }
 }
 
 fn insert_capped<K: std::hash::Hash + Eq, V>(m: &mut HashMap<K, V>, k: K, v: V) {
@@ -141,20 +159,43 @@ impl Hints {
 
     /// `ino` was created by this mount: it has no extended attributes.
     pub(crate) fn note_created(&self, ino: Ino) {
-        insert_capped(&mut lock(&self.xattrless), ino, std::time::Instant::now());
+        insert_capped(
+            &mut lock(&self.xattrless).since,
+            ino,
+            std::time::Instant::now(),
+        );
     }
 
-    /// Whether `ino` is known to have no extended attributes (created by this mount at
-    /// most `max_age` ago, none set since).
+    /// Where the xattr hints stand, taken before a read whose answer may be noted with
+    /// [`Hints::note_no_xattrs`].
+    pub(crate) fn xattr_stamp(&self) -> u64 {
+        lock(&self.xattrless).drops
+    }
+
+    /// A read that began at `stamp` ([`Hints::xattr_stamp`]) found no extended attribute
+    /// on `ino`. Noted only when no entry was dropped since: an xattr change through
+    /// this mount, or an invalidation from another mount, that landed while the read
+    /// ran may have come after what the read saw.
+    pub(crate) fn note_no_xattrs(&self, ino: Ino, stamp: u64) {
+        let mut x = lock(&self.xattrless);
+        if x.drops == stamp {
+            insert_capped(&mut x.since, ino, std::time::Instant::now());
+        }
+    }
+
+    /// Whether `ino` is known to have no extended attributes (known for at most
+    /// `max_age`, none set since).
     pub(crate) fn no_xattrs(&self, ino: Ino, max_age: std::time::Duration) -> bool {
         lock(&self.xattrless)
+            .since
             .get(&ino)
             .is_some_and(|t| t.elapsed() <= max_age)
     }
 
-    /// An extended attribute of `ino` is being set or removed through this mount.
+    /// An extended attribute of `ino` was set or removed through this mount (called
+    /// after the change is applied).
     pub(crate) fn forget_xattrs(&self, ino: Ino) {
-        lock(&self.xattrless).remove(&ino);
+        lock(&self.xattrless).drop_entry(ino);
     }
 
     /// `ino`'s row changed: the fresh copy goes.
@@ -170,7 +211,7 @@ impl Hints {
     /// `ino`'s attributes may have changed (its type cannot).
     pub(crate) fn forget_attrs(&self, ino: Ino) {
         lock(&self.fresh).remove(&ino);
-        lock(&self.xattrless).remove(&ino);
+        lock(&self.xattrless).drop_entry(ino);
         let mut m = lock(&self.inodes);
         if let Some(h) = m.get_mut(&ino) {
             // Keep the exact part; poison the rest so an expectation built from it fails

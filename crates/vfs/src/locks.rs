@@ -420,6 +420,14 @@ impl Vfs {
         }
     }
 
+    /// Whether a lock request on this mount is decided without waiting for other mounts
+    /// to acknowledge it (they all have: see `await_lock_acks`). Only then may a
+    /// blocking request be tried at once on the calling thread (`setlk` with `sleep =
+    /// false`), before it waits on a thread of its own.
+    pub fn locks_ready(&self) -> bool {
+        self.locks.acked_session.load(Ordering::SeqCst) == self.coherence.session()
+    }
+
     /// `F_GETLK`: the first lock that would block `typ` on `[start, end]` for `owner`, or
     /// `typ = Unlock` when none would.
     pub fn getlk(&self, ino: Ino, owner: u64, start: u64, end: u64, typ: i32) -> Result<LockInfo> {

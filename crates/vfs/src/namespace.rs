@@ -1499,10 +1499,31 @@ impl Vfs {
         let r = if self.hints.no_xattrs(ino, self.fresh_for()) {
             Err(VfsError::NoAttr)
         } else {
-            deskfs_meta::read(&*self.meta, |t| {
+            // A file with none at all is remembered as such: the kernel asks every
+            // file for `security.capability` before the first write after its
+            // attributes were refreshed (an `fsync`'s commit, a getattr), which would
+            // otherwise be a read per `fdatasync` of a database.
+            let stamp = self.hints.xattr_stamp();
+            let got = deskfs_meta::read(&*self.meta, |t| {
                 t.get_inode(ino)?.ok_or(VfsError::Stale)?;
-                t.get_xattr(ino, name)?.ok_or(VfsError::NoAttr)
-            })
+                Ok::<_, VfsError>(match t.get_xattr(ino, name)? {
+                    Some(v) => Some(v),
+                    None if t.list_xattrs(ino)?.is_empty() => None,
+                    None => return Err(VfsError::NoAttr),
+                })
+            });
+            match got {
+                Ok(Some(v)) => Ok(v),
+                Ok(None) => {
+                    #[cfg(test)]
+                    if let Some(race) = tests::BEFORE_XATTR_NOTE.with(|r| r.borrow_mut().take()) {
+                        race();
+                    }
+                    self.hints.note_no_xattrs(ino, stamp);
+                    Err(VfsError::NoAttr)
+                }
+                Err(e) => Err(e),
+            }
         };
         match r {
             // No SELinux label: "labels not supported here" rather than "no label".
@@ -1521,10 +1542,14 @@ impl Vfs {
         if self.hints.no_xattrs(ino, self.fresh_for()) {
             return Ok(Vec::new());
         }
+        let stamp = self.hints.xattr_stamp();
         let names = deskfs_meta::read(&*self.meta, |t| {
             t.get_inode(ino)?.ok_or(VfsError::Stale)?;
             Ok::<_, VfsError>(t.list_xattrs(ino)?)
         })?;
+        if names.is_empty() {
+            self.hints.note_no_xattrs(ino, stamp);
+        }
         let mut out = Vec::new();
         for n in names {
             out.extend_from_slice(&n);
@@ -1596,6 +1621,10 @@ pub(crate) mod tests {
         /// Run once by the next `getattr` on this thread that reads the row, between that
         /// read and the overlay of the inode's state: a commit landing there.
         pub(crate) static BEFORE_OVERLAY: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
+        /// Run once by the next `getxattr` on this thread that read no xattr at all,
+        /// between that read and noting it: a change landing there.
+        pub(crate) static BEFORE_XATTR_NOTE: RefCell<Option<Box<dyn FnOnce()>>> =
             const { RefCell::new(None) };
     }
 }
