@@ -1499,16 +1499,17 @@ impl Vfs {
         let r = if self.hints.no_xattrs(ino, self.fresh_for()) {
             Err(VfsError::NoAttr)
         } else {
-            // A file with none at all is remembered as such: the kernel asks every
-            // file for `security.capability` before the first write after its
-            // attributes were refreshed (an `fsync`'s commit, a getattr), which would
-            // otherwise be a read per `fdatasync` of a database.
+            // Alone, a file with none at all is remembered as such (for `FRESH_ALONE`):
+            // the kernel asks for `security.capability` before the first write after
+            // the inode's attributes were refreshed, once per transaction of a
+            // database. Shared, the hint would last 100 ms: not worth the extra look.
+            let learn = !self.shared();
             let stamp = self.hints.xattr_stamp();
             let got = deskfs_meta::read(&*self.meta, |t| {
                 t.get_inode(ino)?.ok_or(VfsError::Stale)?;
                 Ok::<_, VfsError>(match t.get_xattr(ino, name)? {
                     Some(v) => Some(v),
-                    None if t.list_xattrs(ino)?.is_empty() => None,
+                    None if learn && t.list_xattrs(ino)?.is_empty() => None,
                     None => return Err(VfsError::NoAttr),
                 })
             });
@@ -1547,7 +1548,7 @@ impl Vfs {
             t.get_inode(ino)?.ok_or(VfsError::Stale)?;
             Ok::<_, VfsError>(t.list_xattrs(ino)?)
         })?;
-        if names.is_empty() {
+        if names.is_empty() && !self.shared() {
             self.hints.note_no_xattrs(ino, stamp);
         }
         let mut out = Vec::new();
