@@ -11,7 +11,7 @@
 #      file written on h1 is read on h2 and h3
 #   2. coherence across hosts (tests/tools/coherence.py): close-to-open (writer h1, readers
 #      h2+h3, 160 rounds of grow/shrink/append/replace/delete: never stale or torn),
-#      trunc-rewrite (h2/h3), handover (h2 -> h1), git-refs (h3 -> h1), sqlite (rollback
+#      trunc-rewrite (h2/h3; then four at once, h3/h2), handover (h2 -> h1), git-refs (h3 -> h1), sqlite (rollback
 #      journal, writers on h1 and h2), rename-storm (writer h1, readers on h1, h2, h3); no
 #      healthy mount was fenced meanwhile
 #   3. locks: one counter process per host mount, all at once, 40 increments each under
@@ -153,6 +153,25 @@ coh() { # coherence.py ARGS...
   log "  ($1: $((SECONDS - t0)) s)"
 }
 
+# coh_together N ARGS...: N coherence.py runs of ARGS at once (each makes a directory of
+# its own), each a check of its own.
+coh_together() {
+  local n=$1 i pids=() t0=$SECONDS
+  shift
+  log "coherence.py $* (x$n at once)"
+  for ((i = 0; i < n; i++)); do
+    timeout -k 5 150 python3 "$COH" "$@" > "$T/together.$i.out" 2>&1 &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    if ! wait "${pids[$i]}"; then
+      sed 's/^/    /' "$T/together.$i.out" >&2
+      bad "coherence.py $1 across hosts (run $i of $n at once): $(grep -E '^FAIL' "$T/together.$i.out" | tail -n 1)"
+    fi
+  done
+  log "  ($1 x$n: $((SECONDS - t0)) s)"
+}
+
 lt() { timeout -k 5 60 python3 "$LT" "$@" < /dev/null; }
 lt_check() { # RC WHAT locktool-args...: the one-shot locktool command must exit RC
   local want=$1 what=$2 rc=0 out
@@ -279,6 +298,9 @@ for h in h2 h3; do check_bytes "${HMNT[$h]}/hello" "$M1/hello" "a file written o
 log "=== 2. coherence across hosts"
 coh close-to-open "$M1" "$M2" "$M3" --rounds 160 --seed 87
 coh trunc-rewrite "$M2" "$M3" --rounds 20
+# Four at once: the feed's invalidations of one host's rewrites land while the other's
+# opens refresh the kernel's attributes (design 0023), here across hosts on PostgreSQL.
+coh_together 4 trunc-rewrite "$M3" "$M2" --rounds 25
 coh handover "$M2" "$M1" --rounds 60
 coh git-refs "$M3" "$M1" --rounds 25
 coh sqlite "$M1" "$M2" --rows 25
