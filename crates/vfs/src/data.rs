@@ -19,6 +19,7 @@ use crate::datasync::DataSync;
 use crate::handles::{Handle, InodeState, OpenRecord};
 use crate::kernel_sync::{AttrStamp, Synced};
 use crate::namespace::{NewNode, NodeSpec};
+use crate::open_gate::Role;
 use crate::passthrough::Absorb;
 use crate::types::{Attr, Ctx, Opened};
 use crate::{now_ns, poisoned, Result, Vfs, VfsError};
@@ -112,6 +113,8 @@ enum OpenStep {
         backing: Option<Arc<File>>,
         /// The attributes of the row the step was decided on.
         stamp: AttrStamp,
+        /// Who tells the kernel, when several opens find it stale at once.
+        role: Role,
     },
 }
 
@@ -599,17 +602,24 @@ impl Vfs {
                     keep,
                     backing,
                     stamp,
+                    role,
                 } => {
-                    if file && stale {
-                        // Another mount's new content: the kernel's cached size and pages
-                        // go (the kernel holds no lock of this inode during OPEN); from
-                        // now on it caches this version. The feed's later invalidation
-                        // of the same change is left out (it could make the kernel drop
-                        // the attributes it is about to read: see `kernel_sync`).
-                        self.invalidate_now(&crate::Invalidation::Inode(ino));
-                        self.kernel_pages.opened(ino, version);
-                        let sync = Synced { read_began, stamp };
-                        self.kernel_syncs.synced(ino, sync);
+                    // Another mount's new content: the kernel's cached size and pages go
+                    // (the kernel holds no lock of this inode during OPEN), once for all
+                    // the opens finding it stale at once (`open_gate`).
+                    let sync = Synced { read_began, stamp };
+                    let tell = match role {
+                        Role::Lead(lead) => {
+                            self.tell_kernel_opened(ino, version, sync);
+                            lead.delivered();
+                            false
+                        }
+                        // The leader's invalidation was delivered, or never will be.
+                        Role::Follow(gate) => !gate.wait(),
+                        Role::Alone => file && stale,
+                    };
+                    if tell {
+                        self.tell_kernel_opened(ino, version, sync);
                     }
                     #[cfg(test)]
                     if let Some(race) = tests::BEFORE_NEW_HANDLE.with(|r| r.borrow_mut().take()) {
@@ -630,6 +640,20 @@ impl Vfs {
                 }
             }
         }
+    }
+
+    /// An open found the kernel's cached size and pages of `ino` stale: drops them; from
+    /// now on the kernel caches content `version`. The feed's later invalidation of the
+    /// same change is left out (it could make the kernel drop the attributes the opener is
+    /// about to read: see `kernel_sync`).
+    fn tell_kernel_opened(&self, ino: Ino, version: u64, sync: Synced) {
+        #[cfg(test)]
+        if let Some(race) = tests::BEFORE_OPEN_INVALIDATES.with(|r| r.borrow_mut().take()) {
+            race();
+        }
+        self.invalidate_now(&crate::Invalidation::Inode(ino));
+        self.kernel_pages.opened(ino, version);
+        self.kernel_syncs.synced(ino, sync);
     }
 
     /// An open of file `ino` for reading, under its state's lock: queues the access time
@@ -686,9 +710,16 @@ impl Vfs {
         } else {
             None
         };
+        // Several opens finding the kernel stale at once: one tells it (`open_gate`).
+        let role = if file && !trunc {
+            self.open_gates.role(ino, s.version, stale)
+        } else {
+            Role::Alone
+        };
+        let follows = matches!(role, Role::Follow(_));
         // The kernel's pages stay when they hold the current content (every
         // change since came through this kernel, or was invalidated).
-        let keep = file && !trunc && !stale && self.kernel_pages.opened(ino, s.version);
+        let keep = file && !trunc && !stale && !follows && self.kernel_pages.opened(ino, s.version);
         Ok(OpenStep::Opened {
             file,
             stale,
@@ -696,6 +727,7 @@ impl Vfs {
             keep,
             backing,
             stamp: AttrStamp::of(row),
+            role,
         })
     }
 
@@ -2137,6 +2169,10 @@ pub(crate) mod tests {
         /// locked part (the row read, with or without the open's count) and the making
         /// of its handle: another mount joining, or expiring this one, there.
         pub(crate) static BEFORE_NEW_HANDLE: RefCell<Option<Box<dyn FnOnce()>>> =
+            const { RefCell::new(None) };
+        /// Run once by the next `open` on this thread that tells the kernel its cache is
+        /// stale, just before it does: another open of the inode there.
+        pub(crate) static BEFORE_OPEN_INVALIDATES: RefCell<Option<Box<dyn FnOnce()>>> =
             const { RefCell::new(None) };
         /// Run once by the next [`super::Vfs::adopt_local`] on this thread, between the
         /// new staging file and the record naming this cache its holder: another mount

@@ -33,6 +33,7 @@ pub mod locks;
 mod meta_flush;
 mod mount_marker;
 mod namespace;
+mod open_gate;
 mod passthrough;
 pub mod paths;
 mod release;
@@ -214,6 +215,8 @@ pub struct Vfs {
     pub(crate) kernel_pages: feed::KernelPages,
     /// The last invalidation each open sent, so the feed leaves out the ones it covers.
     pub(crate) kernel_syncs: kernel_sync::KernelSyncs,
+    /// Concurrent opens of one inode share one kernel invalidation (`open_gate`).
+    pub(crate) open_gates: open_gate::OpenGates,
     /// Opens may use FUSE passthrough now (see [`passthrough`]).
     pub(crate) passthrough: std::sync::atomic::AtomicBool,
     /// When the change feed was last read to its end (ns since the epoch; 0: never).
@@ -341,6 +344,7 @@ impl Vfs {
             locks: locks::LocalLocks::default(),
             kernel_pages: feed::KernelPages::default(),
             kernel_syncs: kernel_sync::KernelSyncs::default(),
+            open_gates: open_gate::OpenGates::default(),
             passthrough: std::sync::atomic::AtomicBool::new(false),
             marker_missing: std::sync::atomic::AtomicBool::new(false),
             blocks: Default::default(),

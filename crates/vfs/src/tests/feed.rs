@@ -650,3 +650,84 @@ fn a_fence_whose_registration_fails_counts_once_and_registers_on_retry() {
         "the retry was counted as another fence"
     );
 }
+
+#[test]
+fn two_opens_finding_the_kernel_stale_at_once_send_one_invalidation() {
+    // Left by design 0023: the second open's own invalidation could land while the first
+    // opener's process refreshed the attributes (the kernel then keeps the old size). The
+    // second open now waits for the first one's invalidation and sends none. See
+    // `open_gate`.
+    let h = Harness::new();
+    // Invalidations sent by request handlers (the feed thread's own, of the other
+    // mount's commit, are not the opens').
+    let by_opens: Seen = Arc::default();
+    let s = by_opens.clone();
+    h.set_invalidator(Box::new(move |inv| {
+        if std::thread::current().name() != Some("deskfs-feed") {
+            s.lock().unwrap().push(inv.clone());
+        }
+    }));
+    let f = h.file(ROOT_INO, "f", b"version one, longer");
+    let (other, _sid) = other_mount(&h);
+    h.feed_round();
+    assert!(h.shared());
+    txn(&*other, |t| {
+        let mut r = t.get_inode(f.ino)?.expect("inode");
+        r.size = 3;
+        r.data_version += 1;
+        r.mtime_ns = now_ns();
+        r.ctime_ns = r.mtime_ns;
+        t.update_inode(&r)
+    })
+    .unwrap();
+    let inval = Invalidation::Inode(f.ino);
+    let (paused_tx, paused_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let vfs = h.arc();
+    let ino = f.ino;
+    // The first open stops just before it tells the kernel.
+    let first = std::thread::spawn(move || {
+        crate::data::tests::BEFORE_OPEN_INVALIDATES.with(|r| {
+            *r.borrow_mut() = Some(Box::new(move || {
+                paused_tx.send(()).unwrap();
+                go_rx.recv().unwrap();
+            }))
+        });
+        let o = vfs.open(&CTX, ino, libc::O_RDONLY).expect("first open");
+        vfs.release(ino, o.fh).unwrap();
+        o.keep_cache
+    });
+    paused_rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the first open decided the kernel is stale");
+    let vfs = h.arc();
+    let second = std::thread::spawn(move || {
+        let o = vfs.open(&CTX, ino, libc::O_RDONLY).expect("second open");
+        vfs.release(ino, o.fh).unwrap();
+        o.keep_cache
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        count(&by_opens, &inval),
+        0,
+        "the second open sent an invalidation of its own: {:?}",
+        by_opens.lock().unwrap()
+    );
+    assert!(
+        !second.is_finished(),
+        "the second open answered before the kernel was told"
+    );
+    go_tx.send(()).unwrap();
+    assert!(!first.join().unwrap(), "the first open keeps no pages");
+    assert!(!second.join().unwrap(), "nor does the second");
+    assert_eq!(
+        count(&by_opens, &inval),
+        1,
+        "{:?}",
+        by_opens.lock().unwrap()
+    );
+    // Later opens find the kernel current: nothing more.
+    let o = h.open(&CTX, f.ino, libc::O_RDONLY).unwrap();
+    h.release(f.ino, o.fh).unwrap();
+    assert_eq!(count(&by_opens, &inval), 1);
+}
