@@ -649,14 +649,12 @@ impl Filesystem for DeskFs {
         // F_SETLKW / blocking flock: tried at once here (an unlock, and most locks, are
         // granted without waiting; a thread costs more than the decision), and only
         // when it would block does it wait, on a thread of its own, not a FUSE worker.
-        if self.vfs.locks_ready() {
-            match self
-                .vfs
-                .setlk(ino.0, fh.0, lock_owner.0, start, end, typ, pid, false)
-            {
-                Err(VfsError::WouldBlock) => {}
-                r => return reply_empty("setlkw", r, reply),
-            }
+        match self
+            .vfs
+            .try_setlk_at_once(ino.0, fh.0, lock_owner.0, start, end, typ, pid)
+        {
+            Err(VfsError::WouldBlock) => {}
+            r => return reply_empty("setlkw", r, reply),
         }
         let vfs = self.vfs.clone();
         let spawned = std::thread::Builder::new()

@@ -240,7 +240,16 @@ impl Vfs {
                         }
                     }
                 }
-                Err(e) => return Err(self.on_meta_error(e)),
+                Err(e) => {
+                    // The batch may have been applied all the same (PostgreSQL: the
+                    // connection lost at COMMIT): what it said of xattrs goes.
+                    for op in &batch.ops {
+                        if let Op::SetXattr { ino, .. } | Op::RemoveXattr { ino, .. } = op {
+                            self.hints.forget_xattrs(*ino);
+                        }
+                    }
+                    return Err(self.on_meta_error(e));
+                }
             }
         }
         Err(VfsError::Io(std::io::Error::other(

@@ -582,7 +582,17 @@ impl Vfs {
                         }
                     })
             })?;
-            if std::mem::take(&mut atime_queued) {
+            // A follower sends nothing (`open_gate`): an attribute invalidation moves the
+            // kernel's attribute version as a whole one does, and could land in the
+            // leader's refresh; its access time shows once the kernel's attributes expire.
+            let follows = matches!(
+                step,
+                OpenStep::Opened {
+                    role: Role::Follow(_),
+                    ..
+                }
+            );
+            if std::mem::take(&mut atime_queued) && !follows {
                 // Outside the state's lock; the kernel holds no lock of this inode during
                 // OPEN, and an attribute-only invalidation waits for nothing.
                 self.invalidate_now(&crate::Invalidation::Attrs(ino));
@@ -614,7 +624,7 @@ impl Vfs {
                             lead.delivered();
                             false
                         }
-                        // The leader's invalidation was delivered, or never will be.
+                        // Sent by the leader (delivered, or its own if it gave up).
                         Role::Follow(gate) => !gate.wait(),
                         Role::Alone => file && stale,
                     };
@@ -712,7 +722,8 @@ impl Vfs {
         };
         // Several opens finding the kernel stale at once: one tells it (`open_gate`).
         let role = if file && !trunc {
-            self.open_gates.role(ino, s.version, stale)
+            self.open_gates
+                .role(ino, s.version, AttrStamp::of(row), stale)
         } else {
             Role::Alone
         };

@@ -55,20 +55,40 @@ pub(crate) struct Hints {
     tickets: AtomicU64,
 }
 
+/// Buckets of inodes whose drops are counted together (a drop refuses the notes of its
+/// bucket's inodes only).
+const DROP_BUCKETS: usize = 64;
+
+/// Where the drops stood when a read began ([`Hints::xattr_stamp`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct XattrStamp([u64; DROP_BUCKETS]);
+
+fn bucket(ino: Ino) -> usize {
+    (ino % DROP_BUCKETS as u64) as usize
+}
+
 /// The inodes known to have no extended attributes, and how many times an entry was
-/// dropped: a read that began before a drop may have read what the dropped change
-/// replaced, so it notes nothing ([`Hints::note_no_xattrs`]).
-#[derive(Default)]
+/// dropped, per bucket of inodes: a read that began before a drop may have read what the
+/// dropped change replaced, so it notes nothing ([`Hints::note_no_xattrs`]).
 struct Xattrless {
     since: HashMap<Ino, std::time::Instant>,
     /// Drops so far (bumped under the same lock as the map).
-    drops: u64,
+    drops: [u64; DROP_BUCKETS],
+}
+
+impl Default for Xattrless {
+    fn default() -> Self {
+        Xattrless {
+            since: HashMap::new(),
+            drops: [0; DROP_BUCKETS],
+        }
+    }
 }
 
 impl Xattrless {
     fn drop_entry(&mut self, ino: Ino) {
         self.since.remove(&ino);
-        self.drops += 1;
+        self.drops[bucket(ino)] += 1;
     }
 }
 
@@ -157,28 +177,20 @@ impl Hints {
             .map(|(r, _)| r.clone())
     }
 
-    /// `ino` was created by this mount: it has no extended attributes.
-    pub(crate) fn note_created(&self, ino: Ino) {
-        insert_capped(
-            &mut lock(&self.xattrless).since,
-            ino,
-            std::time::Instant::now(),
-        );
-    }
-
-    /// Where the xattr hints stand, taken before a read whose answer may be noted with
-    /// [`Hints::note_no_xattrs`].
-    pub(crate) fn xattr_stamp(&self) -> u64 {
-        lock(&self.xattrless).drops
+    /// Where the xattr hints stand, taken before a read (or a create) whose answer may be
+    /// noted with [`Hints::note_no_xattrs`].
+    pub(crate) fn xattr_stamp(&self) -> XattrStamp {
+        XattrStamp(lock(&self.xattrless).drops)
     }
 
     /// A read that began at `stamp` ([`Hints::xattr_stamp`]) found no extended attribute
-    /// on `ino`. Noted only when no entry was dropped since: an xattr change through
-    /// this mount, or an invalidation from another mount, that landed while the read
-    /// ran may have come after what the read saw.
-    pub(crate) fn note_no_xattrs(&self, ino: Ino, stamp: u64) {
+    /// on `ino` (or a create that began then made it). Noted only when no entry of its
+    /// bucket was dropped since: an xattr change through this mount, or an invalidation
+    /// from another mount, that landed while the read ran may have come after what the
+    /// read saw.
+    pub(crate) fn note_no_xattrs(&self, ino: Ino, stamp: &XattrStamp) {
         let mut x = lock(&self.xattrless);
-        if x.drops == stamp {
+        if x.drops[bucket(ino)] == stamp.0[bucket(ino)] {
             insert_capped(&mut x.since, ino, std::time::Instant::now());
         }
     }

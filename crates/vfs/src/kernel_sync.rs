@@ -48,6 +48,21 @@ pub(crate) struct AttrStamp {
 }
 
 impl AttrStamp {
+    /// A stamp of content `version` (size the same) changed at `ctime_ns`, for tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(version: u64, ctime_ns: i64) -> AttrStamp {
+        AttrStamp {
+            size: version,
+            data_version: version,
+            mtime_ns: 0,
+            ctime_ns,
+            nlink: 1,
+            perm: 0o644,
+            uid: 0,
+            gid: 0,
+        }
+    }
+
     /// The stamp of `row`.
     pub(crate) fn of(row: &InodeRow) -> AttrStamp {
         AttrStamp {
@@ -198,16 +213,7 @@ mod unit {
     use super::*;
 
     fn stamp(v: u64) -> AttrStamp {
-        AttrStamp {
-            size: v,
-            data_version: v,
-            mtime_ns: 0,
-            ctime_ns: 0,
-            nlink: 1,
-            perm: 0o644,
-            uid: 0,
-            gid: 0,
-        }
+        AttrStamp::for_test(v, 0)
     }
 
     #[test]

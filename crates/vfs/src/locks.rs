@@ -271,6 +271,18 @@ fn apply(mine: &[LockRow], new: &LockRow, typ: LockType) -> Vec<LockRow> {
     merged
 }
 
+/// What a lock request may wait for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Wait {
+    /// Nothing: `EAGAIN` on a conflict and before other mounts acknowledged this one.
+    Never,
+    /// Other mounts' acknowledgement of this one (up to `JOIN_WAIT`), not a conflict
+    /// (`F_SETLK`).
+    Acks,
+    /// The grant (`F_SETLKW`).
+    Granted,
+}
+
 impl Vfs {
     fn conflict(
         &self,
@@ -421,11 +433,27 @@ impl Vfs {
     }
 
     /// Whether a lock request on this mount is decided without waiting for other mounts
-    /// to acknowledge it (they all have: see `await_lock_acks`). Only then may a
-    /// blocking request be tried at once on the calling thread (`setlk` with `sleep =
-    /// false`), before it waits on a thread of its own.
-    pub fn locks_ready(&self) -> bool {
+    /// to acknowledge it (they all have: see `await_lock_acks`).
+    fn locks_ready(&self) -> bool {
         self.locks.acked_session.load(Ordering::SeqCst) == self.coherence.session()
+    }
+
+    /// A blocking request (`F_SETLKW`, `flock` without `LOCK_NB`) tried at once on the
+    /// calling thread, before it waits on a thread of its own: [`Vfs::setlk`] without
+    /// waiting for anything — a conflict, or other mounts' acknowledgement of this one —
+    /// `EAGAIN` (`VfsError::WouldBlock`) then.
+    #[allow(clippy::too_many_arguments)]
+    pub fn try_setlk_at_once(
+        &self,
+        ino: Ino,
+        fh: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+    ) -> Result<()> {
+        self.setlk_inner(ino, fh, owner, start, end, typ, pid, Wait::Never)
     }
 
     /// `F_GETLK`: the first lock that would block `typ` on `[start, end]` for `owner`, or
@@ -486,6 +514,23 @@ impl Vfs {
         pid: u32,
         sleep: bool,
     ) -> Result<()> {
+        let wait = if sleep { Wait::Granted } else { Wait::Acks };
+        self.setlk_inner(ino, fh, owner, start, end, typ, pid, wait)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn setlk_inner(
+        &self,
+        ino: Ino,
+        fh: u64,
+        owner: u64,
+        start: u64,
+        end: u64,
+        typ: i32,
+        pid: u32,
+        wait_for: Wait,
+    ) -> Result<()> {
+        let sleep = wait_for == Wait::Granted;
         let typ = LockType::from_raw(typ)?;
         if start > end {
             return Err(VfsError::Invalid);
@@ -508,7 +553,13 @@ impl Vfs {
             // which revalidates when it takes the lock — reads it.
             self.commit_pending(ino)?;
         }
-        self.await_lock_acks(pid, sleep)?;
+        if wait_for == Wait::Never {
+            if !self.locks_ready() {
+                return Err(VfsError::WouldBlock);
+            }
+        } else {
+            self.await_lock_acks(pid, sleep)?;
+        }
         let mut wait = Duration::from_millis(1);
         let mut waiting: Option<Waiting> = None;
         loop {

@@ -261,6 +261,9 @@ impl Vfs {
         check_name(name)?;
         self.ensure_listed(parent, false)?;
         let ino = self.alloc_ino()?;
+        // Before the inode exists: an xattr set on it by another thread between the
+        // create's commit and the note below keeps the note from being made.
+        let xattrs = self.hints.xattr_stamp();
         let row = self.change(|f| {
             let p = self.dir_facts(f, parent)?;
             if f.fresh() {
@@ -335,7 +338,7 @@ impl Vfs {
         self.ring
             .created(parent, name, row.ino, row.kind == Kind::Dir);
         self.hints.note_row(&row);
-        self.hints.note_created(row.ino);
+        self.hints.note_no_xattrs(row.ino, &xattrs);
         self.hints.note_entry(parent, name, row.ino);
         self.refs.looked_up(row.ino);
         Ok(NewNode { row, staging })
@@ -1520,7 +1523,7 @@ impl Vfs {
                     if let Some(race) = tests::BEFORE_XATTR_NOTE.with(|r| r.borrow_mut().take()) {
                         race();
                     }
-                    self.hints.note_no_xattrs(ino, stamp);
+                    self.hints.note_no_xattrs(ino, &stamp);
                     Err(VfsError::NoAttr)
                 }
                 Err(e) => Err(e),
@@ -1549,7 +1552,7 @@ impl Vfs {
             Ok::<_, VfsError>(t.list_xattrs(ino)?)
         })?;
         if names.is_empty() && !self.shared() {
-            self.hints.note_no_xattrs(ino, stamp);
+            self.hints.note_no_xattrs(ino, &stamp);
         }
         let mut out = Vec::new();
         for n in names {

@@ -9,11 +9,21 @@
 //! before (see [`crate::kernel_sync`]), and that process reads the new bytes with the old
 //! size.
 //!
-//! So the first open *leads*: under the state's lock it registers a gate for the inode
-//! and the content version it opens ([`OpenGates::role`]). A later open of the same
-//! version, while the gate stands, *follows*: it sends nothing, and answers only once the
-//! leader's invalidation was delivered ([`Gate::wait`]) — or, if the leader never
-//! delivered it, sends its own. An open of another version leads a gate of its own.
+//! So the first open *leads*: under the state's lock it registers a gate for the inode,
+//! the content version it opens and the attributes it read ([`OpenGates::role`]). A later
+//! open that read the same, while the gate stands, *follows*: it sends nothing (not even
+//! the attribute invalidation of its access time), and answers only once the leader's
+//! invalidation was delivered ([`Gate::wait`]) — or, if the leader ended without
+//! delivering it, sends its own. An open that read other attributes or another version
+//! leads a gate of its own (its invalidation is needed: the feed would send it
+//! otherwise).
+//!
+//! Followers wait on FUSE workers. The leader delivers microseconds after the state's
+//! lock; its invalidation can only be held up inside the kernel (`inval_inode` waits for
+//! a page lock held by a `READ` in flight, which needs a free worker). Followers then
+//! wait for at most [`FOLLOW_WAIT`] before they send their own — which would block on
+//! the same page lock: that stall is older than the gate (every stale open used to send
+//! its own), and the gate does not add to it.
 //!
 //! Opens with `O_TRUNC` neither lead nor follow (their own truncation changes the version
 //! they open); they invalidate as before.
@@ -22,19 +32,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
+use crate::kernel_sync::AttrStamp;
 use crate::Ino;
 
-/// How long a follower waits for its leader's invalidation before it sends its own. The
-/// leader delivers microseconds after the state's lock (the kernel holds no lock of the
-/// inode during `OPEN`). The bound is short because followers wait on FUSE workers: the
-/// kernel's handling of the leader's invalidation may wait for a page lock held by a
-/// reader whose `READ` needs a free worker; with every worker following, that wait ends
-/// here instead of never.
-#[cfg(not(test))]
-const FOLLOW_WAIT: Duration = Duration::from_millis(200);
-/// Tests hold a leader paused for longer than the bound, and must not see it expire.
-#[cfg(test)]
-const FOLLOW_WAIT: Duration = Duration::from_secs(10);
+/// How long a follower waits for its leader's invalidation before it sends its own. Long:
+/// sending its own while the leader's is still on its way would bring back the race the
+/// gate closes, and the leader delivers at once unless the kernel holds it up (see the
+/// module docs).
+pub(crate) const FOLLOW_WAIT: Duration = Duration::from_secs(10);
 
 /// What became of a leader's invalidation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +56,7 @@ enum GateState {
 #[derive(Debug)]
 pub(crate) struct Gate {
     version: u64,
+    stamp: AttrStamp,
     state: Mutex<GateState>,
     done: Condvar,
 }
@@ -126,14 +132,15 @@ impl Drop for Lead {
 }
 
 impl OpenGates {
-    /// The part of an open of `ino` that opens content `version`, decided under the
-    /// inode's state lock: `stale` = the kernel's cached size and pages are not
-    /// `version`'s. A gate standing for the same version makes it a follower (whatever
-    /// `stale` says: the kernel is being told); otherwise a stale open leads.
-    pub(crate) fn role(&self, ino: Ino, version: u64, stale: bool) -> Role {
+    /// The part of an open of `ino` that opens content `version` from a row with the
+    /// attributes `stamp`, decided under the inode's state lock: `stale` = the kernel's
+    /// cached size and pages are not `version`'s. A gate standing for the same version
+    /// and attributes makes it a follower (whatever `stale` says: the kernel is being
+    /// told); otherwise a stale open leads.
+    pub(crate) fn role(&self, ino: Ino, version: u64, stamp: AttrStamp, stale: bool) -> Role {
         let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(g) = m.get(&ino) {
-            if g.version == version {
+            if g.version == version && g.stamp == stamp {
                 return Role::Follow(g.clone());
             }
         }
@@ -142,6 +149,7 @@ impl OpenGates {
         }
         let gate = Arc::new(Gate {
             version,
+            stamp,
             state: Mutex::new(GateState::Pending),
             done: Condvar::new(),
         });
@@ -158,42 +166,66 @@ impl OpenGates {
 mod unit {
     use super::*;
 
+    fn st(v: u64) -> AttrStamp {
+        AttrStamp::for_test(v, 0)
+    }
+
     #[test]
     fn a_stale_open_leads_and_opens_of_its_version_follow_until_it_delivered() {
         let g = OpenGates::default();
-        assert!(matches!(g.role(7, 1, false), Role::Alone));
-        let Role::Lead(lead) = g.role(7, 2, true) else {
+        assert!(matches!(g.role(7, 1, st(1), false), Role::Alone));
+        let Role::Lead(lead) = g.role(7, 2, st(2), true) else {
             panic!("a stale open leads")
         };
-        let Role::Follow(f) = g.role(7, 2, false) else {
+        let Role::Follow(f) = g.role(7, 2, st(2), false) else {
             panic!("the same version follows, stale or not")
         };
-        assert!(matches!(g.role(7, 2, true), Role::Follow(_)));
-        assert!(matches!(g.role(8, 2, false), Role::Alone), "another inode");
+        assert!(matches!(g.role(7, 2, st(2), true), Role::Follow(_)));
+        assert!(
+            matches!(g.role(8, 2, st(2), false), Role::Alone),
+            "another inode"
+        );
         let waiter = std::thread::spawn(move || f.wait());
         std::thread::sleep(Duration::from_millis(50));
         assert!(!waiter.is_finished(), "a follower waits for the delivery");
         lead.delivered();
         assert!(waiter.join().unwrap(), "delivered");
         assert!(
-            matches!(g.role(7, 2, false), Role::Alone),
+            matches!(g.role(7, 2, st(2), false), Role::Alone),
             "the gate is gone"
         );
     }
 
     #[test]
-    fn an_abandoned_lead_makes_its_followers_send_their_own() {
+    fn an_open_that_read_other_attributes_leads_a_gate_of_its_own() {
         let g = OpenGates::default();
-        let Role::Lead(lead) = g.role(3, 5, true) else {
+        let Role::Lead(first) = g.role(7, 2, st(2), true) else {
             panic!("leads")
         };
-        let Role::Follow(f) = g.role(3, 5, false) else {
+        // A chmod (say) committed between the two row reads: the feed would deliver it,
+        // so this open tells the kernel itself (and records what it covered).
+        let changed = AttrStamp::for_test(2, 99);
+        let Role::Lead(second) = g.role(7, 2, changed, true) else {
+            panic!("other attributes lead")
+        };
+        assert!(matches!(g.role(7, 2, changed, false), Role::Follow(_)));
+        first.delivered();
+        second.delivered();
+    }
+
+    #[test]
+    fn an_abandoned_lead_makes_its_followers_send_their_own() {
+        let g = OpenGates::default();
+        let Role::Lead(lead) = g.role(3, 5, st(5), true) else {
+            panic!("leads")
+        };
+        let Role::Follow(f) = g.role(3, 5, st(5), false) else {
             panic!("follows")
         };
         drop(lead);
         assert!(!f.wait(), "abandoned");
         assert!(
-            matches!(g.role(3, 5, true), Role::Lead(_)),
+            matches!(g.role(3, 5, st(5), true), Role::Lead(_)),
             "a new open leads again"
         );
     }
@@ -201,18 +233,18 @@ mod unit {
     #[test]
     fn a_newer_version_leads_a_gate_of_its_own_and_the_older_leader_leaves_it() {
         let g = OpenGates::default();
-        let Role::Lead(old) = g.role(4, 1, true) else {
+        let Role::Lead(old) = g.role(4, 1, st(1), true) else {
             panic!("leads")
         };
-        let Role::Lead(new) = g.role(4, 2, true) else {
+        let Role::Lead(new) = g.role(4, 2, st(2), true) else {
             panic!("another version leads")
         };
         old.delivered();
         assert!(
-            matches!(g.role(4, 2, false), Role::Follow(_)),
+            matches!(g.role(4, 2, st(2), false), Role::Follow(_)),
             "the older leader's end leaves the newer gate standing"
         );
         new.delivered();
-        assert!(matches!(g.role(4, 2, false), Role::Alone));
+        assert!(matches!(g.role(4, 2, st(2), false), Role::Alone));
     }
 }

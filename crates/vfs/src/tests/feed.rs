@@ -685,7 +685,8 @@ fn two_opens_finding_the_kernel_stale_at_once_send_one_invalidation() {
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
     let vfs = h.arc();
     let ino = f.ino;
-    // The first open stops just before it tells the kernel.
+    // The first open (a writer: it moves no access time) stops just before it tells the
+    // kernel.
     let first = std::thread::spawn(move || {
         crate::data::tests::BEFORE_OPEN_INVALIDATES.with(|r| {
             *r.borrow_mut() = Some(Box::new(move || {
@@ -693,7 +694,7 @@ fn two_opens_finding_the_kernel_stale_at_once_send_one_invalidation() {
                 go_rx.recv().unwrap();
             }))
         });
-        let o = vfs.open(&CTX, ino, libc::O_RDONLY).expect("first open");
+        let o = vfs.open(&CTX, ino, libc::O_WRONLY).expect("first open");
         vfs.release(ino, o.fh).unwrap();
         o.keep_cache
     });
@@ -716,6 +717,12 @@ fn two_opens_finding_the_kernel_stale_at_once_send_one_invalidation() {
     assert!(
         !second.is_finished(),
         "the second open answered before the kernel was told"
+    );
+    assert_eq!(
+        count(&by_opens, &Invalidation::Attrs(f.ino)),
+        0,
+        "the second open (a reader) sent an attribute invalidation for its access time: {:?}",
+        by_opens.lock().unwrap()
     );
     go_tx.send(()).unwrap();
     assert!(!first.join().unwrap(), "the first open keeps no pages");
