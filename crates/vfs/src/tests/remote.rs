@@ -511,3 +511,27 @@ fn an_empty_file_made_local_by_a_failed_write_stays_clean() {
     h.release(f.ino, fh).unwrap();
     assert!(!h.row(f.ino).expect("row").dirty);
 }
+
+/// A write to content only the bucket holds downloads it whole first, in ranges of
+/// `DOWNLOAD_CHUNK` (8 MiB): a file of more than one range comes down exact, each range
+/// checked for a short body (`download_into`).
+#[test]
+fn a_write_to_a_bucket_only_file_of_several_download_ranges_keeps_every_byte() {
+    let size = (8 << 20) + 100_000;
+    let data = pattern(size, 41);
+    let d = data.clone();
+    let h = Harness::build(test_cfg(), move |b| {
+        std::fs::write(b.join("big"), &d).unwrap()
+    });
+    let f = h.lk(ROOT_INO, "big").unwrap();
+    assert_ne!(h.row(f.ino).expect("row").local, h.here(), "not local yet");
+    let fh = h.op(f.ino, libc::O_WRONLY);
+    h.write(f.ino, fh, 1, b"XY")
+        .expect("the write downloads the content first");
+    h.release(f.ino, fh).unwrap();
+    let mut want = data;
+    want[1..3].copy_from_slice(b"XY");
+    let got = h.cat(f.ino);
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "the downloaded content differs");
+}
