@@ -792,3 +792,21 @@ fn unuploaded_content_whose_staging_file_vanished_fails_with_eio() {
     assert_eq!(errno(h.write(f.ino, fh, 0, b"x")), libc::EIO);
     h.release(f.ino, fh).unwrap();
 }
+
+/// A staging file shorter than the file's size (cut behind the mount's back) reads as
+/// zeros past its end, never as other bytes of the file: the read loop goes on from
+/// where the short read ended.
+#[test]
+fn a_staging_file_shorter_than_the_file_reads_zeros_past_its_end() {
+    let h = Harness::new();
+    let f = h.file(ROOT_INO, "f", b"abcdefgh");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(h.cache.staging_path(f.ino))
+        .unwrap()
+        .set_len(4)
+        .unwrap();
+    let fh = h.op(f.ino, libc::O_RDONLY);
+    assert_eq!(h.read(f.ino, fh, 2, 6).unwrap(), b"cd\0\0\0\0");
+    h.release(f.ino, fh).unwrap();
+}
