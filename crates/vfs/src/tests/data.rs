@@ -808,5 +808,7 @@ fn a_staging_file_shorter_than_the_file_reads_zeros_past_its_end() {
         .unwrap();
     let fh = h.op(f.ino, libc::O_RDONLY);
     assert_eq!(h.read(f.ino, fh, 2, 6).unwrap(), b"cd\0\0\0\0");
+    // Wholly past its end: the first read returns nothing, and the loop ends there.
+    assert_eq!(h.read(f.ino, fh, 5, 3).unwrap(), b"\0\0\0");
     h.release(f.ino, fh).unwrap();
 }
