@@ -221,10 +221,8 @@ impl Vfs {
                         if let Some(ino) = changed_inode(op) {
                             self.hints.forget_fresh(ino);
                         }
-                        if let Op::SetXattr { ino, .. } | Op::RemoveXattr { ino, .. } = op {
-                            self.hints.forget_xattrs(*ino);
-                        }
                     }
+                    self.forget_xattrs_of(&batch.ops);
                     for &i in &batch.refresh {
                         if let Some(r) = out.get(i).and_then(|o| o.row()) {
                             self.hints.note_read_back(r, ticket);
@@ -242,12 +240,8 @@ impl Vfs {
                 }
                 Err(e) => {
                     // The batch may have been applied all the same (PostgreSQL: the
-                    // connection lost at COMMIT): what it said of xattrs goes.
-                    for op in &batch.ops {
-                        if let Op::SetXattr { ino, .. } | Op::RemoveXattr { ino, .. } = op {
-                            self.hints.forget_xattrs(*ino);
-                        }
-                    }
+                    // connection lost at COMMIT).
+                    self.forget_xattrs_of(&batch.ops);
                     return Err(self.on_meta_error(e));
                 }
             }
@@ -255,6 +249,18 @@ impl Vfs {
         Err(VfsError::Io(std::io::Error::other(
             "namespace change refused too often by concurrent changes",
         )))
+    }
+}
+
+impl Vfs {
+    /// What this mount knows of the xattrs of the inodes `ops` set or remove goes (after
+    /// the batch was applied, or may have been).
+    fn forget_xattrs_of(&self, ops: &[Op]) {
+        for op in ops {
+            if let Op::SetXattr { ino, .. } | Op::RemoveXattr { ino, .. } = op {
+                self.hints.forget_xattrs(*ino);
+            }
+        }
     }
 }
 

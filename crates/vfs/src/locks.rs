@@ -401,14 +401,18 @@ impl Vfs {
     /// Before this mount's first lock decision in a session: waits until every older
     /// mount has acknowledged the session (they publish the locks they decided in memory
     /// before they do) or its session expired (a paused mount: at most a lease). Usually
-    /// the mount-time handshake settled it already. `pid`/`sleep`: the request's — a
-    /// non-blocking request gives up with `EAGAIN` after `JOIN_WAIT`, a blocking one with
-    /// `EINTR` when its process is gone.
-    fn await_lock_acks(&self, pid: u32, sleep: bool) -> Result<()> {
-        let me = self.coherence.session();
-        if self.locks.acked_session.load(Ordering::SeqCst) == me {
+    /// the mount-time handshake settled it already. `pid`/`wait_for`: the request's — one
+    /// that waits for nothing gives up with `EAGAIN` at once, a non-blocking one after
+    /// `JOIN_WAIT`, a blocking one with `EINTR` when its process is gone.
+    fn await_lock_acks(&self, pid: u32, wait_for: Wait) -> Result<()> {
+        if self.locks_ready() {
             return Ok(());
         }
+        if wait_for == Wait::Never {
+            return Err(VfsError::WouldBlock);
+        }
+        let sleep = wait_for == Wait::Granted;
+        let me = self.coherence.session();
         let start = Instant::now();
         let mut warned = false;
         loop {
@@ -463,7 +467,7 @@ impl Vfs {
         if start > end {
             return Err(VfsError::Invalid);
         }
-        self.await_lock_acks(0, true)?;
+        self.await_lock_acks(0, Wait::Granted)?;
         self.lease_for_memory()?;
         let write = typ == LockType::Write;
         let c = match &*self.locks.table()? {
@@ -553,13 +557,7 @@ impl Vfs {
             // which revalidates when it takes the lock — reads it.
             self.commit_pending(ino)?;
         }
-        if wait_for == Wait::Never {
-            if !self.locks_ready() {
-                return Err(VfsError::WouldBlock);
-            }
-        } else {
-            self.await_lock_acks(pid, sleep)?;
-        }
+        self.await_lock_acks(pid, wait_for)?;
         let mut wait = Duration::from_millis(1);
         let mut waiting: Option<Waiting> = None;
         loop {
