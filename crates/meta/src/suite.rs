@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use crate::{
     read, txn, AttrUpdate, Expect, FeedCursor, Ino, InodeRow, Kind, Local, LockRow, MetaEngine,
-    MetaError, ObjectRow, Op, OpOut, XattrMode, ROOT_INO,
+    MetaError, ObjectRow, Op, OpOut, XattrLook, XattrMode, ROOT_INO,
 };
 
 /// A fresh, empty workspace database of one engine (root owned by 0:0, times 5 ns).
@@ -584,6 +584,21 @@ pub(crate) fn xattr_modes(f: &dyn Fixture) {
     assert_eq!(
         read(&*e, |t| t.get_xattr(x, b"user.k")).unwrap().unwrap(),
         b"\x00\xffbin"
+    );
+    // One look: the value, a missing name beside another, none at all, no inode.
+    let look = |ino, name: &[u8]| read(&*e, |t| t.look_xattr(ino, name)).unwrap();
+    assert_eq!(
+        look(x, b"user.k"),
+        XattrLook::Value(b"\x00\xffbin".to_vec())
+    );
+    assert_eq!(look(x, b"user.no"), XattrLook::Missing { any: true });
+    assert_eq!(look(ROOT_INO, b"user.k"), XattrLook::Missing { any: false });
+    assert_eq!(look(x + 1000, b"user.k"), XattrLook::NoInode);
+    set(XattrMode::Any, b"").unwrap();
+    assert_eq!(
+        look(x, b"user.k"),
+        XattrLook::Value(Vec::new()),
+        "an empty value is a value"
     );
     e.apply(&[Op::RemoveXattr {
         ino: x,

@@ -175,6 +175,21 @@ pub struct Dentry {
     pub ino: Ino,
 }
 
+/// What `getxattr` needs to know about one inode and one name, read in one look
+/// ([`MetaTxn::look_xattr`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum XattrLook {
+    /// No inode `ino` (a stale handle: `ESTALE`).
+    NoInode,
+    /// The value of the name asked for.
+    Value(Vec<u8>),
+    /// The name is not set (`ENODATA`); `any` tells whether the inode has other xattrs.
+    Missing {
+        /// Whether the inode has at least one other xattr.
+        any: bool,
+    },
+}
+
 /// What the bucket is believed to hold at one workspace path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ObjectRow {

@@ -3,15 +3,21 @@
 //!
 //! bwrap is spawned, waited for and reaped by a thread of its own, so `--die-with-parent`
 //! (which fires when the *thread* that spawned bwrap ends) can never fire early because a
-//! caller's worker thread retired. Killing sends SIGKILL to bwrap; bwrap's child, the
-//! sandbox's pid 1, has SIGKILL as its parent-death signal, and when a pid namespace's
-//! init dies the kernel kills every process in it: the whole tree goes, background
-//! children and new sessions included. A kill can never hit a recycled pid: the waiting
-//! thread sees the exit with `WNOWAIT` and marks it under the lock [`Killer::kill`] takes
-//! before it reaps bwrap.
+//! caller's worker thread retired. Killing sends SIGKILL to bwrap's children — the
+//! sandbox's pid 1 — and to bwrap; when a pid namespace's init dies the kernel kills every
+//! process in it: the whole tree goes, background children and new sessions included.
+//! The init is killed directly, not only through its parent-death signal: that signal
+//! was seen not to fire (about one kill in 20 under load; bwrap's own issue tracker has
+//! races around it), leaving the command running and its pipes open.
+//!
+//! A kill can never hit a recycled pid: the waiting thread sees bwrap's exit with
+//! `WNOWAIT` and marks it under the lock [`Killer::kill`] takes before it reaps bwrap, and
+//! a child of bwrap is signalled through a pidfd opened before the check that it is still
+//! bwrap's child.
 
 use std::ffi::OsString;
 use std::fs::File;
+use std::os::fd::{AsRawFd, FromRawFd};
 use std::process::{ChildStderr, ChildStdout, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 
@@ -72,9 +78,9 @@ impl Killer {
         }
         s.requested = true;
         match s.pid {
-            // SAFETY: kill() with a pid that is not yet reaped (exited is false under the
-            // lock), so it is still bwrap's.
-            Some(pid) => unsafe { libc::kill(pid, libc::SIGKILL) == 0 },
+            // bwrap is not reaped (exited is false under the lock): `pid` is still
+            // bwrap's.
+            Some(pid) => kill_tree(pid),
             None => true,
         }
     }
@@ -91,13 +97,93 @@ impl Killer {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         s.pid = Some(pid);
         if s.requested {
-            // SAFETY: the child was just spawned and not reaped.
-            unsafe { libc::kill(pid, libc::SIGKILL) };
+            // The child was just spawned and not reaped.
+            kill_tree(pid);
         }
     }
 
     fn set_exited(&self) {
         self.state.lock().unwrap_or_else(|p| p.into_inner()).exited = true;
+    }
+}
+
+/// The pids `/proc/PID/task/PID/children` lists (children of `pid`'s main thread; bwrap
+/// has no other), or none when the file cannot be read (a kernel without
+/// `CONFIG_PROC_CHILDREN`: then only the parent-death signal ends the sandbox).
+fn children_of(pid: libc::pid_t) -> Vec<libc::pid_t> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .map(|s| {
+            s.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// SIGKILL to `pid` (a live or unreaped child of this process) and to its children;
+/// whether `pid` was signalled. `pid` is stopped first, and its children are read once
+/// it is: a stopped process forks no more (a fork under way when the stop came either
+/// completed, and its child is listed, or is redone after the stop), and its children
+/// stay its own (a parent that died would hand them to another) until they are
+/// signalled.
+fn kill_tree(pid: libc::pid_t) -> bool {
+    // SAFETY: kill() on a pid that is not yet reaped, so still the one meant.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    wait_stopped(pid);
+    kill_children_of(pid);
+    // SAFETY: as above; SIGKILL also ends a stopped process.
+    unsafe { libc::kill(pid, libc::SIGKILL) == 0 }
+}
+
+/// Waits until `pid` is stopped or dead (its state in `/proc/PID/stat`), at most 200 ms:
+/// a stop is delivered when the process next leaves the kernel, which a busy machine may
+/// delay.
+fn wait_stopped(pid: libc::pid_t) {
+    let path = format!("/proc/{pid}/stat");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+    while std::time::Instant::now() < deadline {
+        let Ok(stat) = std::fs::read_to_string(&path) else {
+            return;
+        };
+        // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
+        let state = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.trim_start().chars().next());
+        match state {
+            Some('T' | 't' | 'Z' | 'X' | 'x') | None => return,
+            Some(_) => std::thread::sleep(std::time::Duration::from_micros(200)),
+        }
+    }
+}
+
+/// SIGKILL to every child of `pid`, which must be a live or unreaped child of this
+/// process. Each is signalled through a pidfd opened before the check that it is still a
+/// child of `pid`, so a pid recycled in between is never hit. Best effort: a child that
+/// ended meanwhile needs no signal.
+fn kill_children_of(pid: libc::pid_t) {
+    for child in children_of(pid) {
+        // SAFETY: pidfd_open(2) with a pid and no flags; the result is checked.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child, 0) };
+        let Ok(fd) = std::os::fd::RawFd::try_from(fd) else {
+            continue;
+        };
+        if fd < 0 {
+            continue;
+        }
+        // SAFETY: pidfd_open just returned this descriptor and nothing else owns it.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        if children_of(pid).contains(&child) {
+            // SAFETY: pidfd_send_signal(2) on an open pidfd, no siginfo, no flags.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+        }
     }
 }
 
@@ -265,4 +351,67 @@ fn supervise(
         }
     };
     let _ = done.send(result);
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{BufRead, BufReader, Read};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// What `ps` would say about `pid`: alive unless gone or a zombie.
+    fn alive(pid: libc::pid_t) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+            !matches!(
+                s.rsplit_once(')')
+                    .and_then(|(_, r)| r.trim_start().chars().next()),
+                Some('Z' | 'X' | 'x')
+            )
+        })
+    }
+
+    /// A kill ends the children of the process too, without their parent-death signal: a
+    /// shell's background `sleep` (which has none, as bwrap's child may lack its own) goes,
+    /// and with it the last writer of the output pipe, so a reader reaches its end.
+    #[test]
+    fn a_kill_ends_the_children_and_closes_the_pipes() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "sleep 1000 & echo $!; wait"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let (status_read, status_write) = fds::status_pipe().unwrap();
+        drop(status_write);
+        let killer = Killer::default();
+        let (started_tx, started_rx) = mpsc::channel();
+        let (done_tx, done_rx) = mpsc::channel();
+        let k = killer.clone();
+        std::thread::spawn(move || {
+            supervise(cmd, "sh".into(), status_read, k, started_tx, done_tx)
+        });
+        let (stdout, _stderr) = started_rx.recv().unwrap().unwrap();
+        let mut out = BufReader::new(stdout);
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let sleep: libc::pid_t = line.trim().parse().unwrap();
+        assert!(alive(sleep));
+        assert!(killer.kill(), "the shell was running");
+        let (eof_tx, eof_rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut rest = Vec::new();
+            let _ = eof_tx.send(out.read_to_end(&mut rest).map(|_| rest));
+        });
+        let ended = done_rx.recv_timeout(Duration::from_secs(10));
+        let eof = eof_rx.recv_timeout(Duration::from_secs(10));
+        let sleep_alive = alive(sleep);
+        if sleep_alive {
+            // SAFETY: the test's own background child, still alive (not recycled).
+            unsafe { libc::kill(sleep, libc::SIGKILL) };
+        }
+        assert!(!sleep_alive, "the background child outlived the kill");
+        assert!(eof.is_ok(), "the output pipe stayed open");
+        let ended = ended.expect("no end reported").unwrap();
+        assert!(ended.killed, "{ended:?}");
+    }
 }

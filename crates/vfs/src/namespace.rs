@@ -6,7 +6,9 @@
 
 use std::sync::Arc;
 
-use deskfs_meta::{AttrUpdate, Ino, InodeRow, Kind, MetaTxn, Op, OpOut, XattrMode, ROOT_INO};
+use deskfs_meta::{
+    AttrUpdate, Ino, InodeRow, Kind, MetaTxn, Op, OpOut, XattrLook, XattrMode, ROOT_INO,
+};
 
 use crate::changes::{Batch, Facts, Node, OnFail, Plan};
 use crate::handles::{Handle, OpenRecord};
@@ -1509,11 +1511,11 @@ impl Vfs {
             let learn = !self.shared();
             let stamp = self.hints.xattr_stamp();
             let got = deskfs_meta::read(&*self.meta, |t| {
-                t.get_inode(ino)?.ok_or(VfsError::Stale)?;
-                Ok::<_, VfsError>(match t.get_xattr(ino, name)? {
-                    Some(v) => Some(v),
-                    None if learn && t.list_xattrs(ino)?.is_empty() => None,
-                    None => return Err(VfsError::NoAttr),
+                Ok::<_, VfsError>(match t.look_xattr(ino, name)? {
+                    XattrLook::NoInode => return Err(VfsError::Stale),
+                    XattrLook::Value(v) => Some(v),
+                    XattrLook::Missing { any: false } if learn => None,
+                    XattrLook::Missing { .. } => return Err(VfsError::NoAttr),
                 })
             });
             match got {

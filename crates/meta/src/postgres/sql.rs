@@ -253,6 +253,9 @@ queries! {
         WHERE w.depth < $3::int)
         SELECT ino FROM w WHERE depth = $3::int";
     GetXattr = "SELECT value FROM xattrs WHERE ino = $1 AND name = $2";
+    LookXattr = "SELECT EXISTS (SELECT 1 FROM inodes WHERE ino = $1),
+        (SELECT value FROM xattrs WHERE ino = $1 AND name = $2),
+        EXISTS (SELECT 1 FROM xattrs WHERE ino = $1)";
     RemoveXattr = "DELETE FROM xattrs WHERE ino = $1 AND name = $2";
     ListXattrs = "SELECT name FROM xattrs WHERE ino = $1 ORDER BY name";
     GetObject = concat!("SELECT ", object_cols!(), " FROM objects WHERE path_key = sha256($1::bytea)");

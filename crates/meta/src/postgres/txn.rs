@@ -22,7 +22,7 @@ use super::Inner;
 use crate::sqlite::MAX_COALESCE_NS;
 use crate::{
     Dentry, Ino, InodeRow, LockRow, MetaError, MetaTxn, ObjectRow, PendingRow, PendingStats,
-    Result, SessionRow, Usage, ROOT_INO,
+    Result, SessionRow, Usage, XattrLook, ROOT_INO,
 };
 
 /// One interactive transaction on one leased connection.
@@ -463,6 +463,22 @@ impl MetaTxn for PgTxn<'_> {
             Some(r) => Ok(Some(col(&r, 0)?)),
             None => Ok(None),
         }
+    }
+
+    fn look_xattr(&mut self, ino: Ino, name: &[u8]) -> Result<XattrLook> {
+        let Some(r) = self.opt(Q::LookXattr, &[&i(ino), &name])? else {
+            return Err(MetaError::Internal(
+                "postgres: look_xattr returned no row".into(),
+            ));
+        };
+        let exists: bool = col(&r, 0)?;
+        let value: Option<Vec<u8>> = col(&r, 1)?;
+        let any: bool = col(&r, 2)?;
+        Ok(match (exists, value) {
+            (false, _) => XattrLook::NoInode,
+            (true, Some(v)) => XattrLook::Value(v),
+            (true, None) => XattrLook::Missing { any },
+        })
     }
 
     fn set_xattr(&mut self, ino: Ino, name: &[u8], value: &[u8]) -> Result<()> {
