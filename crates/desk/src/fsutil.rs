@@ -179,6 +179,48 @@ mod tests {
         assert_eq!(utc_iso(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(utc_iso(1_714_566_896), "2024-05-01T12:34:56Z");
         assert_eq!(utc_compact(1_714_566_896), "20240501T123456Z");
+        // The century rules of the Gregorian calendar: 2100 is not a leap year, 2400 is
+        // (each date checked against Python's datetime).
+        assert_eq!(utc_iso(4_107_542_399), "2100-02-28T23:59:59Z");
+        assert_eq!(utc_iso(4_107_542_400), "2100-03-01T00:00:00Z");
+        assert_eq!(utc_iso(13_569_465_599), "2399-12-31T23:59:59Z");
+        assert_eq!(utc_iso(13_574_606_400), "2400-02-29T12:00:00Z");
+        assert_eq!(utc_iso(13_574_649_600), "2400-03-01T00:00:00Z");
+    }
+
+    #[test]
+    fn times_in_milliseconds_before_and_after_the_epoch() {
+        assert_eq!(utc_iso_millis(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            utc_iso_millis(1_714_566_896_789_654_321),
+            "2024-05-01T12:34:56.789Z"
+        );
+        assert_eq!(utc_iso_millis(-1), "1969-12-31T23:59:59.999Z");
+        assert_eq!(
+            utc_iso_millis(-2_203_891_200_000_000_000),
+            "1900-03-01T00:00:00.000Z"
+        );
+        assert_eq!(
+            utc_iso_millis(-2_203_977_600_000_000_000 + 1_000_000),
+            "1900-02-28T00:00:00.001Z"
+        );
+    }
+
+    /// A missing path is no error; any other failure is, of the look and of the removal.
+    #[test]
+    fn remove_path_ignores_only_a_missing_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path();
+        fs::create_dir_all(t.join("d/e")).unwrap();
+        fs::write(t.join("f"), b"x").unwrap();
+        remove_path(&t.join("missing")).unwrap();
+        // The look fails (ENOTDIR: a file used as a directory).
+        assert!(remove_path(&t.join("f/x")).is_err());
+        // The removal fails (procfs refuses unlink, even to root).
+        assert!(remove_path(Path::new("/proc/self/status")).is_err());
+        remove_path(&t.join("d")).unwrap();
+        remove_path(&t.join("f")).unwrap();
+        assert!(!t.join("d").exists() && !t.join("f").exists());
     }
 
     #[test]
@@ -216,6 +258,12 @@ mod tests {
             "no temp file left"
         );
         assert_eq!(human_size(1536), "1.5 KiB");
+        assert_eq!(human_size(0), "0 B");
+        assert_eq!(human_size(1023), "1023 B");
+        assert_eq!(human_size(1024), "1.0 KiB");
+        assert_eq!(human_size(1 << 20), "1.0 MiB");
+        assert_eq!(human_size(3 << 30), "3.0 GiB");
+        assert_eq!(human_size(2048 << 50), "2048.0 PiB", "no unit past PiB");
         remove_path(&t.path().join("d")).unwrap();
         remove_path(&t.path().join("missing")).unwrap();
         assert!(!t.path().join("d").exists());
