@@ -156,4 +156,30 @@ mod tests {
         assert_eq!(parse_version("git version 3.0"), Some((3, 0, 0)));
         assert_eq!(parse_version("hg 1.0"), None);
     }
+
+    /// The probe is git's own answer (this machine has git: the desk tests need it).
+    #[test]
+    fn the_probed_version_is_what_git_says() {
+        let out = Command::new("git").arg("--version").output().unwrap();
+        let said = parse_version(&String::from_utf8_lossy(&out.stdout));
+        assert!(said.is_some_and(|v| v >= (2, 0, 0)), "{said:?}");
+        assert_eq!(version(), said);
+    }
+
+    /// A failed run names the command, the directory and git's own words (not blank
+    /// lines, at most three).
+    #[test]
+    fn a_failed_run_says_what_git_said() {
+        let t = tempfile::tempdir().unwrap();
+        let e = run(t.path(), &["no-such-command", "--x"]).unwrap_err();
+        match &e {
+            DeskError::Git { args, dir, message } => {
+                assert_eq!(args, "no-such-command --x");
+                assert_eq!(dir, t.path());
+                assert!(message.contains("is not a git command"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(try_run(t.path(), &["no-such-command"]).unwrap(), None);
+    }
 }
