@@ -164,6 +164,13 @@ mod safe {
         Io(&'static str, io::Error),
     }
 
+    #[cfg(test)]
+    thread_local! {
+        /// Runs once in [`copy_one`] between the look at the source and its open.
+        pub static AFTER_LOOK: std::cell::RefCell<Option<Box<dyn FnOnce()>>> =
+            std::cell::RefCell::new(None);
+    }
+
     fn cstr(s: &OsStr) -> io::Result<CString> {
         CString::new(s.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
     }
@@ -242,6 +249,12 @@ mod safe {
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
             Err(e) => return Err(Refused::Io("stat", e)),
         };
+        // What was looked at may be replaced before it is opened (a checkout changing
+        // under the copy): every step below holds on its own.
+        #[cfg(test)]
+        if let Some(swap) = AFTER_LOOK.with(|h| h.borrow_mut().take()) {
+            swap();
+        }
         let kind = st.st_mode & libc::S_IFMT;
         if kind != libc::S_IFREG && kind != libc::S_IFLNK {
             return Ok(false);
@@ -467,6 +480,61 @@ mod tests {
             copy(&src, &dst, &format!("d/{long}")),
             format!("stat: errno {}", libc::ENAMETOOLONG)
         );
+    }
+
+    /// [`copy`] with `swap` run between the look at the source and its open, on a thread
+    /// of its own (a copy that blocks fails the test instead of hanging it).
+    fn copy_swapped(
+        src: &Path,
+        dst: &Path,
+        rel: &str,
+        swap: impl FnOnce() + Send + 'static,
+    ) -> String {
+        let (src, dst, rel) = (src.to_path_buf(), dst.to_path_buf(), rel.to_owned());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            safe::AFTER_LOOK.with(|h| *h.borrow_mut() = Some(Box::new(swap)));
+            let _ = tx.send(copy(&src, &dst, &rel));
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the copy blocked")
+    }
+
+    /// A source replaced between its look and its open is never followed out, read
+    /// through a FIFO, or taken for what it was.
+    #[test]
+    fn a_source_replaced_after_its_look_is_not_gone_through() {
+        let (_t, src, dst, out) = places();
+        fs::write(out.join("secret"), b"outside").unwrap();
+        // A file turned into a link out of the checkout.
+        fs::write(src.join("f"), b"in").unwrap();
+        let (f, target) = (src.join("f"), out.join("secret"));
+        let got = copy_swapped(&src, &dst, "f", move || {
+            fs::remove_file(&f).unwrap();
+            symlink(&target, &f).unwrap();
+        });
+        assert_eq!(got, "symlink in repo checkout");
+        assert!(!dst.join("f").exists(), "nothing copied");
+        // A file turned into a FIFO nobody writes: skipped, not waited on.
+        fs::write(src.join("p"), b"in").unwrap();
+        let p = src.join("p");
+        let got = copy_swapped(&src, &dst, "p", move || {
+            fs::remove_file(&p).unwrap();
+            let c = std::ffi::CString::new(p.into_os_string().into_encoded_bytes()).unwrap();
+            // SAFETY: a valid C string.
+            assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        });
+        assert_eq!(got, "skipped");
+        assert!(!dst.join("p").exists());
+        // A link turned into a file: not read as a link.
+        symlink("t", src.join("l")).unwrap();
+        let l = src.join("l");
+        let got = copy_swapped(&src, &dst, "l", move || {
+            fs::remove_file(&l).unwrap();
+            fs::write(&l, b"now a file").unwrap();
+        });
+        assert_eq!(got, format!("read link: errno {}", libc::EINVAL));
+        assert!(fs::symlink_metadata(dst.join("l")).is_err());
     }
 
     #[test]

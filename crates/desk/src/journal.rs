@@ -870,6 +870,107 @@ pub fn read(desk: &Desk, task: Option<&str>, limit: usize) -> Result<Vec<Entry>>
 mod tests {
     use super::*;
 
+    /// A ring answering from a script of pages (the real one is the mount daemon's, over
+    /// its control socket: `e2e/99-journal.sh`); records the cursors it was asked from.
+    struct Script {
+        start: std::result::Result<u64, String>,
+        pages: std::sync::Mutex<Vec<std::result::Result<RingPage, String>>>,
+        asked: Arc<std::sync::Mutex<Vec<u64>>>,
+    }
+
+    impl ChangeSource for Script {
+        fn cursor(&self) -> std::result::Result<u64, String> {
+            self.start.clone()
+        }
+        fn changes(
+            &self,
+            since: u64,
+            _prefix: &str,
+            _limit: usize,
+        ) -> std::result::Result<RingPage, String> {
+            self.asked.lock().unwrap().push(since);
+            let mut pages = self.pages.lock().unwrap();
+            assert!(!pages.is_empty(), "asked past the last page (from {since})");
+            pages.remove(0)
+        }
+    }
+
+    fn watch(
+        start: std::result::Result<u64, String>,
+        pages: Vec<std::result::Result<RingPage, String>>,
+    ) -> (ChangeWatch, Arc<std::sync::Mutex<Vec<u64>>>) {
+        let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let source = Script {
+            start,
+            pages: std::sync::Mutex::new(pages),
+            asked: asked.clone(),
+        };
+        (
+            ChangeWatch::start(Box::new(source), "desks/a/".into()),
+            asked,
+        )
+    }
+
+    /// A watch reads every page from its start cursor on, adding up what each says was
+    /// lost or unresolved, and stops at the last page — or at a page that does not move
+    /// the cursor on (a ring that went back must not loop for ever).
+    #[test]
+    fn a_watch_reads_every_page_and_adds_up_what_was_lost() {
+        let page = |cursor, path: &str, overflowed, unresolved, more| {
+            Ok(RingPage {
+                cursor,
+                overflowed,
+                changes: vec![ch("created", path, false)],
+                unresolved,
+                more,
+            })
+        };
+        let (w, asked) = watch(
+            Ok(3),
+            vec![page(5, "a", true, 1, true), page(9, "b", false, 2, false)],
+        );
+        assert_eq!(format!("{w:?}"), "ChangeWatch(\"desks/a/\" since 3)");
+        let got = w.finish();
+        assert_eq!(*asked.lock().unwrap(), [3, 5]);
+        assert_eq!(
+            got,
+            FileChanges {
+                files: Some(files(&["a", "b"], &[], &[])),
+                overflowed: true,
+                unresolved: 3,
+                unknown: None,
+            }
+        );
+        // "More" from a cursor that did not move: stop there.
+        let (w, asked) = watch(Ok(7), vec![page(7, "a", false, 0, true)]);
+        assert_eq!(w.finish().files, Some(files(&["a"], &[], &[])));
+        assert_eq!(*asked.lock().unwrap(), [7]);
+    }
+
+    /// A daemon that does not answer, at the start or on a page: the files are unknown,
+    /// with the reason.
+    #[test]
+    fn a_watch_whose_daemon_does_not_answer_knows_nothing_and_says_why() {
+        let (w, _) = watch(Err("connection refused".into()), vec![]);
+        assert_eq!(
+            format!("{w:?}"),
+            "ChangeWatch(unknown: the mount daemon did not answer: connection refused)"
+        );
+        let got = w.finish();
+        assert_eq!(got.files, None);
+        assert_eq!(
+            got.unknown.as_deref(),
+            Some("the mount daemon did not answer: connection refused")
+        );
+        let (w, _) = watch(Ok(1), vec![Err("timed out".into())]);
+        let got = w.finish();
+        assert_eq!((got.files, got.overflowed), (None, false));
+        assert_eq!(
+            got.unknown.as_deref(),
+            Some("the mount daemon did not answer: timed out")
+        );
+    }
+
     fn ch(kind: &str, path: &str, dir: bool) -> RingChange {
         RingChange {
             seq: 0,
