@@ -947,6 +947,48 @@ mod tests {
         assert_eq!(*asked.lock().unwrap(), [7]);
     }
 
+    /// A list of exactly [`FILES_CAP`] paths is whole (no totals); one more cuts it and
+    /// gives the totals.
+    #[test]
+    fn lists_are_cut_only_past_the_cap() {
+        let many = |n: usize| -> Vec<RingChange> {
+            (0..n)
+                .map(|i| ch("created", &format!("f{i:05}"), false))
+                .collect()
+        };
+        let f = net_changes(&many(FILES_CAP), "desks/a/");
+        assert_eq!((f.created.len(), f.totals), (FILES_CAP, None));
+        let f = net_changes(&many(FILES_CAP + 1), "desks/a/");
+        assert_eq!(f.created.len(), FILES_CAP);
+        assert_eq!(
+            f.totals,
+            Some(Totals {
+                created: FILES_CAP + 1,
+                changed: 0,
+                deleted: 0
+            })
+        );
+    }
+
+    /// The kept output is whole up to [`OUTPUT_CAP`] bytes over both streams, in
+    /// arrival order; a byte past it marks it truncated.
+    #[test]
+    fn output_is_kept_up_to_the_cap_and_marked_past_it() {
+        let mut t = OutputTally::default();
+        t.stdout(b"ab");
+        t.stderr(b"c");
+        assert_eq!((t.head.as_slice(), t.truncated), (&b"abc"[..], false));
+        t.stdout(&vec![b'x'; OUTPUT_CAP - 3]);
+        assert_eq!(
+            (t.head.len(), t.truncated),
+            (OUTPUT_CAP, false),
+            "exactly full"
+        );
+        t.stderr(b"y");
+        assert_eq!((t.head.len(), t.truncated), (OUTPUT_CAP, true));
+        assert_eq!((t.stdout_bytes, t.stderr_bytes), (OUTPUT_CAP as u64 - 1, 2));
+    }
+
     /// A daemon that does not answer, at the start or on a page: the files are unknown,
     /// with the reason.
     #[test]
