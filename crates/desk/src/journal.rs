@@ -1265,4 +1265,17 @@ mod tests {
         assert_eq!(v["changes_unknown"], "not on a deskfs mount");
         assert_eq!(e.files_summary(), "files ?");
     }
+
+    /// Unresolved changes are written only when there are some, and read back.
+    #[test]
+    fn unresolved_changes_are_written_only_when_there_are_some() {
+        let mut e = rec(1);
+        assert_eq!(e.changes_unresolved, 0);
+        let v = serde_json::to_value(&e).unwrap();
+        assert!(v.get("changes_unresolved").is_none(), "{v}");
+        e.changes_unresolved = 2;
+        let text = serde_json::to_string(&e).unwrap();
+        let back: Entry = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.changes_unresolved, 2);
+    }
 }
