@@ -1266,6 +1266,24 @@ mod tests {
         assert_eq!(e.files_summary(), "files ?");
     }
 
+    /// An entry carries its start (milliseconds and UTC text) and an id of its own that
+    /// begins with that start.
+    #[test]
+    fn entries_carry_their_start_and_distinct_ids() {
+        let (a, b) = (rec(1), rec(2));
+        let now = ms(SystemTime::now());
+        assert!(
+            a.start_ms <= now && a.start_ms + 60_000 > now,
+            "{}",
+            a.start_ms
+        );
+        assert_eq!(a.start, utc_iso(a.start_ms / 1000));
+        assert!(a.id.starts_with(&format!("{:x}-", a.start_ms)), "{}", a.id);
+        assert_ne!(a.id, b.id);
+        let at = |ms| UNIX_EPOCH + Duration::from_millis(ms);
+        assert_eq!(super::ms(at(1_714_566_896_789)), 1_714_566_896_789);
+    }
+
     /// Unresolved changes are written only when there are some, and read back.
     #[test]
     fn unresolved_changes_are_written_only_when_there_are_some() {
