@@ -1284,6 +1284,24 @@ mod tests {
         assert_eq!(super::ms(at(1_714_566_896_789)), 1_714_566_896_789);
     }
 
+    /// How an entry ended, in a word or two: a timeout and a kill first (both end
+    /// with SIGKILL), then a signal, then the exit code.
+    #[test]
+    fn status_text_says_how_it_ended() {
+        let mut e = rec(1);
+        assert_eq!(e.status_text(), "exit 0");
+        e.exit_code = Some(3);
+        assert_eq!(e.status_text(), "exit 3");
+        (e.exit_code, e.signal) = (Some(137), Some(9));
+        assert_eq!(e.status_text(), "signal 9");
+        e.killed = true;
+        assert_eq!(e.status_text(), "killed");
+        e.timed_out = true;
+        assert_eq!(e.status_text(), "timeout");
+        (e.exit_code, e.signal, e.killed, e.timed_out) = (None, None, false, false);
+        assert_eq!(e.status_text(), "?");
+    }
+
     /// Unresolved changes are written only when there are some, and read back.
     #[test]
     fn unresolved_changes_are_written_only_when_there_are_some() {
