@@ -1203,6 +1203,43 @@ mod tests {
             read(&d, Some("t1"), 10).is_err(),
             "a linked journal was read"
         );
+        assert!(
+            append(&d, Some("t1"), &rec(2)).is_err(),
+            "a linked journal was written"
+        );
+        let there = std::fs::read_to_string(&elsewhere).unwrap();
+        assert_eq!(
+            there.lines().count(),
+            1,
+            "the file it leads to is untouched"
+        );
+    }
+
+    /// A command as one line: plain words as they are, anything else quoted the shell's
+    /// way, line breaks as spaces, at most 80 characters.
+    #[test]
+    fn command_lines_quote_what_needs_it_and_are_cut_at_80() {
+        let mut e = rec(1);
+        let line = |e: &mut Entry, argv: &[&str]| {
+            e.command = argv.iter().map(|a| a.to_string()).collect();
+            e.command_line()
+        };
+        assert_eq!(
+            line(&mut e, &["git", "commit", "-m", "a b", "", "it's", "x\ny"]),
+            "git commit -m 'a b' '' 'it'\\''s' 'x y'"
+        );
+        assert_eq!(
+            line(&mut e, &["a/b.c=d:e@f%g+h,i_j-k"]),
+            "a/b.c=d:e@f%g+h,i_j-k"
+        );
+        let eighty = "x".repeat(80);
+        assert_eq!(line(&mut e, &[&eighty]), eighty, "80 characters are whole");
+        let cut = line(&mut e, &[&"é".repeat(81)]);
+        assert_eq!(
+            cut,
+            "'".to_string() + &"é".repeat(78) + "…",
+            "cut by characters, not bytes"
+        );
     }
 
     #[test]
