@@ -1215,6 +1215,25 @@ mod tests {
         );
     }
 
+    /// All journals merged: the desk's own and each task's, oldest first, the newest
+    /// `limit`; a file whose name is no task name is not read.
+    #[test]
+    fn every_journal_merged_is_the_newest_entries_of_all() {
+        let (_t, d) = desk();
+        let at = |e: Entry, ms: u64| Entry { start_ms: ms, ..e };
+        append(&d, None, &at(rec(1), 1_000)).unwrap();
+        append(&d, Some("t1"), &at(rec(2), 2_000)).unwrap();
+        append(&d, Some("t2"), &at(rec(3), 3_000)).unwrap();
+        std::fs::write(
+            journal_dir(&d).join("bad name.jsonl"),
+            serde_json::to_string(&at(rec(4), 4_000)).unwrap() + "\n",
+        )
+        .unwrap();
+        let starts = |v: Vec<Entry>| v.iter().map(|e| e.start_ms).collect::<Vec<_>>();
+        assert_eq!(starts(read(&d, None, 10).unwrap()), [1_000, 2_000, 3_000]);
+        assert_eq!(starts(read(&d, None, 2).unwrap()), [2_000, 3_000]);
+    }
+
     /// A command as one line: plain words as they are, anything else quoted the shell's
     /// way, line breaks as spaces, at most 80 characters.
     #[test]
