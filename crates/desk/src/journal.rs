@@ -1232,6 +1232,7 @@ mod tests {
         let starts = |v: Vec<Entry>| v.iter().map(|e| e.start_ms).collect::<Vec<_>>();
         assert_eq!(starts(read(&d, None, 10).unwrap()), [1_000, 2_000, 3_000]);
         assert_eq!(starts(read(&d, None, 2).unwrap()), [2_000, 3_000]);
+        assert_eq!(starts(read(&d, None, 1).unwrap()), [3_000]);
     }
 
     /// A command as one line: plain words as they are, anything else quoted the shell's

@@ -488,6 +488,14 @@ mod tests {
         assert_eq!(fs::read_dir(&root).unwrap().count(), 1, "only bob is left");
     }
 
+    /// A create that fails for another reason than a desk in its place says so, not
+    /// "exists" (procfs refuses the directory, even to root).
+    #[test]
+    fn a_create_failing_otherwise_is_not_told_as_existing() {
+        let e = Desk::create(Path::new("/proc"), "alice").unwrap_err();
+        assert!(matches!(e, DeskError::Io { .. }), "{e}");
+    }
+
     #[test]
     fn failed_create_leaves_nothing() {
         let t = tempfile::tempdir().unwrap();
