@@ -488,6 +488,35 @@ mod tests {
         assert_eq!(fs::read_dir(&root).unwrap().count(), 1, "only bob is left");
     }
 
+    /// A listing: a missing root is empty, a root that cannot be read is an error, and
+    /// only directories named as agents holding a `desk.toml` are desks (of any size up
+    /// to the limit: a long comment is fine).
+    #[test]
+    fn list_shows_only_desks() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("desks");
+        assert!(list(&root).unwrap().is_empty(), "a missing root");
+        fs::write(t.path().join("file"), b"x").unwrap();
+        assert!(
+            list(&t.path().join("file")).is_err(),
+            "a root that is a file"
+        );
+        let d = Desk::create(&root, "alice").unwrap();
+        let toml = d.dir().join("desk.toml");
+        let mut text = fs::read_to_string(&toml).unwrap();
+        text.push_str(&format!("# {}\n", "x".repeat(4000)));
+        fs::write(&toml, text).unwrap();
+        fs::create_dir(root.join("nodesk")).unwrap();
+        fs::create_dir(root.join(".hidden")).unwrap();
+        fs::copy(&toml, root.join(".hidden/desk.toml")).unwrap();
+        let got = list(&root).unwrap();
+        assert_eq!(
+            got.iter().map(|e| e.agent.as_str()).collect::<Vec<_>>(),
+            ["alice"]
+        );
+        assert!(got[0].created.is_some(), "its desk.toml was read");
+    }
+
     /// A create that fails for another reason than a desk in its place says so, not
     /// "exists" (procfs refuses the directory, even to root).
     #[test]
