@@ -517,6 +517,41 @@ mod tests {
         assert!(got[0].created.is_some(), "its desk.toml was read");
     }
 
+    /// `desk.toml` is read when it is a regular file of at most [`MAX_DESK_TOML`] bytes in
+    /// a format this deskfs knows; anything else is "not a desk", with the reason.
+    #[test]
+    fn desk_toml_is_read_only_when_small_regular_and_known() {
+        let t = tempfile::tempdir().unwrap();
+        let d = Desk::create(t.path(), "alice").unwrap();
+        let toml = d.dir().join("desk.toml");
+        let text = fs::read_to_string(&toml).unwrap();
+        let reason = |dir: &Path| match read_meta(dir) {
+            Err(DeskError::NotADesk { reason, .. }) => reason,
+            other => panic!("{other:?}"),
+        };
+        // Exactly the limit: read.
+        let pad = MAX_DESK_TOML as usize - text.len() - 3;
+        fs::write(&toml, format!("{text}# {}\n", "x".repeat(pad))).unwrap();
+        assert_eq!(fs::metadata(&toml).unwrap().len(), MAX_DESK_TOML);
+        assert_eq!(read_meta(d.dir()).unwrap().agent, "alice");
+        // One byte more: refused.
+        fs::write(&toml, format!("{text}# {}\n", "x".repeat(pad + 1))).unwrap();
+        assert!(reason(d.dir()).contains("at most"));
+        // A directory in its place: refused as such.
+        fs::remove_file(&toml).unwrap();
+        fs::create_dir(&toml).unwrap();
+        assert!(reason(d.dir()).contains("not a regular file"));
+        fs::remove_dir(&toml).unwrap();
+        // A newer format: refused, naming the fix.
+        let newer = text.replace(
+            &format!("format = {FORMAT}"),
+            &format!("format = {}", FORMAT + 1),
+        );
+        assert_ne!(newer, text, "the format line is {text}");
+        fs::write(&toml, newer).unwrap();
+        assert!(reason(d.dir()).contains("upgrade deskfs"));
+    }
+
     /// A create that fails for another reason than a desk in its place says so, not
     /// "exists" (procfs refuses the directory, even to root).
     #[test]

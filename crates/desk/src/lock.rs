@@ -175,6 +175,12 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_holder_is_named_by_its_pid_or_as_unknown() {
+        assert_eq!(describe_holder(Some(4242)), "pid 4242");
+        assert_eq!(describe_holder(None), "unknown holder");
+    }
+
+    #[test]
     fn exclusive_and_removed() {
         let t = tempfile::tempdir().unwrap();
         let p = t.path().join("x.lock");
