@@ -180,6 +180,24 @@ mod tests {
         assert_eq!(describe_holder(None), "unknown holder");
     }
 
+    /// `acquire` waits for a holder that lets go within its timeout.
+    #[test]
+    fn acquire_waits_for_the_holder_to_let_go() {
+        let t = tempfile::tempdir().unwrap();
+        let p = t.path().join("x.lock");
+        let a = FileLock::try_acquire(&p, false).unwrap().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let q = p.clone();
+        let waiter = std::thread::spawn(move || {
+            tx.send(()).unwrap();
+            FileLock::acquire(&q, "test", Duration::from_secs(30), false)
+        });
+        rx.recv().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        drop(a);
+        assert!(waiter.join().unwrap().is_ok(), "the waiter gave up");
+    }
+
     #[test]
     fn exclusive_and_removed() {
         let t = tempfile::tempdir().unwrap();
