@@ -135,21 +135,21 @@ fn kill_tree(pid: libc::pid_t) -> bool {
     unsafe { libc::kill(pid, libc::SIGKILL) == 0 }
 }
 
-/// Waits until `pid` is stopped or dead (its state in `/proc/PID/stat`), at most 200 ms:
-/// a stop is delivered when the process next leaves the kernel, which a busy machine may
-/// delay.
+/// The state letter of `pid` in `/proc/PID/stat` (`R`, `S`, `T`, `Z`, …); `None` when it
+/// is gone (or the file cannot be read or parsed).
+fn proc_state(pid: libc::pid_t) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.trim_start().chars().next()
+}
+
+/// Waits until `pid` is stopped or dead ([`proc_state`]), at most 200 ms: a stop is
+/// delivered when the process next leaves the kernel, which a busy machine may delay.
 fn wait_stopped(pid: libc::pid_t) {
-    let path = format!("/proc/{pid}/stat");
     let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
     while std::time::Instant::now() < deadline {
-        let Ok(stat) = std::fs::read_to_string(&path) else {
-            return;
-        };
-        // "PID (COMM) STATE ...": COMM may hold spaces and parentheses.
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.trim_start().chars().next());
-        match state {
+        match proc_state(pid) {
             Some('T' | 't' | 'Z' | 'X' | 'x') | None => return,
             Some(_) => std::thread::sleep(std::time::Duration::from_micros(200)),
         }
@@ -362,13 +362,7 @@ mod tests {
 
     /// What `ps` would say about `pid`: alive unless gone or a zombie.
     fn alive(pid: libc::pid_t) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            !matches!(
-                s.rsplit_once(')')
-                    .and_then(|(_, r)| r.trim_start().chars().next()),
-                Some('Z' | 'X' | 'x')
-            )
-        })
+        !matches!(proc_state(pid), None | Some('Z' | 'X' | 'x'))
     }
 
     /// A kill ends the children of the process too, without their parent-death signal: a
